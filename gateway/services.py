@@ -1,0 +1,102 @@
+"""Writes for tenants and API keys. Validation errors raise `ValidationError` with a clear message."""
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from gateway.keys import key_generate
+from gateway.models import ApiKey, Tenant
+from scheduling.models import PriorityClass
+from scheduling.services import audit_record
+
+
+def _check_share(quota_share) -> Decimal:
+    try:
+        share = Decimal(str(quota_share))
+    except InvalidOperation:
+        raise ValidationError(f"quota share {quota_share!r} is not a number") from None
+    if not (Decimal(0) < share <= Decimal(1)):
+        raise ValidationError(f"quota share {share} must be > 0 and <= 1")
+    return share
+
+
+def _check_budget(annual_budget) -> Decimal | None:
+    if annual_budget is None:
+        return None
+    try:
+        budget = Decimal(str(annual_budget))
+    except InvalidOperation:
+        raise ValidationError(f"annual budget {annual_budget!r} is not a number") from None
+    if budget < 0:
+        raise ValidationError(f"annual budget {budget} must not be negative")
+    return budget
+
+
+def _check_classes(classes: list[str]) -> list[str]:
+    known = set(PriorityClass.objects.filter(active=True).values_list("name", flat=True))
+    unknown = [c for c in classes if c not in known]
+    if unknown:
+        raise ValidationError(f"unknown class {', '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})")
+    return classes
+
+
+@transaction.atomic
+def tenant_create(*, slug: str, name: str, quota_share, annual_budget=None, classes: list[str] | None = None,
+                  vip: bool = False, actor: str) -> Tenant:
+    if Tenant.objects.filter(slug=slug).exists():
+        raise ValidationError(f"tenant {slug!r} already exists")
+    tenant = Tenant(slug=slug, name=name, quota_share=_check_share(quota_share),
+                    annual_budget=_check_budget(annual_budget), allowed_classes=_check_classes(classes or []), vip=vip)
+    tenant.full_clean()
+    tenant.save()
+    audit_record(actor=actor, action="create", entity="tenant", key=slug,
+                 new={"name": name, "quota_share": str(tenant.quota_share), "vip": vip})
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(*, slug: str, actor: str, **changes) -> Tenant:
+    tenant = Tenant.objects.select_for_update().filter(slug=slug).first()
+    if tenant is None:
+        raise ValidationError(f"no tenant {slug!r}")
+    checks = {"quota_share": _check_share, "annual_budget": _check_budget, "allowed_classes": _check_classes}
+    for field, value in changes.items():
+        if value is None and field != "annual_budget":
+            continue
+        value = checks.get(field, lambda v: v)(value)
+        old = getattr(tenant, field)
+        if old != value:
+            setattr(tenant, field, value)
+            audit_record(actor=actor, action="update", entity="tenant", key=slug, field_name=field, old=old, new=value)
+    tenant.full_clean()
+    tenant.save()
+    return tenant
+
+
+@transaction.atomic
+def apikey_create(*, tenant_slug: str, default_class: str, label: str = "", actor: str) -> tuple[ApiKey, str]:
+    """Create a key; return it with the full secret, which is never stored and shown only now."""
+    tenant = Tenant.objects.filter(slug=tenant_slug, active=True).first()
+    if tenant is None:
+        raise ValidationError(f"no active tenant {tenant_slug!r}")
+    _check_classes([default_class])
+    full_key, prefix, secret_hash = key_generate()
+    key = ApiKey.objects.create(tenant=tenant, label=label, default_class=default_class, prefix=prefix,
+                                secret_hash=secret_hash)
+    audit_record(actor=actor, action="create", entity="apikey", key=prefix, new={"tenant": tenant_slug, "class": default_class})
+    return key, full_key
+
+
+@transaction.atomic
+def apikey_revoke(*, prefix: str, actor: str) -> ApiKey:
+    key = ApiKey.objects.select_for_update().filter(prefix=prefix).first()
+    if key is None:
+        raise ValidationError(f"no API key with prefix {prefix!r}")
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+        audit_record(actor=actor, action="update", entity="apikey", key=prefix, field_name="revoked_at", new=str(key.revoked_at))
+    return key

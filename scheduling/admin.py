@@ -1,0 +1,111 @@
+from django.contrib import admin
+
+from scheduling.models import (
+    AgingSegment,
+    AuditLog,
+    Backend,
+    DowngradeRule,
+    NetworkGroup,
+    PriceVersion,
+    PriorityClass,
+    SchedulerPolicy,
+)
+from scheduling.services import audit_record
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Every admin save writes one audit row per changed field."""
+
+    audit_entity = ""
+
+    def save_model(self, request, obj, form, change):
+        old = type(obj).objects.filter(pk=obj.pk).first() if change else None
+        super().save_model(request, obj, form, change)
+        actor = request.user.get_username()
+        if old is None:
+            audit_record(actor=actor, action="create", entity=self.audit_entity, key=str(obj))
+            return
+        for name in form.changed_data:
+            audit_record(actor=actor, action="update", entity=self.audit_entity, key=str(obj), field_name=name,
+                         old=getattr(old, name, None), new=getattr(obj, name, None))
+
+
+class PriceVersionInline(admin.TabularInline):
+    model = PriceVersion
+    extra = 0
+    fields = ("price_factor", "effective_at", "created_by", "created_at")
+    readonly_fields = ("created_by", "created_at")
+    can_delete = False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a price change is a new version, never an edit
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(AuditedAdmin):
+    audit_entity = "class"
+    list_display = ("name", "level", "sla_ms", "active", "updated_at")
+    list_filter = ("active",)
+    search_fields = ("name",)
+    inlines = [PriceVersionInline]
+
+    def save_formset(self, request, form, formset, change):
+        for version in formset.save(commit=False):
+            version.created_by = request.user.get_username()
+            version.save()
+            audit_record(actor=version.created_by, action="price", entity="class", key=str(version.priority_class),
+                         field_name="price_factor", new=version.price_factor)
+
+
+@admin.register(SchedulerPolicy)
+class SchedulerPolicyAdmin(AuditedAdmin):
+    audit_entity = "policy"
+    list_display = ("policy", "aging_mode", "fairness_mode", "min_share", "updated_at")
+
+
+@admin.register(AgingSegment)
+class AgingSegmentAdmin(AuditedAdmin):
+    audit_entity = "aging"
+    list_display = ("position", "wait_ratio_lo", "wait_ratio_hi", "boost", "k")
+
+
+@admin.register(NetworkGroup)
+class NetworkGroupAdmin(AuditedAdmin):
+    audit_entity = "network"
+    list_display = ("name", "cidrs", "active")
+    list_filter = ("active",)
+    search_fields = ("name",)
+
+
+@admin.register(DowngradeRule)
+class DowngradeRuleAdmin(AuditedAdmin):
+    audit_entity = "rule"
+    list_display = ("order", "name", "condition", "action", "enabled", "active")
+    list_filter = ("enabled", "active", "action")
+    search_fields = ("name", "condition")
+
+
+@admin.register(Backend)
+class BackendAdmin(AuditedAdmin):
+    audit_entity = "backend"
+    list_display = ("name", "url", "slots", "reserved_slots", "tpm", "rpm", "input_price_per_1k",
+                    "output_price_per_1k", "fallback_for", "enabled")
+    list_filter = ("enabled",)
+    search_fields = ("name", "url")
+
+
+@admin.register(AuditLog)
+class AuditLogAdmin(admin.ModelAdmin):
+    list_display = ("at", "actor", "action", "entity", "key", "field", "old", "new")
+    list_filter = ("action", "entity")
+    search_fields = ("actor", "key", "field")
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,150 @@
+"""Plain value objects shared by the whole engine: the scheduler configuration and a request.
+
+Nothing here knows about Django, Redis or the clock. The YAML schema (``schema.py``) builds
+these objects, the Django models map to and from them, and the policy modules read them.
+Times are integer milliseconds; money is ``Decimal``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import Enum
+
+DEFAULT_CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
+RESERVED_RULE_NAMES = ("undeclared", "budget")
+
+
+class Boost(str, Enum):
+    NONE = "none"
+    LINEAR = "linear"
+    QUADRATIC = "quadratic"
+    PREEMPT = "preempt"
+
+
+class FairnessMode(str, Enum):
+    WEIGHTED_FAIR_TOKENS = "weighted_fair_tokens"
+    WEIGHTED_ROUND_ROBIN = "weighted_round_robin"
+    FIFO = "fifo"  # no tenant fairness: one FIFO per class (used by presets)
+
+
+class Policy(str, Enum):
+    FAIRGATE = "fairgate"
+    FIFO = "fifo"
+    STRICT = "strict"
+    LINEAR = "linear"
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    name: str
+    level: int
+    sla_ms: int
+    price_factor: Decimal
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class AgingSegment:
+    """Boost applied while ``lo <= wait_ratio < hi`` (``hi`` is None for the open last segment)."""
+
+    lo: float
+    hi: float | None
+    boost: Boost
+    k: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgingPolicy:
+    mode: str = "piecewise"  # "piecewise" | "linear" | "none"
+    segments: tuple[AgingSegment, ...] = ()
+
+
+@dataclass(frozen=True)
+class FairnessPolicy:
+    mode: FairnessMode = FairnessMode.WEIGHTED_FAIR_TOKENS
+    weight_source: str = "quota_share"
+    min_share: float = 0.02
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    depth_formula: str = "throughput_1m * sla_sec"
+    depth_cap: int = 20000
+    on_full: str = "REJECT_429_QUEUE_FULL"
+    on_timeout: str = "REJECT_504_QUEUE_TIMEOUT"
+    # Extensions of the field report's format (all optional in YAML):
+    enforce_depth: bool = True
+    enforce_deadline: bool = True
+    honour_cancel: bool = True
+    single_queue: bool = False  # one global FIFO across classes (the "fifo" preset)
+    service_ms_prior: int = 20000  # mean service time assumed before any completion
+
+
+@dataclass(frozen=True)
+class DowngradeRule:
+    name: str
+    condition: str  # source text of the `if:` expression
+    action: str  # e.g. "DOWNGRADE_TO_NEAR_RT"
+    enabled: bool = True
+    order: int = 0
+
+    @property
+    def target_class(self) -> str:
+        return self.action.removeprefix("DOWNGRADE_TO_")
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    slug: str
+    quota_share: float
+    name: str = ""
+    annual_budget: Decimal | None = None
+    classes: tuple[str, ...] = ()  # classes it may declare; empty means all
+    vip: bool = False
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    models: tuple[str, ...]
+    slots: int
+    url: str = ""
+    tpm: int | None = None
+    rpm: int | None = None
+    input_price_per_1k: Decimal = Decimal("0")
+    output_price_per_1k: Decimal = Decimal("0")
+    fallback_for: str | None = None
+    reserved_slots: int = 0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    classes: tuple[ClassSpec, ...]
+    aging: AgingPolicy = field(default_factory=AgingPolicy)
+    fairness: FairnessPolicy = field(default_factory=FairnessPolicy)
+    queue: QueuePolicy = field(default_factory=QueuePolicy)
+    downgrade_rules: tuple[DowngradeRule, ...] = ()
+    networks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    policy: Policy = Policy.FAIRGATE
+    tenants: tuple[TenantSpec, ...] | None = None  # None: section absent
+    backends: tuple[BackendSpec, ...] | None = None  # None: section absent
+
+    def class_named(self, name: str) -> ClassSpec | None:
+        return next((c for c in self.classes if c.name == name), None)
+
+
+@dataclass
+class Request:
+    """A request as the engine sees it. ``cls`` is the effective (post-downgrade) class."""
+
+    id: str
+    tenant: str
+    cls: str
+    model: str
+    prompt_tokens: int
+    expected_output_tokens: int
+    enqueued_ms: int
+    deadline_ms: int | None = None  # the client's own deadline, if any (absolute ms)
+    vip: bool = False

@@ -1,0 +1,158 @@
+"""The live scheduler configuration, as rows. `scheduling.mapping` turns these rows into the
+engine's plain `SchedulerConfig` and back; nothing is deleted that history may refer to.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class PriorityClass(models.Model):
+    name = models.CharField(max_length=32, unique=True)
+    level = models.PositiveIntegerField(help_text="0 is served first.")
+    sla_ms = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    active = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["level", "name"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PriceVersion(models.Model):
+    """A class's price factor from `effective_at` on. Never edited: a change is a new row."""
+
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="prices")
+    price_factor = models.DecimalField(max_digits=8, decimal_places=4, validators=[MinValueValidator(Decimal("0"))])
+    effective_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["priority_class__level", "-effective_at", "-pk"]
+        indexes = [models.Index(fields=["priority_class", "effective_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.priority_class.name} ×{self.price_factor} from {self.effective_at:%Y-%m-%d %H:%M}"
+
+
+class SchedulerPolicy(models.Model):
+    """Singleton (pk=1): the global policy knobs of the YAML's aging, fairness and queue sections."""
+
+    class AgingMode(models.TextChoices):
+        PIECEWISE = "piecewise"
+        LINEAR = "linear"
+        NONE = "none"
+
+    class FairnessMode(models.TextChoices):
+        WEIGHTED_FAIR_TOKENS = "weighted_fair_tokens"
+        WEIGHTED_ROUND_ROBIN = "weighted_round_robin"
+        FIFO = "fifo"
+
+    policy = models.CharField(max_length=16, default="fairgate")
+    aging_mode = models.CharField(max_length=16, choices=AgingMode.choices, default=AgingMode.PIECEWISE)
+    fairness_mode = models.CharField(
+        max_length=32, choices=FairnessMode.choices, default=FairnessMode.WEIGHTED_FAIR_TOKENS
+    )
+    weight_source = models.CharField(max_length=32, default="quota_share")
+    min_share = models.FloatField(default=0.02)
+    queue = models.JSONField(default=dict, help_text="The queue section (depth_cap, codes, extensions).")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "scheduler policy"
+
+    def __str__(self) -> str:
+        return f"policy={self.policy} aging={self.aging_mode} fairness={self.fairness_mode}"
+
+
+class AgingSegment(models.Model):
+    class BoostKind(models.TextChoices):
+        NONE = "none"
+        LINEAR = "linear"
+        QUADRATIC = "quadratic"
+        PREEMPT = "preempt"
+
+    position = models.PositiveIntegerField(unique=True)
+    wait_ratio_lo = models.FloatField()
+    wait_ratio_hi = models.FloatField(null=True, blank=True, help_text="Empty: open-ended.")
+    boost = models.CharField(max_length=16, choices=BoostKind.choices)
+    k = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["position"]
+
+    def __str__(self) -> str:
+        hi = "" if self.wait_ratio_hi is None else f"{self.wait_ratio_hi:g}"
+        return f"{self.wait_ratio_lo:g}-{hi}: {self.boost} k={self.k:g}"
+
+
+class NetworkGroup(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    cidrs = models.JSONField(default=list)
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DowngradeRule(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    condition = models.TextField()
+    action = models.CharField(max_length=64)
+    enabled = models.BooleanField(default=True)
+    order = models.PositiveIntegerField(default=0)
+    active = models.BooleanField(default=True, help_text="False once absent from a loaded file.")
+
+    class Meta:
+        ordering = ["order", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Backend(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    url = models.URLField(max_length=500, blank=True)
+    model_names = models.JSONField(default=list, help_text="Model names this backend serves.")
+    slots = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    tpm = models.PositiveIntegerField(null=True, blank=True)
+    rpm = models.PositiveIntegerField(null=True, blank=True)
+    input_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    output_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    fallback_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="fallbacks"
+    )
+    reserved_slots = models.PositiveIntegerField(default=0)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AuditLog(models.Model):
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=32)  # create | update | deactivate | price
+    entity = models.CharField(max_length=64)  # e.g. "class", "tenant", "backend"
+    key = models.CharField(max_length=200)  # e.g. "INTERACTIVE"
+    field = models.CharField(max_length=64, blank=True)
+    old = models.JSONField(null=True, blank=True)
+    new = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.entity}:{self.key} {self.field}"

@@ -1,0 +1,120 @@
+"""Reads of the live configuration: rows → the engine's plain SchedulerConfig."""
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from gateway.models import Tenant
+from scheduling.engine.model import (
+    AgingPolicy,
+    AgingSegment as SegmentSpec,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    DowngradeRule as RuleSpec,
+    FairnessMode,
+    FairnessPolicy,
+    Policy,
+    QueuePolicy,
+    SchedulerConfig,
+    TenantSpec,
+)
+from scheduling.models import AgingSegment, Backend, DowngradeRule, NetworkGroup, PriceVersion, PriorityClass, SchedulerPolicy
+
+
+def price_current(*, priority_class: PriorityClass, at=None) -> PriceVersion | None:
+    at = at or timezone.now()
+    return priority_class.prices.filter(effective_at__lte=at).order_by("-effective_at", "-pk").first()
+
+
+def classes_with_price(*, at=None, active_only: bool = True):
+    at = at or timezone.now()
+    latest = PriceVersion.objects.filter(priority_class=OuterRef("pk"), effective_at__lte=at).order_by(
+        "-effective_at", "-pk"
+    )
+    qs = PriorityClass.objects.annotate(price_factor=Subquery(latest.values("price_factor")[:1]))
+    return qs.filter(active=True) if active_only else qs
+
+
+def policy_get() -> SchedulerPolicy:
+    policy, _ = SchedulerPolicy.objects.get_or_create(pk=1)
+    return policy
+
+
+def tenant_specs(*, active_only: bool = True) -> tuple[TenantSpec, ...]:
+    qs = Tenant.objects.filter(active=True) if active_only else Tenant.objects.all()
+    return tuple(
+        TenantSpec(
+            slug=t.slug,
+            name=t.name,
+            quota_share=float(t.quota_share),
+            annual_budget=None if t.annual_budget is None else _norm(t.annual_budget),
+            classes=tuple(t.allowed_classes),
+            vip=t.vip,
+            active=t.active,
+        )
+        for t in qs.order_by("slug")
+    )
+
+
+def backend_specs(*, enabled_only: bool = True) -> tuple[BackendSpec, ...]:
+    qs = Backend.objects.select_related("fallback_for").order_by("name")
+    if enabled_only:
+        qs = qs.filter(enabled=True)
+    return tuple(
+        BackendSpec(
+            name=b.name,
+            url=b.url,
+            models=tuple(b.model_names),
+            slots=b.slots,
+            tpm=b.tpm,
+            rpm=b.rpm,
+            input_price_per_1k=_norm(b.input_price_per_1k),
+            output_price_per_1k=_norm(b.output_price_per_1k),
+            fallback_for=b.fallback_for.name if b.fallback_for else None,
+            reserved_slots=b.reserved_slots,
+            enabled=b.enabled,
+        )
+        for b in qs
+    )
+
+
+def config_live() -> SchedulerConfig:
+    """The whole live configuration (active rows only), as the engine and the YAML dump see it."""
+    policy = policy_get()
+    classes = tuple(
+        ClassSpec(name=c.name, level=c.level, sla_ms=c.sla_ms, price_factor=_norm(c.price_factor))
+        for c in classes_with_price()
+    )
+    segments = tuple(
+        SegmentSpec(lo=s.wait_ratio_lo, hi=s.wait_ratio_hi, boost=Boost(s.boost), k=s.k)
+        for s in AgingSegment.objects.order_by("position")
+    )
+    rules = tuple(
+        RuleSpec(name=r.name, condition=r.condition, action=r.action, enabled=r.enabled, order=r.order)
+        for r in DowngradeRule.objects.filter(active=True).order_by("order", "name")
+    )
+    networks = {n.name: tuple(n.cidrs) for n in NetworkGroup.objects.filter(active=True).order_by("name")}
+    return SchedulerConfig(
+        classes=classes,
+        aging=AgingPolicy(mode=policy.aging_mode, segments=segments),
+        fairness=FairnessPolicy(
+            mode=FairnessMode(policy.fairness_mode), weight_source=policy.weight_source, min_share=policy.min_share
+        ),
+        queue=QueuePolicy(**policy.queue),
+        downgrade_rules=rules,
+        networks=networks,
+        policy=Policy(policy.policy),
+        tenants=tenant_specs(),
+        backends=backend_specs(enabled_only=False),
+    )
+
+
+def _norm(value: Decimal | None) -> Decimal:
+    """Drop trailing zeros of a stored decimal without turning 10 into 1E+1."""
+    if value is None:
+        return Decimal("0")
+    value = value.normalize()
+    return value.quantize(Decimal(1)) if value.as_tuple().exponent > 0 else value

@@ -1,0 +1,44 @@
+"""Shared fixtures. Service-bound tests carry @pytest.mark.postgres / @pytest.mark.redis: without the
+service they skip and say why; with FAIRGATE_REQUIRE_SERVICES=1 (CI) they fail instead."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("FAIRGATE_REQUIRE_SERVICES", "") in {"1", "true", "yes", "on"}
+
+
+def _postgres_missing() -> str | None:
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return "DATABASE_URL does not point at PostgreSQL"
+    return None
+
+
+def _redis_missing() -> str | None:
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return "REDIS_URL is not set"
+    try:
+        import redis
+
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except Exception as exc:  # any failure to reach it means "missing" here
+        return f"Redis at {url} is unreachable: {exc}"
+    return None
+
+
+_CHECKS = {"postgres": _postgres_missing, "redis": _redis_missing}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, check in _CHECKS.items():
+        if item.get_closest_marker(marker) is None:
+            continue
+        reason = check()
+        if reason is None:
+            continue
+        if REQUIRE_SERVICES:
+            pytest.fail(f"{marker} is required here (FAIRGATE_REQUIRE_SERVICES=1): {reason}", pytrace=False)
+        pytest.skip(f"needs {marker}: {reason}")
