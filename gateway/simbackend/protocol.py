@@ -1,0 +1,220 @@
+"""OpenAI wire format for the simulator: request parsing, token counting, response bodies.
+
+Token counts are rough but deterministic (about four characters per token plus a small
+per-message overhead); the gateway does its own estimate with tiktoken.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+CHAT = "chat"
+TEXT = "text"
+CHAT_OVERHEAD_TOKENS = 3
+MESSAGE_OVERHEAD_TOKENS = 4
+FILLER_WORDS = (
+    "the", "queue", "moves", "fairly", "while", "tokens", "flow", "through", "a", "shared",
+    "gateway", "and", "every", "tenant", "waits", "its", "turn", "under", "aging", "rules",
+    "batch", "jobs", "yield", "to", "chat", "so", "people", "get", "answers", "in", "time",
+    "simulated", "gpu", "slots", "decode", "prefill", "window", "budget", "class", "priority",
+)
+FILLER_LENGTH_TOKENS = 8192
+
+
+class SimError(Exception):
+    """An error answered to the client as OpenAI-shaped JSON."""
+
+    def __init__(self, status: int, code: str, message: str, err_type: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.err_type = err_type
+
+
+def invalid(message: str, code: str = "invalid_request") -> SimError:
+    return SimError(400, code, message, "invalid_request_error")
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    kind: str  # CHAT | TEXT
+    model: str
+    prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+
+
+def error_body(code: str, message: str, err_type: str) -> bytes:
+    payload = {"error": {"message": message, "type": err_type, "code": code, "param": None}}
+    return json.dumps(payload).encode()
+
+
+def parse_request(kind: str, raw_body: bytes) -> CompletionRequest:
+    """Validate a chat or text completion body; raise SimError(400) on anything malformed."""
+    try:
+        body = json.loads(raw_body)
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("The request body is not valid JSON.", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required and must be a non-empty string.")
+    if kind == CHAT:
+        prompt_tokens = count_chat_tokens(body.get("messages"))
+    else:
+        prompt_tokens = count_prompt_tokens(body.get("prompt"))
+    stream = _optional_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object.")
+    include_usage = bool(stream and options and options.get("include_usage") is True)
+    max_tokens = _max_tokens(body, kind)
+    return CompletionRequest(kind, model, prompt_tokens, max_tokens, stream, include_usage)
+
+
+def count_chat_tokens(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' is required and must be a non-empty array.")
+    total = CHAT_OVERHEAD_TOKENS
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise invalid("Each message must be an object with a string 'role'.")
+        total += MESSAGE_OVERHEAD_TOKENS + _content_chars(message.get("content")) // 4
+    return total
+
+
+def _content_chars(content: Any) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    raise invalid("Message 'content' must be a string or an array of parts.")
+
+
+def count_prompt_tokens(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return 1 + len(prompt) // 4
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            return sum(1 + len(item) // 4 for item in prompt)
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+            return len(prompt)
+        if all(isinstance(item, list) for item in prompt):
+            return sum(len(item) for item in prompt)
+    raise invalid("'prompt' is required: a string, an array of strings, or token arrays.")
+
+
+def _optional_bool(body: dict[str, Any], field: str) -> bool:
+    value = body.get(field)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"'{field}' must be a boolean.")
+    return value
+
+
+def _max_tokens(body: dict[str, Any], kind: str) -> int | None:
+    value = body.get("max_tokens")
+    if value is None and kind == CHAT:
+        value = body.get("max_completion_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid("'max_tokens' must be a positive integer.")
+    return value
+
+
+class Filler:
+    """Deterministic filler text: a seeded word sequence, entered at a per-request offset."""
+
+    def __init__(self, seed: int) -> None:
+        rng = random.Random(seed)
+        words = [" " + rng.choice(FILLER_WORDS) for _ in range(FILLER_LENGTH_TOKENS)]
+        self._words = words + words  # a slice from any offset never wraps
+
+    def tokens(self, key: int, count: int) -> list[str]:
+        count = min(count, FILLER_LENGTH_TOKENS)
+        start = key % FILLER_LENGTH_TOKENS
+        return self._words[start : start + count]
+
+
+@dataclass(frozen=True)
+class ResponseIdentity:
+    """The id/created/model triple repeated in every body and chunk of one response."""
+
+    response_id: str
+    created: int
+    model: str
+
+
+def completion_body(
+    req: CompletionRequest, ident: ResponseIdentity, text: str, finish: str, usage: dict[str, int]
+) -> bytes:
+    if req.kind == CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    payload = {
+        "id": ident.response_id,
+        "object": obj,
+        "created": ident.created,
+        "model": ident.model,
+        "choices": [choice],
+        "usage": usage,
+        "system_fingerprint": "fairgate-sim",
+    }
+    return json.dumps(payload).encode()
+
+
+class ChunkEncoder:
+    """Builds SSE event bytes for a stream; the fixed parts are encoded once per stream."""
+
+    def __init__(self, req: CompletionRequest, ident: ResponseIdentity) -> None:
+        self._chat = req.kind == CHAT
+        obj = "chat.completion.chunk" if self._chat else "text_completion"
+        self._head = (
+            f'data: {{"id":{json.dumps(ident.response_id)},"object":"{obj}",'
+            f'"created":{ident.created},"model":{json.dumps(ident.model)},"choices":'
+        )
+        self._tail = ',"usage":null}\n\n' if req.include_usage else "}\n\n"
+
+    def role(self) -> bytes:
+        if not self._chat:
+            return b""
+        choice = '[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]'
+        return (self._head + choice + self._tail).encode()
+
+    def text(self, text: str) -> bytes:
+        if self._chat:
+            choice = f'[{{"index":0,"delta":{{"content":{json.dumps(text)}}},"finish_reason":null}}]'
+        else:
+            choice = f'[{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":null}}]'
+        return (self._head + choice + self._tail).encode()
+
+    def finish(self, finish: str) -> bytes:
+        if self._chat:
+            choice = f'[{{"index":0,"delta":{{}},"finish_reason":"{finish}"}}]'
+        else:
+            choice = f'[{{"index":0,"text":"","logprobs":null,"finish_reason":"{finish}"}}]'
+        return (self._head + choice + self._tail).encode()
+
+    def usage(self, usage: dict[str, int]) -> bytes:
+        return (self._head + "[]" + f',"usage":{json.dumps(usage)}}}\n\n').encode()
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
