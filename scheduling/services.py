@@ -50,6 +50,8 @@ def _jsonable(value: Any) -> Any:
         return str(value)
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, models.Model):
         return str(value)
     return value
@@ -63,7 +65,7 @@ def _sync_row(
     row = model.objects.filter(**lookup).first()
     if row is None:
         row = model.objects.create(**lookup, **values)
-        audit_record(actor=actor, action="create", entity=entity, key=key, new={k: _jsonable(v) for k, v in values.items()})
+        audit_record(actor=actor, action="create", entity=entity, key=key, new=values)
         result.changes.append(f"created {entity} {key}")
         return row
     dirty = []

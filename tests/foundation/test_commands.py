@@ -39,16 +39,16 @@ def classes():
 
 
 def test_tenant_create_list_update(classes):
-    run("tenant", "create", "legal", "--name", "Legal", "--quota-share", "0.30", "--annual-budget", "120000",
+    run("tenant", "create", "procure", "--name", "Legal", "--quota-share", "0.30", "--annual-budget", "120000",
         "--classes", "INTERACTIVE,BATCH", "--vip")
-    legal = Tenant.objects.get(slug="legal")
-    assert (legal.quota_share, legal.annual_budget, legal.allowed_classes, legal.vip) == (
+    proc = Tenant.objects.get(slug="procure")
+    assert (proc.quota_share, proc.annual_budget, proc.allowed_classes, proc.vip) == (
         Decimal("0.3"), Decimal("120000"), ["INTERACTIVE", "BATCH"], True)
-    assert "legal" in run("tenant", "list")
-    run("tenant", "update", "legal", "--quota-share", "0.05", "--no-vip")
-    legal.refresh_from_db()
-    assert (legal.quota_share, legal.vip) == (Decimal("0.05"), False)
-    assert AuditLog.objects.filter(entity="tenant", key="legal", field="quota_share").exists()
+    assert "procure" in run("tenant", "list")
+    run("tenant", "update", "procure", "--quota-share", "0.05", "--no-vip")
+    proc.refresh_from_db()
+    assert (proc.quota_share, proc.vip) == (Decimal("0.05"), False)
+    assert AuditLog.objects.filter(entity="tenant", key="procure", field="quota_share").exists()
 
 
 @pytest.mark.parametrize("args, says", [

@@ -93,15 +93,16 @@ BAD_EDITS = [
 def test_bad_file_is_refused_naming_file_line_and_field_and_changes_nothing(loaded, tmp_path, old, new, field):
     text = EXAMPLE.read_text()
     assert old in text, f"example no longer contains {old!r}"
+    edited = text.replace(old, new, 1)
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace(old, new, 1))
+    bad.write_text(edited)
     before, audits = config_dump_text(), AuditLog.objects.count()
     with pytest.raises(CommandError) as info:
         load(bad)
     assert info.value.returncode == 2
     message = str(info.value)
     assert "bad.yaml" in message and field in message
-    line = text.replace(old, new, 1).splitlines().index(next(l for l in text.replace(old, new, 1).splitlines() if new in l)) + 1
+    line = next(number for number, content in enumerate(edited.splitlines(), 1) if new in content)
     assert f":{line}:" in message
     assert config_dump_text() == before and AuditLog.objects.count() == audits
 
@@ -117,7 +118,6 @@ def test_unparseable_yaml_and_missing_file_exit_2(tmp_path):
 
 
 def test_backend_fallback_round_trips(loaded, tmp_path):
-    text = EXAMPLE.read_text()
     assert Backend.objects.filter(enabled=True).exists()
     call_command("backend", "create", "spare", "--url", "http://127.0.0.1:9200/v1", "--model", "sim-llama",
                  "--slots", "2", "--fallback-for", Backend.objects.first().name)
@@ -127,4 +127,4 @@ def test_backend_fallback_round_trips(loaded, tmp_path):
     load(dumped)
     assert Backend.objects.get(name="spare").fallback_for is not None
     load(EXAMPLE)  # the file does not name `spare`: disabled, kept
-    assert Backend.objects.get(name="spare").enabled is False and text
+    assert Backend.objects.get(name="spare").enabled is False
