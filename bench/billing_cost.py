@@ -1,0 +1,138 @@
+"""What billing costs per request: one budget_hold + one charge_settle, in microseconds.
+
+    .venv/bin/python bench/billing_cost.py                 # the database of the environment
+    .venv/bin/python bench/billing_cost.py --all           # SQLite file and PostgreSQL, side by side
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/fairgate .venv/bin/python bench/billing_cost.py
+
+Runs on a throwaway test database (created and dropped here), single thread, sequential pairs,
+after a warm-up. Also counts the queries of each call and times one trivial ORM read as a yardstick
+(these machines are noisy: compare `pair_in_orm_reads` across runs). One JSON line per database.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/fairgate"
+
+
+def _setup_django() -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+
+
+def _world() -> None:
+    from datetime import datetime, timezone
+
+    from gateway.models import Tenant
+    from scheduling.models import Backend, PriorityClass
+    from scheduling.services import price_set
+
+    since = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    for name, level, factor in (("INTERACTIVE", 0, "1.6"), ("BATCH", 2, "0.7")):
+        row = PriorityClass.objects.create(name=name, level=level, sla_ms=3000)
+        price_set(priority_class=row, price_factor=Decimal(factor), actor="bench", effective_at=since)
+    for name, price in (("gpu-a", "0.002"), ("gpu-b", "0.001")):
+        Backend.objects.create(name=name, model_names=["m"], slots=8, input_price_per_1k=Decimal(price),
+                               output_price_per_1k=Decimal(price) * 2)
+    Tenant.objects.create(slug="bench", name="Bench", quota_share=Decimal("0.5"), annual_budget=Decimal("1000000"))
+
+
+def _pair(n: int) -> tuple[float, float]:
+    from billing.services import budget_hold, charge_settle
+
+    t0 = time.perf_counter()
+    budget_hold(tenant_slug="bench", request_id=f"b{n}", class_name="INTERACTIVE", model="m",
+                prompt_tokens=800, max_output_tokens=512)
+    t1 = time.perf_counter()
+    charge_settle(request_id=f"b{n}", backend_name="gpu-b", prompt_tokens=800, completion_tokens=300)
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e6, (t2 - t1) * 1e6
+
+
+def _queries() -> dict[str, int]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from billing.services import budget_hold, charge_settle
+
+    with CaptureQueriesContext(connection) as hold_q:
+        budget_hold(tenant_slug="bench", request_id="q", class_name="INTERACTIVE", model="m",
+                    prompt_tokens=800, max_output_tokens=512)
+    with CaptureQueriesContext(connection) as settle_q:
+        charge_settle(request_id="q", backend_name="gpu-b", prompt_tokens=800, completion_tokens=300)
+    return {"hold": len(hold_q.captured_queries), "settle": len(settle_q.captured_queries)}
+
+
+def _reference_query_us(rounds: int) -> float:
+    """One trivial ORM read on the same machine and database: the yardstick for the figures above."""
+    from gateway.models import Tenant
+
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        Tenant.objects.filter(slug="bench").first()
+    return (time.perf_counter() - t0) / rounds * 1e6
+
+
+def measure(pairs: int, warmup: int) -> dict:
+    _setup_django()
+    from django.db import connection
+
+    if connection.vendor == "sqlite":  # a file with the project's WAL settings, not an in-memory database
+        connection.settings_dict["TEST"]["NAME"] = str(Path(tempfile.mkdtemp()) / "bench_billing.sqlite3")
+    else:
+        connection.settings_dict["TEST"]["NAME"] = "test_fairgate_bench_billing"
+    test_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    try:
+        _world()
+        for n in range(warmup):
+            _pair(-1 - n)
+        samples = [_pair(n) for n in range(pairs)]
+        queries = _queries()
+        reference_us = _reference_query_us(pairs)
+    finally:
+        connection.creation.destroy_test_db(test_name, verbosity=0)
+    holds, settles = [s[0] for s in samples], [s[1] for s in samples]
+    pair_us = [h + s for h, s in samples]
+    return {
+        "database": connection.vendor, "pairs": pairs,
+        "pair_us_median": round(statistics.median(pair_us)), "pair_us_mean": round(statistics.fmean(pair_us)),
+        "pair_us_p95": round(statistics.quantiles(pair_us, n=20)[18]),
+        "hold_us_median": round(statistics.median(holds)), "settle_us_median": round(statistics.median(settles)),
+        "queries": queries, "one_orm_read_us": round(reference_us),
+        "pair_in_orm_reads": round(statistics.median(pair_us) / reference_us, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--all", action="store_true", help="run on SQLite and on PostgreSQL (--postgres-url)")
+    parser.add_argument("--postgres-url", default=POSTGRES_URL)
+    args = parser.parse_args()
+    if not args.all:
+        print(json.dumps(measure(args.pairs, args.warmup)))
+        return
+    for url in ("", args.postgres_url):
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        if url:
+            env["DATABASE_URL"] = url
+        subprocess.run([sys.executable, __file__, "--pairs", str(args.pairs), "--warmup", str(args.warmup)],
+                       env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Budget alerts at 80 % and 100 %: stored once per budget and threshold, logged, then delivered
+after commit to the tenant's webhook (httpx) and by e-mail (Django's mail settings) by a Celery task.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import httpx
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from billing.budgets import billing_of
+from billing.models import Budget, BudgetAlert
+
+logger = logging.getLogger("fairgate.billing.alerts")
+WEBHOOK_TIMEOUT_S = 5.0
+MAX_DELIVERY_ATTEMPTS = 5
+
+
+def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAlert]:
+    """Store the crossings (inside the caller's transaction) and deliver them once it commits."""
+    created = []
+    for pct in thresholds_pct:
+        try:
+            with transaction.atomic():
+                alert = BudgetAlert.objects.create(budget=budget, threshold_pct=pct, spent=budget.spent, limit=budget.limit)
+        except IntegrityError:  # this threshold already alerted for this budget
+            continue
+        logger.warning("budget %s crossed %s%%: spent %s of %s %s", budget.label, pct, budget.spent, budget.limit,
+                       settings.FAIRGATE_CURRENCY)
+        transaction.on_commit(lambda pk=alert.pk: _enqueue(pk))
+        created.append(alert)
+    return created
+
+
+def _enqueue(alert_pk: int) -> None:
+    from billing.tasks import alert_deliver
+
+    alert_deliver.delay(alert_pk)
+
+
+def alert_payload(alert: BudgetAlert) -> dict:
+    budget = alert.budget
+    return {
+        "type": "budget.threshold_crossed",
+        "tenant": budget.tenant.slug,
+        "budget": budget.label,
+        "period": {"kind": budget.kind, "starts_at": budget.starts_at.isoformat(), "ends_at": budget.ends_at.isoformat()},
+        "threshold_pct": alert.threshold_pct,
+        "spent": str(alert.spent),
+        "limit": str(alert.limit),
+        "currency": settings.FAIRGATE_CURRENCY,
+        "at": alert.created_at.isoformat(),
+    }
+
+
+def _recipients(budget: Budget) -> list[str]:
+    row = billing_of(budget.tenant)
+    if row is not None and row.alert_emails.strip():
+        return [a.strip() for a in row.alert_emails.split(",") if a.strip()]
+    return sorted({u.email for u in budget.tenant.users.filter(is_active=True) if u.email})
+
+
+def alert_deliver_now(*, alert_id: int) -> BudgetAlert:
+    """Deliver what is not yet delivered; errors are recorded, never raised (a later sweep retries)."""
+    alert = BudgetAlert.objects.select_related("budget__tenant__billing").get(pk=alert_id)
+    payload = alert_payload(alert)
+    errors: list[str] = []
+    row = billing_of(alert.budget.tenant)
+    if alert.webhook_delivered_at is None:
+        if row is None or not row.webhook_url:
+            alert.webhook_delivered_at = timezone.now()  # nothing to deliver to
+        else:
+            try:
+                httpx.post(row.webhook_url, json=payload, timeout=WEBHOOK_TIMEOUT_S).raise_for_status()
+                alert.webhook_delivered_at = timezone.now()
+            except httpx.HTTPError as exc:
+                errors.append(f"webhook: {exc}")
+    if alert.email_delivered_at is None:
+        try:
+            recipients = _recipients(alert.budget)
+            if recipients:
+                subject = f"[Fairgate] budget {payload['budget']} crossed {alert.threshold_pct}%"
+                body = f"Spent {alert.spent} of {alert.limit} {payload['currency']} ({payload['budget']})."
+                send_mail(subject, body, None, recipients)
+            alert.email_delivered_at = timezone.now()
+        except Exception as exc:  # SMTP errors come in many types
+            errors.append(f"email: {exc}")
+    alert.delivery_attempts += 1
+    alert.delivery_error = "; ".join(errors)
+    alert.save(update_fields=["webhook_delivered_at", "email_delivered_at", "delivery_attempts", "delivery_error"])
+    if errors:
+        logger.error("budget alert %s not fully delivered: %s", alert.pk, alert.delivery_error)
+    return alert
+
+
+def alerts_pending_ids(*, older_than: timedelta = timedelta(minutes=1)) -> list[int]:
+    """Alerts still undelivered (and not brand new, whose on-commit delivery may be under way)."""
+    undelivered = Q(webhook_delivered_at__isnull=True) | Q(email_delivered_at__isnull=True)
+    return list(
+        BudgetAlert.objects.filter(
+            undelivered, delivery_attempts__lt=MAX_DELIVERY_ATTEMPTS, created_at__lt=timezone.now() - older_than
+        ).values_list("pk", flat=True)
+    )

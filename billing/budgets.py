@@ -1,0 +1,133 @@
+"""Budget rows: found or created lazily, locked in a fixed order, moved by exact Decimal deltas.
+
+Row locks are always taken in primary-key order (the year row is created before its month rows).
+A hold is a conditional UPDATE per row (`budgets_hold`); settlements, releases and adjustments
+first lock their rows with SELECT ... FOR UPDATE in that order and compute the new values in
+Python from the locked ones (exact Decimal; no float arithmetic in SQLite). On SQLite the row lock
+is a no-op, but its IMMEDIATE transactions serialise writers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+from django.db.models import DecimalField, F, Q, Value
+from django.db.models.functions import Round
+
+from gateway.models import Tenant
+
+from billing.errors import BudgetExhausted, UnknownTenant
+from billing.models import Budget, TenantBilling
+from billing.periods import Period, month_period_at, year_period_at
+
+ALERT_THRESHOLDS_PCT = (80, 100)
+MONEY_FIELD = DecimalField(max_digits=20, decimal_places=6)
+
+
+@dataclass(frozen=True)
+class TenantBudgets:
+    tenant: Tenant
+    year: Budget
+    month: Budget | None
+
+    @property
+    def ids(self) -> list[int]:
+        return [b.pk for b in (self.year, self.month) if b is not None]
+
+
+def tenant_get(*, tenant_slug: str) -> Tenant:
+    tenant = Tenant.objects.select_related("billing").filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise UnknownTenant(f"no tenant {tenant_slug!r}")
+    return tenant
+
+
+def billing_of(tenant: Tenant) -> TenantBilling | None:
+    try:
+        return tenant.billing
+    except TenantBilling.DoesNotExist:
+        return None
+
+
+def _budget_get(*, tenant: Tenant, kind: str, period: Period, limit: Decimal | None,
+                found: Budget | None = None) -> Budget:
+    budget = found or Budget.objects.filter(tenant=tenant, kind=kind, starts_at=period.starts_at).first()
+    if budget is None:
+        try:
+            with transaction.atomic():
+                budget = Budget.objects.create(
+                    tenant=tenant, kind=kind, fiscal_year=period.fiscal_year,
+                    starts_at=period.starts_at, ends_at=period.ends_at, limit=limit,
+                )
+        except IntegrityError:  # created concurrently
+            budget = Budget.objects.get(tenant=tenant, kind=kind, starts_at=period.starts_at)
+    elif budget.limit != limit:  # the tenant's budget or cap was changed since
+        Budget.objects.filter(pk=budget.pk).update(limit=limit)
+        budget.limit = limit
+    budget.tenant = tenant
+    return budget
+
+
+def budgets_for(*, tenant: Tenant, at: datetime, year: Budget | None = None) -> TenantBudgets:
+    """The tenant's fiscal-year budget at `at` and, if it has a monthly cap, the month's."""
+    year = _budget_get(tenant=tenant, kind=Budget.Kind.YEAR, period=year_period_at(at), limit=tenant.annual_budget,
+                       found=year)
+    settings_row = billing_of(tenant)
+    month = None
+    if settings_row is not None and settings_row.monthly_cap is not None:
+        month = _budget_get(
+            tenant=tenant, kind=Budget.Kind.MONTH, period=month_period_at(at), limit=settings_row.monthly_cap
+        )
+    return TenantBudgets(tenant=tenant, year=year, month=month)
+
+
+def budgets_for_slug(*, tenant_slug: str, at: datetime) -> TenantBudgets:
+    """As budgets_for, reading tenant, settings and year budget in one query when the budget exists."""
+    year = (
+        Budget.objects.select_related("tenant__billing")
+        .filter(tenant__slug=tenant_slug, kind=Budget.Kind.YEAR, starts_at=year_period_at(at).starts_at)
+        .first()
+    )
+    if year is None:
+        return budgets_for(tenant=tenant_get(tenant_slug=tenant_slug), at=at)
+    return budgets_for(tenant=year.tenant, at=at, year=year)
+
+
+def budgets_lock(ids: list[int]) -> list[Budget]:
+    """Lock the rows in primary-key order (call inside transaction.atomic)."""
+    return list(Budget.objects.select_for_update().select_related("tenant").filter(pk__in=ids).order_by("pk"))
+
+
+def budgets_hold(budgets: TenantBudgets, *, amount: Decimal, currency: str) -> None:
+    """Add `amount` to `held` of each budget, in primary-key order, only where it fits: one
+    conditional UPDATE per row (`... WHERE limit IS NULL OR limit >= spent + held + amount`), which
+    locks the row and re-checks the condition on the latest committed values. Raises BudgetExhausted
+    (the caller's transaction then rolls back any row already moved). ROUND(…, 6) keeps SQLite's
+    float arithmetic on the exact 6-place value."""
+    amount_sql = Value(amount, output_field=MONEY_FIELD)
+    fits = Q(limit__isnull=True) | Q(limit__gte=Round(F("spent") + F("held") + amount_sql, 6, output_field=MONEY_FIELD))
+    for budget in sorted((b for b in (budgets.year, budgets.month) if b is not None), key=lambda b: b.pk):
+        moved = Budget.objects.filter(pk=budget.pk).filter(fits).update(
+            held=Round(F("held") + amount_sql, 6, output_field=MONEY_FIELD)
+        )
+        if not moved:
+            fresh = Budget.objects.get(pk=budget.pk)
+            fresh.tenant = budgets.tenant
+            raise BudgetExhausted(fresh.label, max(fresh.remaining, Decimal("0")), amount, currency)
+
+
+def budget_move(budget: Budget, *, spent_delta: Decimal = Decimal(0), held_delta: Decimal = Decimal(0)) -> list[int]:
+    """Apply deltas to a locked row; returns the alert thresholds (percent) that `spent` crossed."""
+    old_spent = budget.spent
+    budget.spent = old_spent + spent_delta
+    budget.held = budget.held + held_delta  # a negative result violates a CHECK: a bug, not a state
+    Budget.objects.filter(pk=budget.pk).update(spent=budget.spent, held=budget.held)
+    return thresholds_crossed(limit=budget.limit, old_spent=old_spent, new_spent=budget.spent)
+
+
+def thresholds_crossed(*, limit: Decimal | None, old_spent: Decimal, new_spent: Decimal) -> list[int]:
+    if limit is None or limit <= 0:
+        return []
+    return [pct for pct in ALERT_THRESHOLDS_PCT if old_spent < limit * pct / 100 <= new_spent]

@@ -1,0 +1,42 @@
+"""Billing's exceptions. The gateway maps them to client errors (402 budget_exhausted, ...)."""
+from __future__ import annotations
+
+from decimal import Decimal
+
+
+class BillingError(Exception):
+    """Base of billing's refusals."""
+
+
+class BudgetExhausted(BillingError):
+    """The remaining budget cannot cover the hold a request needs (402 budget_exhausted)."""
+
+    def __init__(self, budget_label: str, remaining: Decimal, needed: Decimal, currency: str = ""):
+        self.budget_label = budget_label
+        self.remaining = remaining
+        self.needed = needed
+        self.currency = currency
+        unit = f" {currency}" if currency else ""
+        super().__init__(
+            f"Budget {budget_label} has {remaining}{unit} remaining; this request needs a hold of {needed}{unit}."
+        )
+
+
+class UnknownTenant(BillingError, LookupError):
+    pass
+
+
+class UnknownClass(BillingError, LookupError):
+    """No such class, or it has no price version in force."""
+
+
+class UnknownModel(BillingError, LookupError):
+    """No enabled backend serves the requested model."""
+
+
+class UnknownBackend(BillingError, LookupError):
+    pass
+
+
+class HoldNotFound(BillingError, LookupError):
+    """Settlement of a request that was never held."""

@@ -1,0 +1,162 @@
+"""Budgets, the append-only ledger, and budget alerts.
+
+A `Budget` row is one spending period of one tenant: its fiscal year, or (when the tenant has a
+monthly cap) one fiscal month. `spent` and `held` are denormalised sums of the ledger, kept in the
+same transaction as the entries that move them; `manage.py ledger verify` recomputes them.
+
+Ledger entries are never updated or deleted: the model refuses, its queryset refuses, and database
+triggers (migration 0002) refuse raw SQL too. A correction is a new `adjustment` entry.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import models
+
+MONEY = {"max_digits": 20, "decimal_places": 6}
+ZERO = Decimal("0")
+
+
+class TenantBilling(models.Model):
+    """Optional billing settings of a tenant (kept out of gateway.Tenant)."""
+
+    tenant = models.OneToOneField("gateway.Tenant", on_delete=models.PROTECT, related_name="billing")
+    monthly_cap = models.DecimalField(**MONEY, null=True, blank=True, help_text="Empty: no monthly cap.")
+    fallback_on_exhausted = models.BooleanField(
+        default=False, help_text="When the budget cannot hold a request, fall back to a cheaper class that fits."
+    )
+    webhook_url = models.URLField(max_length=500, blank=True, help_text="Budget alerts are POSTed here.")
+    alert_emails = models.CharField(max_length=500, blank=True, help_text="Comma-separated; empty: the tenant's users.")
+
+    class Meta:
+        verbose_name_plural = "tenant billing settings"
+
+    def __str__(self) -> str:
+        return f"billing of {self.tenant_id}"
+
+
+class Budget(models.Model):
+    class Kind(models.TextChoices):
+        YEAR = "year", "Fiscal year"
+        MONTH = "month", "Fiscal month"
+
+    tenant = models.ForeignKey("gateway.Tenant", on_delete=models.PROTECT, related_name="budgets")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    fiscal_year = models.PositiveIntegerField(help_text="Calendar year in which the fiscal year starts.")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    limit = models.DecimalField(**MONEY, null=True, blank=True, help_text="Empty: unlimited.")
+    spent = models.DecimalField(**MONEY, default=ZERO)
+    held = models.DecimalField(**MONEY, default=ZERO)
+
+    class Meta:
+        ordering = ["tenant_id", "starts_at", "kind"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "kind", "starts_at"], name="billing_budget_one_per_period"),
+            models.CheckConstraint(condition=models.Q(held__gte=0), name="billing_budget_held_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def label(self) -> str:
+        if self.kind == self.Kind.YEAR:
+            return f"{self.tenant.slug} FY{self.fiscal_year}"
+        return f"{self.tenant.slug} FY{self.fiscal_year} month {self.starts_at:%Y-%m}"
+
+    @property
+    def remaining(self) -> Decimal | None:
+        return None if self.limit is None else self.limit - self.spent - self.held
+
+
+class AppendOnlyError(Exception):
+    """Ledger entries are never changed or deleted; post an adjustment instead."""
+
+
+class LedgerQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AppendOnlyError("ledger entries cannot be updated")
+
+    def delete(self):
+        raise AppendOnlyError("ledger entries cannot be deleted")
+
+
+
+class LedgerEntry(models.Model):
+    class Kind(models.TextChoices):
+        HOLD = "hold", "Hold"
+        CHARGE = "charge", "Charge"
+        RELEASE = "release", "Release"
+        ADJUSTMENT = "adjustment", "Adjustment"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    at = models.DateTimeField(db_index=True)
+    tenant = models.ForeignKey("gateway.Tenant", on_delete=models.PROTECT, related_name="ledger_entries")
+    budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="entries")
+    month_budget = models.ForeignKey(
+        Budget, null=True, blank=True, on_delete=models.PROTECT, related_name="month_entries"
+    )
+    request_id = models.CharField(max_length=100, blank=True)
+    class_name = models.CharField(max_length=32, blank=True)
+    price_version = models.ForeignKey(
+        "scheduling.PriceVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries"
+    )
+    model = models.CharField(max_length=200, blank=True)
+    backend_name = models.CharField(max_length=64, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    base_cost = models.DecimalField(**MONEY, default=ZERO)
+    factor = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"))
+    amount = models.DecimalField(**MONEY)
+    overrun = models.DecimalField(**MONEY, default=ZERO, help_text="Charge beyond the hold (tokenizer underestimate).")
+    reason = models.CharField(max_length=500, blank=True)
+    author = models.CharField(max_length=150, blank=True)
+
+    objects = LedgerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["at", "pk"]
+        verbose_name_plural = "ledger entries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["request_id", "kind"],
+                condition=~models.Q(kind="adjustment"),
+                name="billing_ledger_once_per_request_and_kind",
+            ),
+        ]
+        indexes = [models.Index(fields=["kind", "at"]), models.Index(fields=["tenant", "kind", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} {self.tenant_id} {self.request_id}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AppendOnlyError("ledger entries cannot be updated")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnlyError("ledger entries cannot be deleted")
+
+
+class BudgetAlert(models.Model):
+    """A budget crossed 80 % or 100 % of its limit (once per budget and threshold)."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="alerts")
+    threshold_pct = models.PositiveSmallIntegerField()
+    spent = models.DecimalField(**MONEY)
+    limit = models.DecimalField(**MONEY)
+    created_at = models.DateTimeField(auto_now_add=True)
+    webhook_delivered_at = models.DateTimeField(null=True, blank=True)
+    email_delivered_at = models.DateTimeField(null=True, blank=True)
+    delivery_attempts = models.PositiveSmallIntegerField(default=0)
+    delivery_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "threshold_pct"], name="billing_alert_once_per_threshold"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget} crossed {self.threshold_pct}%"

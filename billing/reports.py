@@ -1,0 +1,159 @@
+"""Finance reports, computed from the ledger (charges) and the budgets. Rows are plain dicts.
+
+Months are fiscal-time-zone calendar months of the charge time. Every money column is a sum of
+ledger amounts, so a report adds up to the ledger exactly.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Count, QuerySet, Sum
+from django.db.models.functions import TruncMonth
+from django.utils import timezone
+
+from gateway.models import Tenant
+from scheduling.models import PriceVersion
+
+from billing.models import Budget, LedgerEntry
+from billing.money import ZERO, MoneySum, money, or_zero
+from billing.periods import fiscal_tz, fiscal_year_of, year_period
+
+SHARE = Decimal("0.0001")
+
+
+def _charges(*, tenants: QuerySet[Tenant], since: datetime | None, until: datetime | None) -> QuerySet:
+    qs = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.CHARGE, tenant__in=tenants)
+    if since is not None:
+        qs = qs.filter(at__gte=since)
+    if until is not None:
+        qs = qs.filter(at__lt=until)
+    return qs
+
+
+def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal | None:
+    return None if not denominator else (numerator / denominator).quantize(SHARE)
+
+
+def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None,
+                     until: datetime | None = None) -> list[dict]:
+    """Tenant × class × month: requests, tokens, base cost, charge, effective multiplier, overrun."""
+    rows = (
+        _charges(tenants=tenants, since=since, until=until)
+        .annotate(month=TruncMonth("at", tzinfo=fiscal_tz()))
+        .values("tenant__slug", "class_name", "month")
+        .annotate(
+            requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+            base_cost=MoneySum("base_cost"), charge=MoneySum("amount"), overrun=MoneySum("overrun"),
+        )
+        .order_by("tenant__slug", "month", "class_name")
+    )
+    out = []
+    for row in rows:
+        base, charge = or_zero(row["base_cost"]), or_zero(row["charge"])
+        out.append({
+            "tenant": row["tenant__slug"], "month": f"{row['month']:%Y-%m}", "class": row["class_name"],
+            "requests": row["requests"], "prompt_tokens": row["prompt_tokens"] or 0,
+            "completion_tokens": row["completion_tokens"] or 0, "base_cost": base, "charge": charge,
+            "effective_multiplier": _ratio(charge, base), "overrun": or_zero(row["overrun"]),
+        })
+    return out
+
+
+def class_mix(*, tenants: QuerySet[Tenant], since: datetime | None = None, until: datetime | None = None) -> list[dict]:
+    """Tenant × month × class: each class's share of the tenant's requests and spend that month."""
+    rows = charges_by_month(tenants=tenants, since=since, until=until)
+    totals: dict[tuple[str, str], list] = defaultdict(lambda: [0, ZERO])
+    for row in rows:
+        total = totals[(row["tenant"], row["month"])]
+        total[0] += row["requests"]
+        total[1] += row["charge"]
+    out = []
+    for row in rows:
+        requests_total, spend_total = totals[(row["tenant"], row["month"])]
+        out.append({
+            "tenant": row["tenant"], "month": row["month"], "class": row["class"],
+            "requests": row["requests"], "request_share": _ratio(Decimal(row["requests"]), Decimal(requests_total)),
+            "charge": row["charge"], "spend_share": _ratio(row["charge"], spend_total),
+        })
+    return out
+
+
+def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, now: datetime | None = None) -> list[dict]:
+    """Per tenant, its fiscal-year budget: spent, held, remaining, projected spend at the current rate."""
+    now = now or timezone.now()
+    fiscal_year = fiscal_year if fiscal_year is not None else fiscal_year_of(now)
+    period = year_period(fiscal_year)
+    budgets = {
+        b.tenant_id: b
+        for b in Budget.objects.filter(kind=Budget.Kind.YEAR, fiscal_year=fiscal_year, tenant__in=tenants)
+    }
+    overruns = dict(
+        _charges(tenants=tenants, since=None, until=None).filter(budget__in=list(budgets.values()))
+        .values("budget_id").annotate(total=MoneySum("overrun")).order_by().values_list("budget_id", "total")
+    )
+    out = []
+    for tenant in tenants.order_by("slug"):
+        budget = budgets.get(tenant.pk)
+        limit = budget.limit if budget else tenant.annual_budget
+        spent = budget.spent if budget else ZERO
+        held = budget.held if budget else ZERO
+        projected = _projected(spent=spent, starts_at=period.starts_at, ends_at=period.ends_at, now=now)
+        out.append({
+            "tenant": tenant.slug, "fiscal_year": fiscal_year, "starts_at": period.starts_at, "ends_at": period.ends_at,
+            "limit": limit, "spent": spent, "held": held,
+            "remaining": None if limit is None else limit - spent - held,
+            "used_share": _ratio(spent, limit) if limit else None,
+            "projected_spend": projected,
+            "projected_remaining": None if limit is None else limit - projected,
+            "overrun": or_zero(overruns.get(budget.pk)) if budget else ZERO,
+        })
+    return out
+
+
+def _projected(*, spent: Decimal, starts_at: datetime, ends_at: datetime, now: datetime) -> Decimal:
+    """Linear: what the year ends at if spending goes on at its average rate so far."""
+    if now >= ends_at or now <= starts_at:
+        return spent
+    elapsed_s = Decimal((now - starts_at).total_seconds())
+    total_s = Decimal((ends_at - starts_at).total_seconds())
+    return money(spent * total_s / elapsed_s)
+
+
+def what_if(*, tenant: Tenant, since: datetime, until: datetime, share: Decimal,
+            from_class: str = "INTERACTIVE", to_class: str = "BATCH") -> dict:
+    """What the tenant would have paid in [since, until) had `share` (0..1) of its `from_class`
+    traffic been `to_class`: the moved requests keep their base cost and take the `to_class`
+    factor in force when each was charged."""
+    charges = _charges(tenants=Tenant.objects.filter(pk=tenant.pk), since=since, until=until)
+    actual = or_zero(charges.aggregate(t=MoneySum("amount"))["t"])
+    moved = charges.filter(class_name=from_class)
+    moved_charge = or_zero(moved.aggregate(t=MoneySum("amount"))["t"])
+    repriced = ZERO
+    for start, end, factor in _factor_intervals(class_name=to_class, since=since, until=until):
+        base = or_zero(moved.filter(at__gte=start, at__lt=end).aggregate(t=MoneySum("base_cost"))["t"])
+        repriced += base * factor
+    what_if_total = money(actual - share * moved_charge + share * repriced)
+    return {
+        "tenant": tenant.slug, "since": since, "until": until, "from_class": from_class, "to_class": to_class,
+        "share": share, "actual": actual, "from_class_charge": moved_charge,
+        "what_if": what_if_total, "saving": actual - what_if_total,
+    }
+
+
+def _factor_intervals(*, class_name: str, since: datetime, until: datetime) -> list[tuple[datetime, datetime, Decimal]]:
+    """[start, end, factor] pieces of [since, until) by the class's price versions (the first
+    version also covers any time before it)."""
+    versions = list(
+        PriceVersion.objects.filter(priority_class__name=class_name, effective_at__lt=until)
+        .order_by("effective_at", "pk").values_list("effective_at", "price_factor")
+    )
+    pieces = []
+    for index, (effective_at, factor) in enumerate(versions):
+        start = since if index == 0 else max(since, effective_at)
+        end = versions[index + 1][0] if index + 1 < len(versions) else until
+        end = min(end, until)
+        if start < end:
+            pieces.append((start, end, factor))
+    return pieces

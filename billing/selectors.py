@@ -1,0 +1,111 @@
+"""Billing reads: the budget fallback class, ledger verification, and who may see which tenant."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from gateway.models import Tenant
+from scheduling.models import PriorityClass
+from scheduling.selectors import classes_with_price
+
+from billing.budgets import billing_of, budgets_for, tenant_get
+from billing.models import Budget, LedgerEntry
+from billing.money import ZERO, MoneySum, or_zero
+from billing.pricing import charge_of, price_version_at, upper_bound_base_cost
+
+Kind = LedgerEntry.Kind
+# How each kind of entry moves a budget's denormalised columns.
+EFFECTS = {Kind.HOLD: ("held", 1), Kind.RELEASE: ("held", -1), Kind.CHARGE: ("spent", 1), Kind.ADJUSTMENT: ("spent", 1)}
+
+
+def budget_fallback_class(
+    *, tenant_slug: str, class_name: str, model: str, prompt_tokens: int, max_output_tokens: int,
+    at: datetime | None = None,
+) -> str | None:
+    """For a tenant configured to fall back (TenantBilling.fallback_on_exhausted): the first class
+    below `class_name` (lower priority, lower price factor, allowed to the tenant), from the most
+    expensive down, whose hold fits the remaining budget(s) now. None: no fallback, refuse with 402.
+
+    A read without locks: the caller then calls budget_hold for the class returned, which checks
+    again under lock and may still raise BudgetExhausted.
+    """
+    at = at or timezone.now()
+    tenant = tenant_get(tenant_slug=tenant_slug)
+    row = billing_of(tenant)
+    declared = PriorityClass.objects.filter(name=class_name).first()
+    if row is None or not row.fallback_on_exhausted or declared is None:
+        return None
+    declared_factor = price_version_at(class_name=class_name, at=at).price_factor
+    allowed = set(tenant.allowed_classes or [])
+    candidates = sorted(
+        (c for c in classes_with_price(at=at)
+         if c.price_factor is not None and c.level > declared.level and c.price_factor < declared_factor
+         and (not allowed or c.name in allowed)),
+        key=lambda c: (-c.price_factor, c.level),
+    )
+    if not candidates:
+        return None
+    base = upper_bound_base_cost(model=model, prompt_tokens=prompt_tokens, completion_tokens=max_output_tokens)
+    budgets = budgets_for(tenant=tenant, at=at)
+    remaining = [b.remaining for b in (budgets.year, budgets.month) if b is not None and b.remaining is not None]
+    for candidate in candidates:
+        amount = charge_of(base_cost=base, factor=candidate.price_factor)
+        if all(r >= amount for r in remaining):
+            return candidate.name
+    return None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    budget_id: int
+    label: str
+    column: str
+    stored: Decimal
+    ledger: Decimal
+
+    def __str__(self) -> str:
+        return f"{self.label} (budget {self.budget_id}): {self.column} is {self.stored}, the ledger says {self.ledger}"
+
+
+def ledger_balances() -> dict[int, dict[str, Decimal]]:
+    """Every budget's spent and held, recomputed from the ledger alone."""
+    balances: dict[int, dict[str, Decimal]] = defaultdict(lambda: {"spent": ZERO, "held": ZERO})
+    for key in ("budget_id", "month_budget_id"):
+        rows = (
+            LedgerEntry.objects.filter(**{f"{key}__isnull": False})
+            .values(key, "kind").annotate(total=MoneySum("amount")).order_by()
+        )
+        for row in rows:
+            column, sign = EFFECTS[row["kind"]]
+            balances[row[key]][column] += sign * or_zero(row["total"])
+    return balances
+
+
+def ledger_mismatches() -> list[Mismatch]:
+    balances = ledger_balances()
+    found = []
+    for budget in Budget.objects.select_related("tenant").order_by("pk"):
+        expected = balances.get(budget.pk, {"spent": ZERO, "held": ZERO})
+        for column in ("spent", "held"):
+            stored = getattr(budget, column)
+            if stored != expected[column]:
+                found.append(Mismatch(budget.pk, budget.label, column, stored, expected[column]))
+    return found
+
+
+def user_sees_all_tenants(user) -> bool:
+    return bool(user.is_superuser or getattr(user, "role", None) in ("finance", "admin"))
+
+
+def tenants_visible(*, user) -> QuerySet[Tenant]:
+    """Finance and admin users see every tenant; anyone else only their own (or none)."""
+    if user_sees_all_tenants(user):
+        return Tenant.objects.all()
+    if getattr(user, "tenant_id", None) is None:
+        return Tenant.objects.none()
+    return Tenant.objects.filter(pk=user.tenant_id)

@@ -1,0 +1,15 @@
+"""Included under /api/billing/ by config/urls.py."""
+from django.urls import path
+
+from billing import views
+
+app_name = "billing"
+
+urlpatterns = [
+    path("charges/", views.ChargesView.as_view(), name="charges"),
+    path("burn/", views.BurnView.as_view(), name="burn"),
+    path("class-mix/", views.ClassMixView.as_view(), name="class-mix"),
+    path("what-if/", views.WhatIfView.as_view(), name="what-if"),
+    path("ledger/", views.LedgerView.as_view(), name="ledger"),
+    path("alerts/", views.AlertsView.as_view(), name="alerts"),
+]

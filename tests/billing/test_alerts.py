@@ -1,0 +1,75 @@
+"""Budget alerts at 80 % and 100 %: stored once, logged, delivered by webhook and e-mail."""
+from __future__ import annotations
+
+from decimal import Decimal as D
+
+import httpx
+import pytest
+
+from billing.models import BudgetAlert, TenantBilling
+from billing.services import ledger_adjust
+from tests.billing.helpers import hold, settle
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    """Deliver in-process even when REDIS_URL makes Celery use a real broker."""
+    from config.celery import app
+
+    was = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = was
+
+
+@pytest.fixture
+def webhook(monkeypatch):
+    calls = []
+
+    def fake_post(url, *, json, timeout):
+        calls.append((url, json))
+        return httpx.Response(200, request=httpx.Request("POST", url))
+
+    monkeypatch.setattr("billing.alerts.httpx.post", fake_post)
+    return calls
+
+
+def test_crossing_80_and_100_percent_alerts_once_each(world, webhook, mailoutbox, django_capture_on_commit_callbacks, caplog):
+    TenantBilling.objects.create(tenant=world["alpha"], webhook_url="https://hooks.example/alpha",
+                                 alert_emails="cfo@alpha.example")
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger_adjust(tenant_slug="alpha", amount=D("799.99"), reason="seed", author="t")
+    assert not BudgetAlert.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger_adjust(tenant_slug="alpha", amount=D("0.01"), reason="seed", author="t")  # exactly 80 %
+        ledger_adjust(tenant_slug="alpha", amount=D("10"), reason="seed", author="t")  # no new crossing
+    assert list(BudgetAlert.objects.values_list("threshold_pct", flat=True)) == [80]
+    with django_capture_on_commit_callbacks(execute=True):
+        hold("r1")
+        settle("r1", prompt=10**6)  # a big charge: crosses 100 %
+    assert sorted(BudgetAlert.objects.values_list("threshold_pct", flat=True)) == [80, 100]
+    assert [payload["threshold_pct"] for _, payload in webhook] == [80, 100]
+    assert webhook[0][0] == "https://hooks.example/alpha" and webhook[0][1]["tenant"] == "alpha"
+    assert [m.to for m in mailoutbox] == [["cfo@alpha.example"]] * 2 and "100%" in mailoutbox[1].subject
+    assert all(a.webhook_delivered_at and a.email_delivered_at for a in BudgetAlert.objects.all())
+    assert "crossed 80%" in caplog.text
+
+
+def test_failed_webhook_is_recorded_for_a_retry(world, monkeypatch, django_capture_on_commit_callbacks):
+    TenantBilling.objects.create(tenant=world["alpha"], webhook_url="https://hooks.example/down")
+
+    def refuse(url, **kwargs):
+        raise httpx.ConnectError("refused")
+
+    monkeypatch.setattr("billing.alerts.httpx.post", refuse)
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger_adjust(tenant_slug="alpha", amount=D("900"), reason="seed", author="t")
+    alert = BudgetAlert.objects.get()
+    assert alert.webhook_delivered_at is None and "webhook" in alert.delivery_error and alert.delivery_attempts == 1
+
+
+def test_unlimited_budget_never_alerts(world):
+    ledger_adjust(tenant_slug="gamma", amount=D("1000000"), reason="seed", author="t")
+    assert not BudgetAlert.objects.exists()

@@ -1,0 +1,122 @@
+"""Finance reports add up to the ledger to the cent; CSV export; tenant isolation by persona."""
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timedelta, timezone as dt_timezone
+from decimal import Decimal as D
+
+import pytest
+from django.db.models import Sum
+
+from billing import reports
+from billing.models import Budget, LedgerEntry
+from billing.services import hold_release, ledger_adjust
+from gateway.models import Tenant
+from tests.billing.helpers import hold, settle
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.billing.urls")]
+JAN = datetime(2025, 1, 15, 12, tzinfo=dt_timezone.utc)
+FEB = datetime(2025, 2, 10, 12, tzinfo=dt_timezone.utc)
+
+
+@pytest.fixture
+def traffic(world):
+    """alpha: Jan 3 INTERACTIVE + 1 BATCH, Feb 1 INTERACTIVE + 2 BATCH; beta: one of each in Jan."""
+    plan = [("alpha", JAN, "INTERACTIVE", 3), ("alpha", JAN, "BATCH", 1), ("alpha", FEB, "INTERACTIVE", 1),
+            ("alpha", FEB, "BATCH", 2), ("beta", JAN, "INTERACTIVE", 1), ("beta", JAN, "BATCH", 1)]
+    n = 0
+    for tenant, at, cls, count in plan:
+        for _ in range(count):
+            n += 1
+            hold(f"q{n}", tenant=tenant, cls=cls, at=at)
+            settle(f"q{n}", completion=n * 37, at=at + timedelta(seconds=1))  # odd amounts
+    hold("cancelled", at=JAN)
+    hold_release(request_id="cancelled", reason="cancelled")
+    hold("in-flight", at=FEB)
+    ledger_adjust(tenant_slug="alpha", amount=D("-0.333333"), reason="goodwill", author="fay", at=FEB)
+
+
+def ledger_charges(**filters) -> D:
+    return LedgerEntry.objects.filter(kind="charge", **filters).aggregate(t=Sum("amount"))["t"] or D(0)
+
+
+def test_charges_report_adds_up_to_the_ledger(traffic):
+    rows = reports.charges_by_month(tenants=Tenant.objects.all())
+    assert sum(r["charge"] for r in rows) == ledger_charges()
+    assert sum(r["requests"] for r in rows) == LedgerEntry.objects.filter(kind="charge").count() == 9
+    jan_alpha = next(r for r in rows if (r["tenant"], r["month"], r["class"]) == ("alpha", "2025-01", "INTERACTIVE"))
+    assert jan_alpha["requests"] == 3 and jan_alpha["effective_multiplier"] == D("1.6")
+    assert jan_alpha["charge"] == ledger_charges(tenant__slug="alpha", class_name="INTERACTIVE", at__lt=FEB)
+
+
+def test_burn_adds_up_to_the_ledger_and_projects_the_year(traffic):
+    rows = {r["tenant"]: r for r in reports.budget_burn(tenants=Tenant.objects.all(), fiscal_year=2025,
+                                                       now=datetime(2025, 7, 2, 12, tzinfo=dt_timezone.utc))}
+    alpha = rows["alpha"]
+    assert alpha["spent"] == ledger_charges(tenant__slug="alpha") - D("0.333333")
+    assert alpha["held"] == D("3.2")  # the in-flight hold only
+    assert alpha["remaining"] == D("1000") - alpha["spent"] - alpha["held"]
+    assert alpha["projected_spend"] == pytest.approx(alpha["spent"] * 2, rel=D("0.01"))  # half the year gone
+    assert rows["gamma"]["spent"] == 0 and rows["gamma"]["remaining"] is None
+
+
+def test_class_mix_shares_add_to_one_per_tenant_month(traffic):
+    rows = reports.class_mix(tenants=Tenant.objects.filter(slug="alpha"))
+    jan = {r["class"]: r for r in rows if r["month"] == "2025-01"}
+    assert jan["INTERACTIVE"]["request_share"] == D("0.75") and jan["BATCH"]["request_share"] == D("0.25")
+    for month in ("2025-01", "2025-02"):
+        assert sum(r["spend_share"] for r in rows if r["month"] == month) == pytest.approx(D(1), abs=D("0.0002"))
+
+
+def test_what_if_reprices_the_moved_share_at_the_batch_factor(traffic):
+    alpha = Tenant.objects.get(slug="alpha")
+    period = dict(tenant=alpha, since=datetime(2025, 1, 1, tzinfo=dt_timezone.utc),
+                  until=datetime(2026, 1, 1, tzinfo=dt_timezone.utc))
+    none = reports.what_if(share=D("0"), **period)
+    assert none["what_if"] == none["actual"] == ledger_charges(tenant__slug="alpha")
+    half = reports.what_if(share=D("0.5"), **period)
+    interactive = LedgerEntry.objects.filter(tenant=alpha, kind="charge", class_name="INTERACTIVE")
+    base = interactive.aggregate(t=Sum("base_cost"))["t"]
+    assert half["what_if"] == (half["actual"] - D("0.5") * base * D("1.6") + D("0.5") * base * D("0.7")).quantize(D("0.000001"))
+    assert half["saving"] > 0
+
+
+def test_reports_over_http_and_csv(traffic, finance):
+    body = finance.get("/api/billing/charges/").json()
+    assert body["currency"] == "USD" and isinstance(body["rows"][0]["charge"], str)  # exact decimals, never floats
+    assert sum(D(r["charge"]) for r in body["rows"]) == ledger_charges()
+    response = finance.get("/api/billing/charges/", {"format": "csv"})
+    assert response["Content-Type"].startswith("text/csv") and "charges.csv" in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert sum(D(r["charge"]) for r in rows) == ledger_charges()
+    for url in ("burn", "class-mix", "ledger", "alerts"):
+        assert finance.get(f"/api/billing/{url}/", {"format": "csv"}).status_code == 200
+    what_if = finance.get("/api/billing/what-if/", {"tenant": "alpha", "share_pct": "50", "since": "2025-01-01",
+                                                   "until": "2026-01-01"}).json()["rows"][0]
+    assert D(what_if["share"]) == D("0.5")
+    assert finance.get("/api/billing/what-if/", {"share_pct": "50"}).status_code == 400  # which tenant?
+    assert finance.get("/api/billing/what-if/", {"tenant": "alpha", "share_pct": "150"}).status_code == 400
+
+
+def tenants_in(client, url: str, **params) -> set[str]:
+    response = client.get(f"/api/billing/{url}/", params)
+    assert response.status_code == 200, response.content
+    return {row["tenant"] for row in response.json()["rows"]}
+
+
+@pytest.mark.parametrize("url", ["charges", "burn", "class-mix", "ledger"])
+def test_members_see_only_their_tenant(traffic, member_a, teammate_a, member_b, finance, admin_user, url):
+    assert tenants_in(member_a, url) == tenants_in(teammate_a, url) == {"alpha"}
+    assert tenants_in(member_b, url) == {"beta"}
+    assert {"alpha", "beta"} <= tenants_in(finance, url) == tenants_in(admin_user, url)
+    assert member_b.get(f"/api/billing/{url}/", {"tenant": "alpha"}).status_code == 404
+    assert member_b.get(f"/api/billing/{url}/", {"tenant": "alpha", "format": "csv"}).status_code == 404
+    assert member_b.get(f"/api/billing/{url}/", {"tenant": "nosuch"}).status_code == 404
+    assert tenants_in(finance, url, tenant="alpha") == {"alpha"}
+
+
+def test_member_cannot_what_if_another_tenant_and_anonymous_is_refused(traffic, member_b, client):
+    assert member_b.get("/api/billing/what-if/", {"tenant": "alpha"}).status_code == 404
+    assert member_b.get("/api/billing/what-if/").json()["rows"][0]["tenant"] == "beta"
+    assert client.get("/api/billing/charges/").status_code == 403
