@@ -1,0 +1,170 @@
+"""Run every policy on every shipped scenario and write ``bench/REPORT.md``.
+
+    python -m bench.report [--out bench/REPORT.md] [--seed N] [--no-speed] [--json-dir DIR]
+
+Per scenario: a side-by-side table of the four presets, with the field report's figures beside
+ours where it has them; for ``surge`` the issue's targets (met or missed, and why) and the
+timeline next to the report's; then the engine's speed beside ``heapq`` and the findings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from bench import engine_speed
+from bench.findings import findings
+from bench.simulate import run_file
+from bench.targets import surge_checks
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+POLICIES = ("fairgate", "fifo", "strict", "linear")
+REPORT_TIMES = (("09:00", 143, "1.12s", 0, 0), ("09:05", 11_872, "1.31s", 412, 0), ("09:20", 10_105, "1.28s", 2_338, 17),
+                ("10:00", 6_442, "1.35s", 6_001, 186), ("11:30", 917, "1.19s", 11_483, 742),
+                ("12:10", 0, "1.08s", 12_400, 803))
+FIELD = {
+    "surge": {"INTERACTIVE wait p95": "1.35 s (old FIFO: 37.4 s)",
+              "small tenants' mean wait": "3.2 s (old FIFO: 41 s)",
+              "wasted service": "< 2% (old FIFO: 19%)", "queue_full (of arrivals)": "0.3%",
+              "queue_timeout (of admitted)": "1.9%", "BATCH completed within SLA": "98.3%"},
+    "aging-storm": {"BATCH completed within SLA": "98.3% (linear aging: 71%)"},
+}
+
+Row = tuple[str, Callable[[dict], str], str | None]  # label, cell, class that must have traffic
+
+
+def _s(ms: float) -> str:
+    return f"{ms / 1000:.2f} s"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{part / whole:.2%}" if whole else "–"
+
+
+def _cls(out: dict, name: str) -> dict:
+    return out["classes"].get(name, {})
+
+
+ROWS: tuple[Row, ...] = (
+    ("INTERACTIVE wait p50", lambda o: _s(_cls(o, "INTERACTIVE")["wait_ms"]["p50"]), "INTERACTIVE"),
+    ("INTERACTIVE wait p95", lambda o: _s(_cls(o, "INTERACTIVE")["wait_ms"]["p95"]), "INTERACTIVE"),
+    ("INTERACTIVE timed out", lambda o: str(_cls(o, "INTERACTIVE")["queue_timeout"]), "INTERACTIVE"),
+    ("NEAR_RT wait p95", lambda o: _s(_cls(o, "NEAR_RT")["wait_ms"]["p95"]), "NEAR_RT"),
+    ("NEAR_RT timed out", lambda o: str(_cls(o, "NEAR_RT")["queue_timeout"]), "NEAR_RT"),
+    ("BATCH completed within SLA", lambda o: _pct(_cls(o, "BATCH")["completed_within_sla"],
+                                                  _cls(o, "BATCH")["admitted"]) + " of admitted", "BATCH"),
+    ("BATCH wait p95", lambda o: _s(_cls(o, "BATCH")["wait_ms"]["p95"]), "BATCH"),
+    ("queue_full (of arrivals)", lambda o: _pct(o["totals"]["rejected_queue_full"], o["totals"]["arrived"]), None),
+    ("queue_timeout (of admitted)", lambda o: _pct(o["totals"]["queue_timeout"], o["totals"]["admitted"]), None),
+    ("abandoned (client gone, dropped)", lambda o: str(o["totals"]["abandoned"]), None),
+    ("served after client gave up", lambda o: str(o["totals"]["served_after_give_up"]), None),
+    ("small tenants' mean wait", lambda o: _s(o["small_tenants"]["wait_ms"]["mean"]) if o["small_tenants"]["tenants"]
+     else "–", None),
+    ("wasted service", lambda o: f"{o['wasted_service_ratio']:.2%}", None),
+    ("goodput", lambda o: f"{o['goodput_per_s']:.3f}/s", None),
+    ("Jain index (windows)", lambda o: f"{o['jain_index']} ({o['jain_samples']})", None),
+    ("aging: boosted / preempted", lambda o: f"{o['aging']['boosted']} / {o['aging']['preempted']}", None),
+    ("downgraded by rules", lambda o: str(o["totals"]["downgraded"]), None),
+    ("engine decision p99", lambda o: f"{o['decision_us']['p99']:.1f} µs", None),
+)
+
+
+def run_all(seed: int | None, scenario_dir: Path = SCENARIO_DIR, quiet: bool = False) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    for path in sorted(scenario_dir.glob("*.json")):
+        runs = {}
+        for policy in POLICIES:
+            if not quiet:
+                sys.stderr.write(f"{path.stem} / {policy}\n")
+            runs[policy] = run_file(path, policy=policy, seed=seed, show_progress=not quiet)
+        notes = json.loads(path.read_text(encoding="utf-8"))
+        results[path.stem] = {"runs": runs, "notes": notes.get("notes", ""), "origin": notes.get("clock_origin")}
+    return results
+
+
+def scenario_table(name: str, runs: dict[str, dict]) -> str:
+    field = FIELD.get(name, {})
+    head = "| metric | " + " | ".join(POLICIES) + (" | field report |" if field else " |")
+    lines = [head, "|---" * (len(POLICIES) + 1 + bool(field)) + "|"]
+    for label, cell, needs in ROWS:
+        if needs and not any(_cls(o, needs).get("arrived") for o in runs.values()):
+            continue
+        cells = [cell(runs[p]) for p in POLICIES]
+        extra = [field.get(label, "")] if field else []
+        lines.append("| " + " | ".join([label, *cells, *extra]) + " |")
+    return "\n".join(lines)
+
+
+def _clock_ms(hhmm: str, origin: str) -> int:
+    h, m = (int(x) for x in hhmm.split(":"))
+    oh, om = (int(x) for x in origin.split(":"))
+    return ((h - oh) * 60 + (m - om)) * 60_000
+
+
+def surge_timeline(out: dict, origin: str) -> str:
+    rows = {r["t_ms"]: r for r in out["timeline"]}
+    lines = ["| time | in_queue (ours / report) | interactive p95 (ours / report) | batch_completed (ours / report) "
+             "| aging_preempt (ours / report) |", "|---|---|---|---|---|"]
+    for hhmm, queue, p95, done, preempt in REPORT_TIMES:
+        r = rows.get(_clock_ms(hhmm, origin))
+        if r is None:
+            continue
+        lines.append(f"| {hhmm} | {r['in_queue']:,} / {queue:,} | {_s(r['interactive_p95_ms'])} / {p95} | "
+                     f"{r['batch_completed']:,} / {done:,} | {r['aging_preempt']} / {preempt} |")
+    return "\n".join(lines)
+
+
+def targets_table(runs: dict[str, dict], speed: list[dict] | None) -> str:
+    lines = ["| target | ours (fairgate) | goal | met | why missed |", "|---|---|---|---|---|"]
+    for c in surge_checks(runs, speed):
+        lines.append(f"| {c.label} | {c.ours} | {c.goal} | {'yes' if c.met else '**no**'} | {c.why} |")
+    return "\n".join(lines)
+
+
+def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None) -> str:
+    parts = ["# Fairgate benchmark report", "",
+             "Generated by `python -m bench.report` (do not edit by hand). Every scenario of `bench/scenarios/` runs "
+             "through the real engine (`scheduling.engine.Scheduler`) on a virtual clock, once per preset, with the "
+             f"same trace for every preset (seed {seed if seed is not None else 'of each scenario'}). Metric "
+             "definitions: `bench/metrics.py`; simulator rules: `bench/sim.py`.", ""]
+    if "surge" in results:
+        surge = results["surge"]
+        parts += ["## Targets on `surge` (issue 3)", "", targets_table(surge["runs"], speed), ""]
+    for name, entry in results.items():
+        parts += [f"## `{name}`", "", entry["notes"], "", scenario_table(name, entry["runs"]), ""]
+        if name == "surge" and entry["origin"]:
+            parts += ["Timeline (fairgate) beside the field report's. Our `batch_completed` counts every BATCH "
+                      "request (finance's 12,400 plus R&D's 1,500 and background jobs); the report's counts finance "
+                      "only.", "", surge_timeline(entry["runs"]["fairgate"], entry["origin"]), ""]
+    if speed:
+        parts += ["## Engine speed (`python -m bench.engine_speed`)", "", " ".join(engine_speed.__doc__.split("\n\n")[2:]).strip(),
+                  "", engine_speed.table(speed), ""]
+    parts += ["## Findings", ""] + [f"- {line}" for line in findings(results, speed)] + [""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(Path(__file__).parent / "REPORT.md"))
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--no-speed", action="store_true")
+    parser.add_argument("--json-dir", help="also save every run's JSON here")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    results = run_all(args.seed, quiet=args.quiet)
+    speed = None if args.no_speed else engine_speed.run()
+    if args.json_dir:
+        out_dir = Path(args.json_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, entry in results.items():
+            for policy, out in entry["runs"].items():
+                (out_dir / f"{name}.{policy}.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    Path(args.out).write_text(render(results, speed, args.seed), encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

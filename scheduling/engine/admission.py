@@ -1,0 +1,96 @@
+"""Admission with a dynamic depth limit per class, fair between tenants.
+
+Depth limit of class ``c`` (only when ``QueuePolicy.enforce_depth``)::
+
+    limit = clamp(throughput_60s * sla_s, floor, depth_cap)
+    throughput_60s = dispatches of c in the last 60 s / 60
+    floor = free_slots * sla_ms / mean_service_ms(c)
+    free_slots = slots of enabled primary backends (less reserved slots unless c is the top
+                 class) - slots held by running requests of higher classes (lower level)
+
+``mean_service_ms`` is an exponential moving average of dispatch-to-completion times of the
+class (``QueuePolicy.service_ms_prior`` until one has completed). The floor keeps a burst after
+an idle period from being refused by a measured rate of zero; a lower class drains at what
+higher ones leave it, and the floor shrinks accordingly. Capacity is pooled across models.
+Only ``throughput_1m * sla_sec`` is implemented; ``depth_formula`` is not evaluated.
+
+Tenant room: a tenant is admitted while the class is below its limit, or while its own depth
+in the class is below its guaranteed room ``max(1, floor(weight * limit))`` (its weighted
+share, weights as in fairness), up to a hard ceiling of twice the limit. One department
+flooding a class fills it to the limit and is then refused, while every other tenant can still
+queue its share. The class may thus exceed its limit by the unused shares of others (at most
+the limit again).
+
+Retry-after for ``queue_full``: time for the queue to drain the excess over the limit at the
+class's drain rate (measured dispatch rate, or, with none measured, its slots over the mean
+service time), clamped to ``[1 ms, sla_ms]``.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+WINDOW_MS = 60_000
+EWMA_ALPHA = 0.05
+
+
+class RateWindow:
+    """Event times over the last 60 s (amortised O(1))."""
+
+    __slots__ = ("times",)
+
+    def __init__(self) -> None:
+        self.times: deque[int] = deque()
+
+    def add(self, now_ms: int) -> None:
+        self.times.append(now_ms)
+
+    def count(self, now_ms: int) -> int:
+        times = self.times
+        horizon = now_ms - WINDOW_MS
+        while times and times[0] <= horizon:
+            times.popleft()
+        return len(times)
+
+
+class ServiceMean:
+    __slots__ = ("mean_ms", "samples")
+
+    def __init__(self) -> None:
+        self.mean_ms = 0.0
+        self.samples = 0
+
+    def add(self, service_ms: int) -> None:
+        self.samples += 1
+        if self.samples == 1:
+            self.mean_ms = float(service_ms)
+        else:
+            self.mean_ms += EWMA_ALPHA * (service_ms - self.mean_ms)
+
+    def value(self, prior_ms: int) -> float:
+        return max(self.mean_ms if self.samples else float(prior_ms), 1.0)
+
+
+def floor_depth(free_slots: int, sla_ms: int, mean_service_ms: float) -> int:
+    return int(max(free_slots, 0) * sla_ms // mean_service_ms)
+
+
+def depth_limit(dispatched_60s: int, sla_ms: int, floor: int, cap: int) -> int:
+    by_rate = dispatched_60s * sla_ms // WINDOW_MS
+    return max(1, min(max(by_rate, floor), cap))
+
+
+def tenant_room(weight: float, limit: int) -> int:
+    return max(1, int(weight * limit))
+
+
+def admits(class_depth: int, tenant_depth: int, limit: int, room: int) -> bool:
+    if class_depth < limit:
+        return True
+    return tenant_depth < room and class_depth < 2 * limit
+
+
+def retry_after_ms(excess: int, drain_per_ms: float, sla_ms: int) -> int:
+    if drain_per_ms <= 0:
+        return max(1, sla_ms)
+    return max(1, min(sla_ms, math.ceil(max(excess, 1) / drain_per_ms)))

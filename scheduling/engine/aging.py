@@ -1,0 +1,89 @@
+"""Piecewise aging: how many class levels a request's wait is worth, and when it preempts.
+
+``wait_ratio = waited_ms / sla_ms`` of the request's class. With the field report's segments
+(``0-0.5`` none, ``0.5-0.8`` linear k1, ``0.8-0.95`` quadratic k2, ``>=0.95`` preempt) the boost is
+
+* ``r < a1``: 0
+* ``a1 <= r < a2``: ``k1 * (r - a1) / (a2 - a1)``
+* ``a2 <= r < a3``: ``k1 + k2 * ((r - a2) / (a3 - a2)) ** 2``
+* ``r >= a3``: preempt (dispatched before everything that is not at preempt, EDF).
+
+Generalised to any ordered segment list: each linear/quadratic segment adds its shape on top
+of the value reached at the end of the previous segments, so the curve is continuous and rising.
+A gap between segments keeps the last value; an open (``hi is None``) linear segment rises by
+``k`` per unit of ratio, an open quadratic one by ``k * (r - lo) ** 2``.
+
+Modes: ``piecewise`` (segments), ``linear`` (boost = wait_ratio, never preempts, the
+``linear`` preset), ``none`` (no boost, no preempt).
+"""
+from __future__ import annotations
+
+import math
+
+from .model import AgingPolicy, Boost
+
+_LINEAR, _QUADRATIC, _FLAT = 1, 2, 0
+
+
+class AgingCurve:
+    """A compiled :class:`AgingPolicy`; ``boost`` costs a scan of at most a handful of segments."""
+
+    __slots__ = ("mode", "preempt_ratio", "_segments")
+
+    def __init__(self, policy: AgingPolicy) -> None:
+        self.mode = policy.mode
+        self.preempt_ratio: float | None = None
+        self._segments: tuple[tuple[float, float | None, int, float, float], ...] = ()
+        if policy.mode == "piecewise":
+            self._compile(policy)
+        elif policy.mode not in ("linear", "none"):
+            raise ValueError(f"unknown aging mode {policy.mode!r}")
+
+    def _compile(self, policy: AgingPolicy) -> None:
+        compiled = []
+        base = 0.0
+        for seg in sorted(policy.segments, key=lambda s: s.lo):
+            if seg.boost is Boost.PREEMPT:
+                self.preempt_ratio = seg.lo
+                break  # nothing above preempt matters
+            shape = {Boost.LINEAR: _LINEAR, Boost.QUADRATIC: _QUADRATIC}.get(seg.boost, _FLAT)
+            compiled.append((seg.lo, seg.hi, shape, seg.k, base))
+            if shape != _FLAT and seg.hi is not None:
+                base += seg.k
+        self._segments = tuple(compiled)
+
+    @property
+    def active(self) -> bool:
+        """True when waiting can ever change a request's standing."""
+        return self.mode == "linear" or bool(self._segments) or self.preempt_ratio is not None
+
+    def boost(self, wait_ratio: float) -> float:
+        """Boost in class levels for ``wait_ratio`` (ignores preempt: see :meth:`preempts`)."""
+        if self.mode == "linear":
+            return wait_ratio if wait_ratio > 0.0 else 0.0
+        value = 0.0
+        for lo, hi, shape, k, base in self._segments:
+            if wait_ratio < lo:
+                break
+            if hi is not None and wait_ratio >= hi:
+                value = base + (k if shape != _FLAT else 0.0)
+                continue
+            if shape == _FLAT:
+                return base
+            x = (wait_ratio - lo) / (hi - lo) if hi is not None else wait_ratio - lo
+            return base + k * (x if shape == _LINEAR else x * x)
+        return value
+
+    def preempts(self, wait_ratio: float) -> bool:
+        return self.preempt_ratio is not None and wait_ratio >= self.preempt_ratio
+
+    def preempt_wait_ms(self, sla_ms: int) -> float | None:
+        """Wait after which a request of a class with ``sla_ms`` is at preempt (None: never)."""
+        if self.preempt_ratio is None:
+            return None
+        return self.preempt_ratio * sla_ms
+
+    def preempt_at_ms(self, enqueued_ms: int, sla_ms: int) -> int | None:
+        """First integer ms at which a request enqueued at ``enqueued_ms`` is at preempt."""
+        wait = self.preempt_wait_ms(sla_ms)
+        return None if wait is None else enqueued_ms + math.ceil(wait)

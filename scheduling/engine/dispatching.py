@@ -1,0 +1,187 @@
+"""The dispatch decision (mixed into :class:`~scheduling.engine.scheduler.Scheduler`).
+
+Order of a dispatch round at ``now_ms`` (one round fills every slot it can):
+
+1. **Preempt stage.** Requests whose wait ratio reached the preempt bound ``a3`` are moved
+   from their lane's age heap into their model's preempt heap, keyed
+   ``(deadline, level, enqueued_ms, id)`` with deadline ``min(enqueued + sla, client deadline)``.
+   They are dispatched first, earliest deadline first across classes, bypassing fair sharing
+   (the tenant is still charged for them, so fairness accounts for the service).
+2. **Cross-class choice.** Every lane (class x model) with waiting requests competes with
+   ``level - boost(wait_ratio of its oldest waiting request)``; ties go to the lower level, then
+   the earlier enqueue, then the request id. The oldest request has the highest ratio of its
+   class (one SLA per class), so this costs O(lanes) per decision, not O(requests).
+3. **Fair pick.** The winning lane serves its fair-share pick (see ``fairness``), which may be
+   a younger request of another tenant than the oldest one that lifted the class. This is
+   intended: aging decides *which class* is owed service; fairness decides *who inside the
+   class* receives it, so a flooding tenant's old requests cannot drag its own younger ones
+   ahead of other tenants. The oldest request is not left behind for long: its own ratio keeps
+   rising, and at ``a3`` the preempt stage serves it directly, before its deadline.
+
+Head-of-line blocking across models: lanes are per model, and a pick that no backend can take
+now (slots, reserved slots, TPM/RPM, 429 hold) blocks only its own lane (or, in the preempt
+stage, its model's preempt heap) for the rest of the round; other lanes and models go on.
+Before blocking a lane whose pick is not VIP, the lane's best VIP tenant head is tried, since
+reserved slots and fallback backends may still take it (not in FIFO lanes: strict order).
+A blocked big request may thus be overtaken by smaller ones of other lanes while a TPM window
+is nearly full. With ``single_queue`` there is one lane per model holding every class in FIFO
+order, level 0, no boost (the ``fifo`` preset).
+"""
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from .fairness import Lane
+from .outcomes import Grant
+from .store import RUNNING, WAITING, Ticket
+
+_NO_RANK = (float("inf"),)
+
+
+class DispatchMixin:
+    """Needs the attributes that :class:`Scheduler` sets up (lanes, heaps, capacity, ...)."""
+
+    def dispatch(self, *, now_ms: int) -> list[Grant]:
+        grants: list[Grant] = []
+        capacity = self._capacity
+        if not self._waiting or not capacity.any_free(now_ms):
+            return grants
+        if self._aging.preempt_ratio is not None:
+            self._promote(now_ms)
+        blocked_models: set[str] = set()
+        blocked_lanes: set[tuple[str, str]] = set()
+        while True:
+            ticket = self._preempt_top(blocked_models) if self._promoted else None
+            if ticket is not None:
+                if not self._try_grant(ticket, now_ms, True, False, grants):
+                    blocked_models.add(ticket.model)
+                continue
+            lane, boosted = self._best_lane(now_ms, blocked_lanes)
+            if lane is None:
+                break
+            ticket = lane.peek()
+            if ticket is None or not self._try_grant(ticket, now_ms, ticket.promoted, boosted, grants):
+                vip = lane.vip_pick() if ticket is not None and not ticket.vip else None
+                if vip is None or not self._try_grant(vip, now_ms, vip.promoted, boosted, grants):
+                    blocked_lanes.add(lane.key)
+                continue
+            if not self._waiting or not capacity.any_free(now_ms):
+                break
+        return grants
+
+    def _promote(self, now_ms: int) -> None:
+        """Move every request at or past the preempt bound into its model's preempt heap."""
+        for lane in self._lane_list:
+            age = lane.age
+            while age:
+                key_ms, rid, ticket = age[0]
+                if ticket.state != WAITING or ticket.lane is not lane or ticket.promoted:
+                    heappop(age)
+                    continue
+                if key_ms > now_ms:
+                    break
+                heappop(age)
+                ticket.promoted = True
+                lane.promoted += 1
+                ticket.tq.promoted += 1
+                self._promoted += 1
+                heappush(self._preempt_heap(ticket.model), self._preempt_key(ticket))
+
+    def _preempt_key(self, ticket: Ticket) -> tuple:
+        spec = self._class_spec(ticket.cls)
+        deadline = ticket.enqueued_ms + spec.sla_ms
+        client = ticket.request.deadline_ms
+        if client is not None and client < deadline:
+            deadline = client
+        return (deadline, spec.level, ticket.enqueued_ms, ticket.id, ticket)
+
+    def _preempt_heap(self, model: str) -> list:
+        heap = self._preempt.get(model)
+        if heap is None:
+            heap = self._preempt[model] = []
+        return heap
+
+    def _preempt_top(self, blocked_models: set[str]) -> Ticket | None:
+        best = None
+        for model, heap in self._preempt.items():
+            if model in blocked_models:
+                continue
+            while heap:
+                ticket = heap[0][-1]
+                if ticket.state == WAITING and ticket.promoted:
+                    break
+                heappop(heap)
+            if heap and (best is None or heap[0] < best):
+                best = heap[0]
+        return None if best is None else best[-1]
+
+    def _oldest(self, lane: Lane) -> Ticket | None:
+        """The lane's oldest waiting request not yet in the preempt stage (lazy heap top)."""
+        age = lane.age
+        while age:
+            ticket = age[0][2]
+            if ticket.state == WAITING and ticket.lane is lane and not ticket.promoted:
+                return ticket
+            heappop(age)
+        return None
+
+    def _tallies(self, cls: str, tenant: str) -> tuple:
+        key = (cls, tenant)
+        pair = self._tally_cache.get(key)
+        if pair is None:
+            pair = self._tally_cache[key] = self.counters.pair(cls, tenant)
+        return pair
+
+    def _rank(self, lane: Lane, now_ms: int) -> tuple:
+        oldest = self._oldest(lane)
+        if oldest is None:
+            return _NO_RANK
+        level = lane.level
+        if self._single_queue or not self._aging_on:
+            return (level, level, oldest.enqueued_ms, oldest.id)
+        ratio = (now_ms - oldest.enqueued_ms) / lane.sla_ms
+        return (level - self._aging.boost(ratio), level, oldest.enqueued_ms, oldest.id)
+
+    def _best_lane(self, now_ms: int, blocked: set[tuple[str, str]]) -> tuple[Lane | None, bool]:
+        best = None
+        best_rank = _NO_RANK
+        min_level = None
+        for lane in self._lane_list:
+            if lane.live <= lane.promoted or lane.key in blocked:
+                continue
+            rank = self._rank(lane, now_ms)
+            if rank is _NO_RANK:
+                continue
+            if min_level is None or lane.level < min_level:
+                min_level = lane.level
+            if rank < best_rank:
+                best, best_rank = lane, rank
+        boosted = best is not None and best.level > min_level
+        return best, boosted
+
+    def _try_grant(self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant]) -> bool:
+        privileged = ticket.vip or self._class_spec(ticket.cls).level <= self._top_level
+        backend = self._capacity.place(ticket.model, privileged, ticket.vip, ticket.est_tokens, now_ms)
+        if backend is None:
+            return False
+        lane, tq = ticket.lane, ticket.tq
+        self._unqueue(ticket)
+        lane.charge(ticket, tq, not preempt)
+        ticket.state = RUNNING
+        ticket.backend = backend.name
+        ticket.dispatched_ms = now_ms
+        ticket.window_handle = self._capacity.occupy(backend, ticket.est_tokens, now_ms)
+        self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
+        self._rate(self._cls_rate, ticket.cls).add(now_ms)
+        self._rate(self._model_rate, ticket.model).add(now_ms)
+        self._store.ticket_put(ticket)
+        waited_ms = now_ms - ticket.enqueued_ms
+        for tally in self._tallies(ticket.cls, ticket.tenant):
+            tally.dispatched += 1
+            tally.record_wait(waited_ms)
+            if preempt:
+                tally.preempted += 1
+            elif boosted:
+                tally.boosted += 1
+        grants.append(Grant(ticket.request, backend.name, waited_ms, preempt, boosted and not preempt))
+        return True

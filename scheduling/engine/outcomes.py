@@ -1,0 +1,33 @@
+"""What the scheduler answers: admissions, grants and queue positions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    admitted: bool
+    reason: str | None = None  # "queue_full" | "no_backend"
+    retry_after_ms: int | None = None
+
+
+ADMITTED = Admission(True)
+NO_BACKEND = Admission(False, "no_backend")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    request: Request
+    backend: str
+    waited_ms: int
+    preempt: bool  # dispatched in the preempt stage (wait ratio at or past the preempt bound)
+    boosted: bool  # its class won over a waiting lower-level class thanks to aging
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    position: int  # 1 = next for its model
+    eta_ms: int  # -1 when no backend serves its model at all
+    exact: bool

@@ -1,0 +1,29 @@
+"""Named policies as configurations of the same engine (``--policy`` of the simulator).
+
+* ``fairgate``: the configuration as written.
+* ``fifo``: the field report's old gateway: one global FIFO across classes and tenants, no
+  aging, no depth limit, no expiry, cancellation ignored (the request is still served).
+* ``strict``: class priority with FIFO inside each class, no aging; depth, expiry and
+  cancellation as written.
+* ``linear``: boost = wait ratio (no preempt), otherwise as written.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .model import AgingPolicy, FairnessMode, Policy, SchedulerConfig
+
+
+def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConfig:
+    policy = Policy(policy)
+    if policy is Policy.FAIRGATE:
+        return replace(config, policy=policy)
+    if policy is Policy.FIFO:
+        queue = replace(config.queue, single_queue=True, enforce_depth=False, enforce_deadline=False,
+                        honour_cancel=False)
+        fairness = replace(config.fairness, mode=FairnessMode.FIFO)
+        return replace(config, aging=AgingPolicy(mode="none"), fairness=fairness, queue=queue, policy=policy)
+    if policy is Policy.STRICT:
+        fairness = replace(config.fairness, mode=FairnessMode.FIFO)
+        return replace(config, aging=AgingPolicy(mode="none"), fairness=fairness, policy=policy)
+    return replace(config, aging=AgingPolicy(mode="linear"), policy=policy)

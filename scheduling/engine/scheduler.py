@@ -1,0 +1,380 @@
+"""The scheduler facade: admission, queues, dispatch, terminal states, positions.
+
+See ``dispatching`` for the decision order (preempt EDF, then class by ``level - boost`` of
+its oldest request, then the fair-share pick) and its consequences. Every admitted request
+ends in exactly one terminal state: completed, failed, queue_timeout or cancelled; rejected
+requests (queue_full, no_backend) were never admitted. Nothing here reads the clock; callers
+pass a non-decreasing ``now_ms``. The same inputs give the same decisions (dicts in insertion
+order, heaps keyed on total orders, no randomness).
+
+Configuration changes (:meth:`reconfigure`) rebuild the in-memory indexes from the store's
+tickets in queue order: waiting requests keep their place, take the new SLA (ratio and
+expiry deadline) and the new weights for future picks, and fair counters are kept. A class
+removed from the configuration keeps its old spec (level, SLA) for requests it already
+holds, which are served and expired as before; it takes no new requests. A removed backend
+finishes its running requests; waiting requests of a model left without backends stay queued
+until they expire.
+"""
+from __future__ import annotations
+
+from heapq import heappop, heappush
+from typing import Iterable
+
+from . import admission as adm
+from .aging import AgingCurve
+from .capacity import Capacity
+from .counters import Counters
+from .dispatching import DispatchMixin
+from .fairness import Lane, tenant_weights
+from .model import ClassSpec, BackendSpec, FairnessMode, Request, SchedulerConfig, TenantSpec
+from .outcomes import ADMITTED, NO_BACKEND, Admission, QueuePosition
+from .position import eta_ms, requests_ahead
+from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
+
+
+class Scheduler(DispatchMixin):
+    def __init__(self, config: SchedulerConfig, *, tenants: Iterable[TenantSpec], backends: Iterable[BackendSpec],
+                 store: SchedulerStore | None = None) -> None:
+        self._store: SchedulerStore = store if store is not None else MemoryStore()
+        self.counters = Counters()
+        self._tally_cache: dict[tuple[str, str], tuple] = {}
+        self._capacity = Capacity(backends, self._store)
+        self._tenant_specs: dict[str, TenantSpec] = {t.slug: t for t in tenants}
+        self._retired: dict[str, ClassSpec] = {}
+        self._lanes: dict[tuple[str, str], Lane] = {}
+        self._lane_list: list[Lane] = []
+        self._preempt: dict[str, list] = {}
+        self._deadlines: list[tuple[int, str, Ticket]] = []
+        self._waiting = 0
+        self._promoted = 0
+        self._depth_by_cls: dict[str, int] = {}
+        self._depth_by_tenant: dict[tuple[str, str], int] = {}
+        self._running_by_cls: dict[str, int] = {}
+        self._cls_rate: dict[str, adm.RateWindow] = {}
+        self._model_rate: dict[str, adm.RateWindow] = {}
+        self._cls_service: dict[str, adm.ServiceMean] = {}
+        self._model_service: dict[str, adm.ServiceMean] = {}
+        self._next_seq = 1
+        self._next_front = 0
+        self._apply_config(config)
+        self._rebuild()
+
+    # ----------------------------------------------------------------- configuration
+    def _apply_config(self, config: SchedulerConfig) -> None:
+        old = getattr(self, "_config", None)
+        self._config = config
+        self._classes = {c.name: c for c in config.classes}
+        if old is not None:
+            held = {t.cls for t in self._store.tickets()}
+            for spec in (*old.classes, *self._retired.values()):
+                if spec.name not in self._classes and spec.name in held:
+                    self._retired[spec.name] = spec
+        self._retired = {k: v for k, v in self._retired.items() if k not in self._classes}
+        self._top_level = min((c.level for c in config.classes), default=0)
+        self._aging = AgingCurve(config.aging)
+        self._aging_on = self._aging.active
+        self._single_queue = config.queue.single_queue
+        self._weights()
+
+    def _weights(self) -> None:
+        fairness = self._config.fairness
+        self._tenant_weight, self._unknown_weight = tenant_weights(self._tenant_specs.values(), fairness.min_share)
+
+    def _class_spec(self, cls: str) -> ClassSpec:
+        spec = self._classes.get(cls)
+        return spec if spec is not None else self._retired[cls]
+
+    def reconfigure(self, *, now_ms: int, config: SchedulerConfig | None = None,
+                    tenants: Iterable[TenantSpec] | None = None, backends: Iterable[BackendSpec] | None = None) -> None:
+        """Apply new settings to the running engine; no waiting request is lost."""
+        if tenants is None and config is not None and config.tenants is not None:
+            tenants = config.tenants
+        if backends is None and config is not None and config.backends is not None:
+            backends = config.backends
+        if tenants is not None:
+            self._tenant_specs = {t.slug: t for t in tenants}
+        if config is not None:
+            self._apply_config(config)
+        elif tenants is not None:
+            self._weights()
+        if backends is not None:
+            self._capacity.reconfigure(backends)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Recreate lanes and heaps from the store's waiting tickets, in queue order."""
+        old_vt = {key: lane.vt for key, lane in self._lanes.items()}
+        self._lanes, self._lane_list, self._preempt, self._deadlines = {}, [], {}, []
+        self._promoted = self._waiting = 0
+        self._depth_by_cls, self._depth_by_tenant, self._running_by_cls = {}, {}, {}
+        tickets = sorted(self._store.tickets(), key=lambda t: t.qseq)
+        for ticket in tickets:
+            if ticket.state == RUNNING:
+                self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
+            elif ticket.state == WAITING:
+                ticket.promoted = False
+                self._enqueue(ticket, front=False, lift=False)
+                self._count_queued(ticket, +1)
+        for key, lane in self._lanes.items():
+            lane.vt = old_vt.get(key, 0.0)
+
+    def _lane_for(self, cls: str, model: str) -> Lane:
+        key = ("*", model) if self._single_queue else (cls, model)
+        lane = self._lanes.get(key)
+        if lane is None:
+            level = 0 if self._single_queue else self._class_spec(cls).level
+            mode = FairnessMode.FIFO if self._single_queue else self._config.fairness.mode
+            lane = Lane(key[0], model, level, mode, self._tenant_weight, self._unknown_weight, self._store)
+            lane.sla_ms = 0 if self._single_queue else self._class_spec(cls).sla_ms
+            self._lanes[key] = lane
+            self._lane_list.append(lane)
+            self._lane_list.sort(key=lambda ln: (ln.level, ln.name, ln.model))
+        return lane
+
+    def _enqueue(self, ticket: Ticket, front: bool, lift: bool = True) -> None:
+        spec = self._class_spec(ticket.cls)
+        lane = self._lane_for(ticket.cls, ticket.model)
+        lane.push(ticket, front, lift)
+        enqueued = ticket.enqueued_ms
+        preempt_at = self._aging.preempt_at_ms(enqueued, spec.sla_ms)
+        heappush(lane.age, (preempt_at if preempt_at is not None else enqueued, ticket.id, ticket))
+        ticket.deadline_ms = self._expiry_deadline(ticket, spec)
+        if ticket.deadline_ms is not None:
+            heappush(self._deadlines, (ticket.deadline_ms, ticket.id, ticket))
+
+    def _expiry_deadline(self, ticket: Ticket, spec: ClassSpec) -> int | None:
+        if not self._config.queue.enforce_deadline:
+            return None
+        deadline = ticket.enqueued_ms + spec.sla_ms
+        client = ticket.request.deadline_ms
+        return client if client is not None and client < deadline else deadline
+
+    # ----------------------------------------------------------------- admission
+    def submit(self, request: Request, *, now_ms: int) -> Admission:
+        if request.cls not in self._classes:
+            raise ValueError(f"unknown class {request.cls!r}")
+        if self._store.ticket_get(request.id) is not None:
+            raise ValueError(f"request {request.id!r} is already in the scheduler")
+        tenant = self._tenant_specs.get(request.tenant)
+        vip = request.vip or (tenant is not None and tenant.vip)
+        cls_tally, tenant_tally = self._tallies(request.cls, request.tenant)
+        if not self._capacity.serves(request.model, vip):
+            cls_tally.rejected_no_backend += 1
+            tenant_tally.rejected_no_backend += 1
+            return NO_BACKEND
+        if self._config.queue.enforce_depth:
+            refusal = self._refusal(request, now_ms)
+            if refusal is not None:
+                cls_tally.rejected_queue_full += 1
+                tenant_tally.rejected_queue_full += 1
+                return refusal
+        ticket = Ticket(request, self._next_seq, vip)
+        self._next_seq += 1
+        self._enqueue(ticket, front=False)
+        self._count_queued(ticket, +1)
+        self._store.ticket_put(ticket)
+        cls_tally.enqueued += 1
+        tenant_tally.enqueued += 1
+        return ADMITTED
+
+    def _refusal(self, request: Request, now_ms: int) -> Admission | None:
+        spec = self._classes[request.cls]
+        limit = self.depth_limit(request.cls, now_ms=now_ms)
+        depth = self._depth_by_cls.get(request.cls, 0)
+        own = self._depth_by_tenant.get((request.cls, request.tenant), 0)
+        room = adm.tenant_room(self._tenant_weight.get(request.tenant, self._unknown_weight), limit)
+        if adm.admits(depth, own, limit, room):
+            return None
+        drain_per_ms = self._rate(self._cls_rate, request.cls).count(now_ms) / adm.WINDOW_MS
+        if drain_per_ms <= 0:
+            drain_per_ms = self._free_slots_for(spec) / self._service(self._cls_service, request.cls)
+        retry = adm.retry_after_ms(depth - limit + 1, drain_per_ms, spec.sla_ms)
+        return Admission(False, "queue_full", retry)
+
+    def depth(self, cls: str) -> int:
+        return self._depth_by_cls.get(cls, 0)
+
+    def depth_limit(self, cls: str, *, now_ms: int) -> int:
+        """The class's dynamic depth limit (computed even when the policy does not enforce it)."""
+        spec = self._class_spec(cls)
+        mean_ms = self._service(self._cls_service, cls)
+        floor = adm.floor_depth(self._free_slots_for(spec), spec.sla_ms, mean_ms)
+        dispatched = self._rate(self._cls_rate, cls).count(now_ms)
+        return adm.depth_limit(dispatched, spec.sla_ms, floor, self._config.queue.depth_cap)
+
+    def _free_slots_for(self, spec: ClassSpec) -> int:
+        capacity = self._capacity
+        slots = capacity.total_slots - (0 if spec.level <= self._top_level else capacity.total_reserved)
+        for cls, running in self._running_by_cls.items():
+            if running and self._class_spec(cls).level < spec.level:
+                slots -= running
+        return max(slots, 0)
+
+    def _service(self, table: dict[str, adm.ServiceMean], key: str) -> float:
+        mean = table.get(key)
+        return mean.value(self._config.queue.service_ms_prior) if mean else float(self._config.queue.service_ms_prior)
+
+    @staticmethod
+    def _rate(table: dict[str, adm.RateWindow], key: str) -> adm.RateWindow:
+        window = table.get(key)
+        if window is None:
+            window = table[key] = adm.RateWindow()
+        return window
+
+    def _count_queued(self, ticket: Ticket, delta: int) -> None:
+        self._waiting += delta
+        self._depth_by_cls[ticket.cls] = self._depth_by_cls.get(ticket.cls, 0) + delta
+        key = (ticket.cls, ticket.tenant)
+        self._depth_by_tenant[key] = self._depth_by_tenant.get(key, 0) + delta
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        """Take a waiting ticket out of every index (lazily where heaps hold it)."""
+        if ticket.promoted:
+            self._promoted -= 1
+        ticket.lane.detach(ticket)
+        ticket.promoted = False
+        self._count_queued(ticket, -1)
+
+    # ----------------------------------------------------------------- terminal states
+    def _running_ticket(self, request_id: str) -> Ticket:
+        ticket = self._store.ticket_get(request_id)
+        if ticket is None or ticket.state != RUNNING:
+            raise KeyError(f"request {request_id!r} is not running")
+        return ticket
+
+    def _finish_running(self, ticket: Ticket, token_delta: int, fair_delta: float) -> None:
+        self._capacity.release(ticket.backend, ticket.window_handle, token_delta)
+        self._running_by_cls[ticket.cls] -= 1
+        if fair_delta and ticket.charge_lane is not None:
+            lane = self._lanes.get(ticket.charge_lane)
+            if lane is not None and not lane.fifo:
+                lane.adjust(lane.queue_for(ticket.tenant), fair_delta)
+            elif lane is None:  # lane gone since (reconfigured): correct the stored counter
+                key = (*ticket.charge_lane, ticket.tenant)
+                self._store.fair_counter_set(key, (self._store.fair_counter_get(key) or 0.0) + fair_delta)
+
+    @staticmethod
+    def _token_correction(ticket: Ticket, actual_cost: int) -> float:
+        if not ticket.charge_by_tokens or not ticket.cost_tokens:
+            return 0.0
+        return ticket.charge * (actual_cost - ticket.cost_tokens) / ticket.cost_tokens
+
+    def complete(self, request_id: str, *, now_ms: int, prompt_tokens: int, output_tokens: int) -> None:
+        ticket = self._running_ticket(request_id)
+        actual_cost = prompt_tokens + 2 * output_tokens
+        self._finish_running(ticket, prompt_tokens + output_tokens - ticket.est_tokens,
+                             self._token_correction(ticket, actual_cost))
+        service_ms = now_ms - ticket.dispatched_ms
+        for table, key in ((self._cls_service, ticket.cls), (self._model_service, ticket.model)):
+            table.setdefault(key, adm.ServiceMean()).add(service_ms)
+        self._terminate(ticket, "completed")
+
+    def fail(self, request_id: str, *, now_ms: int, reason: str = "upstream_error") -> None:
+        ticket = self._running_ticket(request_id)
+        self._finish_running(ticket, 0, self._token_correction(ticket, 0))
+        self._terminate(ticket, "failed")
+
+    def requeue(self, request_id: str, *, now_ms: int, backend_retry_after_ms: int = 0) -> None:
+        """Upstream 429: back to the front of its queue; the backend is held until the retry-after."""
+        ticket = self._running_ticket(request_id)
+        backend = ticket.backend
+        self._finish_running(ticket, -ticket.est_tokens, -ticket.charge)
+        if backend_retry_after_ms > 0:
+            self._capacity.hold(backend, now_ms + backend_retry_after_ms)
+        ticket.state = WAITING
+        ticket.backend = ticket.dispatched_ms = ticket.window_handle = ticket.charge_lane = None
+        ticket.charge = 0.0
+        ticket.charge_by_tokens = False
+        self._next_front -= 1
+        ticket.qseq = self._next_front
+        self._enqueue(ticket, front=True)
+        self._count_queued(ticket, +1)
+        self._store.ticket_put(ticket)
+        for tally in self._tallies(ticket.cls, ticket.tenant):
+            tally.requeued += 1
+
+    def cancel(self, request_id: str, *, now_ms: int) -> bool:
+        """Client gone. A waiting request leaves at once (unless the policy ignores cancellation)."""
+        ticket = self._store.ticket_get(request_id)
+        if ticket is None or ticket.state != WAITING or not self._config.queue.honour_cancel:
+            return False
+        self._unqueue(ticket)
+        self._terminate(ticket, "cancelled")
+        return True
+
+    def expire(self, *, now_ms: int) -> list[Request]:
+        """Remove waiting requests past their deadline (terminal ``queue_timeout``)."""
+        expired: list[Request] = []
+        heap = self._deadlines
+        while heap and heap[0][0] < now_ms:
+            deadline_ms, _, ticket = heappop(heap)
+            if ticket.state != WAITING or ticket.deadline_ms != deadline_ms:
+                continue
+            self._unqueue(ticket)
+            self._terminate(ticket, "queue_timeout")
+            expired.append(ticket.request)
+        return expired
+
+    def _terminate(self, ticket: Ticket, outcome: str) -> None:
+        ticket.state = DONE
+        self._store.ticket_pop(ticket.id)
+        for tally in self._tallies(ticket.cls, ticket.tenant):
+            setattr(tally, outcome, getattr(tally, outcome) + 1)
+        if ticket.cls in self._retired and not self._depth_by_cls.get(ticket.cls) \
+                and not self._running_by_cls.get(ticket.cls):
+            del self._retired[ticket.cls]
+
+    # ----------------------------------------------------------------- queries
+    def state_of(self, request_id: str) -> str | None:
+        ticket = self._store.ticket_get(request_id)
+        return None if ticket is None else STATE_NAMES.get(ticket.state)
+
+    def position(self, request_id: str, *, now_ms: int) -> QueuePosition | None:
+        ticket = self._store.ticket_get(request_id)
+        if ticket is None or ticket.state != WAITING:
+            return None
+        if self._aging.preempt_ratio is not None:
+            self._promote(now_ms)  # neutral: dispatch would promote the same requests at now_ms
+        lanes = [lane for lane in self._lane_list if lane.model == ticket.model]
+        ranks = {lane.key: self._rank(lane, now_ms) for lane in lanes}
+        boosted = self._aging_on and any(r[0] != r[1] for r in ranks.values() if len(r) > 1)
+        ahead, exact = requests_ahead(ticket, lanes, lambda ln: ranks[ln.key], self._preempt.get(ticket.model, []),
+                                      boosted)
+        capacity = self._capacity
+        slots = capacity.model_slots(ticket.model)
+        rate = self._rate(self._model_rate, ticket.model).count(now_ms) / adm.WINDOW_MS
+        rate = max(rate, slots / self._service(self._model_service, ticket.model))
+        return QueuePosition(ahead + 1, eta_ms(ahead, capacity.free_slots(ticket.model, now_ms), rate), exact)
+
+    def next_wakeup_ms(self, *, now_ms: int) -> int | None:
+        """Earliest future ms at which dispatch/expire could act without outside input."""
+        if not self._waiting:
+            return None
+        times: list[int] = []
+        heap = self._deadlines
+        while heap and (heap[0][2].state != WAITING or heap[0][2].deadline_ms != heap[0][0]):
+            heappop(heap)
+        if heap:
+            times.append(heap[0][0] + 1)
+        if self._aging.preempt_ratio is not None:
+            for lane in self._lane_list:
+                if self._oldest(lane) is not None:
+                    times.append(lane.age[0][0])
+        reopen = self._capacity.next_reopen_ms(now_ms)
+        if reopen is not None:
+            times.append(reopen)
+        future = [t for t in times if t > now_ms]
+        return min(future) if future else None
+
+    def waiting(self, tenant: str | None = None) -> list[Request]:
+        tickets = (t for t in self._store.tickets() if t.state == WAITING and (tenant is None or t.tenant == tenant))
+        return [t.request for t in sorted(tickets, key=lambda t: t.qseq)]
+
+    def running(self, tenant: str | None = None) -> list[Request]:
+        tickets = (t for t in self._store.tickets() if t.state == RUNNING and (tenant is None or t.tenant == tenant))
+        return [t.request for t in sorted(tickets, key=lambda t: (t.dispatched_ms, t.id))]
+
+    @property
+    def waiting_count(self) -> int:
+        return self._waiting
+

@@ -1,0 +1,153 @@
+"""Storage behind the scheduler: the few primitives the policy needs, and the in-memory twin.
+
+The policy keeps *derived* indexes in memory (per-tenant deques, heaps): they are rebuilt from
+the store by :meth:`Scheduler.reconfigure` or at start-up. What must survive a process and be
+shared is in the store:
+
+* tickets: one record per admitted, not yet terminal request (``Ticket.as_record`` is plain
+  JSON-able data; index references are not part of it);
+* fair-share virtual counters, keyed ``(lane_class, model, tenant)``;
+* sliding windows (TPM/RPM per backend): append a sample, correct it later, read the sum.
+
+A Redis store maps these to a hash per ticket, one hash of counters and a sorted set per
+window (a Lua script per primitive, as dramatiq's rate limiters do). The engine assumes one
+dispatcher owns the indexes at a time; other processes read positions through it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Protocol
+
+from .model import Request
+
+WAITING, RUNNING, DONE = 0, 1, 2
+STATE_NAMES = {WAITING: "queued", RUNNING: "running"}
+
+
+class Ticket:
+    """The engine's record of one admitted request (mutable; ``__slots__`` for speed)."""
+
+    __slots__ = (
+        "request", "id", "tenant", "cls", "model", "enqueued_ms", "qseq", "state", "cost_tokens",
+        "est_tokens", "deadline_ms", "backend", "dispatched_ms", "charge", "charge_lane", "charge_by_tokens", "window_handle",
+        "promoted", "vip", "tq", "tq_no", "lane",
+    )
+
+    def __init__(self, request: Request, qseq: int, vip: bool) -> None:
+        self.request = request
+        self.id = request.id
+        self.tenant = request.tenant
+        self.cls = request.cls
+        self.model = request.model
+        self.enqueued_ms = request.enqueued_ms
+        self.qseq = qseq
+        self.state = WAITING
+        self.cost_tokens = request.prompt_tokens + 2 * request.expected_output_tokens
+        self.est_tokens = request.prompt_tokens + request.expected_output_tokens
+        self.deadline_ms: int | None = None
+        self.backend: str | None = None
+        self.dispatched_ms: int | None = None
+        self.charge = 0.0
+        self.charge_lane: tuple[str, str] | None = None  # lane whose fair counter was charged
+        self.charge_by_tokens = False  # charged per token (weighted_fair_tokens): corrected at completion
+        self.window_handle: int | None = None
+        self.promoted = False
+        self.vip = vip
+        self.tq = None  # TenantQueue holding it while waiting (index, not persisted)
+        self.tq_no = 0  # its number in that queue (index)
+        self.lane = None  # Lane holding it while waiting (index, not persisted)
+
+    def as_record(self) -> dict[str, object]:
+        r = self.request
+        return {
+            "id": r.id, "tenant": r.tenant, "cls": r.cls, "model": r.model, "prompt_tokens": r.prompt_tokens,
+            "expected_output_tokens": r.expected_output_tokens, "enqueued_ms": r.enqueued_ms,
+            "deadline_ms": r.deadline_ms, "vip": self.vip, "qseq": self.qseq, "state": self.state,
+            "backend": self.backend, "dispatched_ms": self.dispatched_ms, "charge": self.charge,
+            "charge_lane": list(self.charge_lane) if self.charge_lane else None,
+            "charge_by_tokens": self.charge_by_tokens,
+            "window_handle": self.window_handle,
+        }
+
+
+class SchedulerStore(Protocol):
+    def ticket_put(self, ticket: Ticket) -> None: ...
+    def ticket_get(self, request_id: str) -> Ticket | None: ...
+    def ticket_pop(self, request_id: str) -> Ticket | None: ...
+    def tickets(self) -> Iterable[Ticket]: ...
+    def fair_counter_get(self, key: tuple[str, str, str]) -> float | None: ...
+    def fair_counter_set(self, key: tuple[str, str, str], value: float) -> None: ...
+    def window_add(self, key: str, at_ms: int, amount: float) -> int: ...
+    def window_adjust(self, key: str, handle: int, delta: float) -> None: ...
+    def window_usage(self, key: str, now_ms: int, span_ms: int) -> tuple[float, int, int | None]: ...
+
+
+class _Window:
+    __slots__ = ("samples", "total", "by_handle")
+
+    def __init__(self) -> None:
+        self.samples: deque[list] = deque()  # [at_ms, amount, handle], in time order
+        self.total = 0.0
+        self.by_handle: dict[int, list] = {}
+
+
+class MemoryStore:
+    """Dicts and deques; ticket records are the live objects (no copy on put)."""
+
+    def __init__(self) -> None:
+        self._tickets: dict[str, Ticket] = {}
+        self._fair: dict[tuple[str, str, str], float] = {}
+        self._windows: dict[str, _Window] = {}
+        self._next_handle = 0
+
+    def ticket_put(self, ticket: Ticket) -> None:
+        self._tickets[ticket.id] = ticket
+
+    def ticket_get(self, request_id: str) -> Ticket | None:
+        return self._tickets.get(request_id)
+
+    def ticket_pop(self, request_id: str) -> Ticket | None:
+        return self._tickets.pop(request_id, None)
+
+    def tickets(self) -> Iterable[Ticket]:
+        return list(self._tickets.values())
+
+    def fair_counter_get(self, key: tuple[str, str, str]) -> float | None:
+        return self._fair.get(key)
+
+    def fair_counter_set(self, key: tuple[str, str, str], value: float) -> None:
+        self._fair[key] = value
+
+    def window_add(self, key: str, at_ms: int, amount: float) -> int:
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = _Window()
+        self._next_handle += 1
+        sample = [at_ms, amount, self._next_handle]
+        window.samples.append(sample)
+        window.by_handle[self._next_handle] = sample
+        window.total += amount
+        return self._next_handle
+
+    def window_adjust(self, key: str, handle: int, delta: float) -> None:
+        window = self._windows.get(key)
+        sample = window.by_handle.get(handle) if window else None
+        if sample is not None:  # already out of the window: nothing to correct
+            sample[1] += delta
+            window.total += delta
+
+    def window_usage(self, key: str, now_ms: int, span_ms: int) -> tuple[float, int, int | None]:
+        """(sum, sample count, oldest sample ms) over ``(now_ms - span_ms, now_ms]``."""
+        window = self._windows.get(key)
+        if window is None:
+            return 0.0, 0, None
+        samples = window.samples
+        horizon = now_ms - span_ms
+        while samples and samples[0][0] <= horizon:
+            at_ms, amount, handle = samples.popleft()
+            window.total -= amount
+            del window.by_handle[handle]
+        if not samples:
+            window.total = 0.0  # drop float drift
+            return 0.0, 0, None
+        return window.total, len(samples), samples[0][0]
