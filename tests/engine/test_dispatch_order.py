@@ -51,20 +51,27 @@ def test_preempt_is_edf_across_classes_with_level_tiebreak():
         g = grants[0]
         order.append((g.request.id, g.preempt))
         sched.complete(g.request.id, now_ms=9960, prompt_tokens=1, output_tokens=1)
-    assert order == [("n1", True), ("b2", True), ("i1", True), ("i4", True), ("b1", True),
+    # Classes in EDF order of their promoted requests (n1 9970, b2 9980, i1 9990, i4 10000); the
+    # BATCH slot goes to its fair pick, tenant a's FIFO head b1, before b2 of the same tenant.
+    assert order == [("n1", True), ("b1", True), ("b2", True), ("i1", True), ("i4", True),
                      ("i2", False), ("r1", False)]
     assert sched.counters.total("preempted") == 5
 
 
-def test_preempt_bypasses_fair_share():
+def test_preempt_gives_the_class_the_slot_and_fairness_picks_the_tenant():
     cfg = with_sla(config(), "BATCH", 1000)
     sched = scheduler(cfg)
-    # tenant a has been served a lot; b's request is younger. Fairness would pick b,
-    # but a's request is at preempt.
-    submit(sched, req("a_old", tenant="a", at=0), req("b_new", tenant="b", at=900))
+    # a's request is at preempt, but a has been served a lot; b's younger request is the fair pick.
+    submit(sched, req("a_old", tenant="a", at=0), req("b_new", tenant="b", at=900),
+           req("chat", cls="INTERACTIVE", at=950))
     lane = sched._lanes[("BATCH", "m")]
-    lane.tenants["a"].counter += 10_000
-    assert [g.request.id for g in sched.dispatch(now_ms=960)] == ["a_old"]
+    lane.adjust(lane.tenants["a"], 10_000)
+    order = []
+    while grants := sched.dispatch(now_ms=960):
+        order += [(g.request.id, g.preempt) for g in grants]
+        for g in grants:
+            sched.complete(g.request.id, now_ms=960, prompt_tokens=1, output_tokens=1)
+    assert order == [("b_new", True), ("a_old", True), ("chat", False)]
 
 
 def test_winning_class_serves_its_fair_pick_not_its_oldest():
