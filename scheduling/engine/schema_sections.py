@@ -331,7 +331,7 @@ def _backends(ck: Checker, raw: Any) -> list[BackendSpec]:
     entries = ck.sequence(path, raw) or []
     specs = [_backend(ck, f"{path}[{i}]", e) for i, e in enumerate(entries)]
     _unique(ck, path, [s.name if s else None for s in specs], "name", "backend name")
-    names = {e.get("name") for e in entries if isinstance(e, dict)}
+    names = {e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)}
     for i, spec in enumerate(specs):
         target = spec.fallback_for if spec else None
         if target is not None and (target == spec.name or target not in names):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine.model import (
@@ -457,6 +457,7 @@ json_like = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(["classes", "aging", "queue", "networks", "downgrade_check", "tenants",
                                         "backends", "policy", "tenant_fairness", "x"]), json_like, max_size=5))
+@example({"classes": None, "backends": [{"name": []}]})  # found by Hypothesis: an unhashable backend name
 def test_arbitrary_data_is_accepted_or_refused_with_config_error(data: dict) -> None:
     try:
         config = config_from_dict(data)
