@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point: the API paths through a lean Django handler, everything else through the
+full one, WebSockets through Channels; the lifespan wrapper runs the embedded dispatcher."""
 import os
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -10,4 +11,9 @@ django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+
+from gateway.asgi import ApiRouter, GatewayASGIHandler, Lifespan  # noqa: E402
+
+application = Lifespan(ProtocolTypeRouter({
+    "http": ApiRouter(GatewayASGIHandler(), django_asgi_app),
+}))

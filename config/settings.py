@@ -114,6 +114,8 @@ else:
     CELERY_BROKER_URL = "memory://"
     CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_BEAT_SCHEDULE = {"billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0}}
+FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
 CELERY_TIMEZONE = "UTC"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -127,7 +129,6 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
-LOGIN_URL = "/admin/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
@@ -142,3 +143,29 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }
+
+# Gateway ---------------------------------------------------------------------------------------
+# The OpenAI-compatible ingress (gateway/). Times in ms, sizes in bytes; see .env.example.
+# Source addresses whose X-Forwarded-For is believed (CIDRs); uvicorn's own proxy trust is off.
+FAIRGATE_TRUSTED_PROXIES = env_list("FAIRGATE_TRUSTED_PROXIES", [])
+# Expected output tokens when a request names no max_tokens (reserves TPM, sizes the hold).
+FAIRGATE_DEFAULT_MAX_TOKENS = env_int("FAIRGATE_DEFAULT_MAX_TOKENS", 512, minimum=1)
+FAIRGATE_MAX_BODY_BYTES = env_int("FAIRGATE_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = FAIRGATE_MAX_BODY_BYTES
+FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS = env_int("FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS", 5_000, minimum=1)
+FAIRGATE_UPSTREAM_READ_TIMEOUT_MS = env_int("FAIRGATE_UPSTREAM_READ_TIMEOUT_MS", 300_000, minimum=1)
+# Attempts on another (or the same) backend after a connection error or a 5xx, before 502.
+FAIRGATE_UPSTREAM_RETRIES = env_int("FAIRGATE_UPSTREAM_RETRIES", 1, minimum=0)
+# Upstream 429s a request may absorb (each puts it back at the front of its queue).
+FAIRGATE_UPSTREAM_MAX_REQUEUES = env_int("FAIRGATE_UPSTREAM_MAX_REQUEUES", 20, minimum=0)
+# Consecutive upstream failures that open a backend's circuit, and how long it stays open.
+FAIRGATE_CIRCUIT_FAILURES = env_int("FAIRGATE_CIRCUIT_FAILURES", 5, minimum=1)
+FAIRGATE_CIRCUIT_COOLDOWN_MS = env_int("FAIRGATE_CIRCUIT_COOLDOWN_MS", 30_000, minimum=1)
+# How often the running dispatcher looks for configuration changes (admin edits, commands).
+FAIRGATE_CONFIG_POLL_MS = env_int("FAIRGATE_CONFIG_POLL_MS", 500, minimum=50)
+# How long a key lookup is cached: a revoked key stops working within this time.
+FAIRGATE_AUTH_CACHE_MS = env_int("FAIRGATE_AUTH_CACHE_MS", 1_000, minimum=0)
+# Terminal states kept for GET /v1/queue/{id}: how long and how many at most.
+FAIRGATE_TERMINAL_KEEP_MS = env_int("FAIRGATE_TERMINAL_KEEP_MS", 3_600_000, minimum=1)
+FAIRGATE_TERMINAL_MAX = env_int("FAIRGATE_TERMINAL_MAX", 100_000, minimum=1)
+LOGGING["loggers"] = {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}}

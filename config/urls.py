@@ -1,6 +1,13 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/billing/", include("billing.urls")),
+    path("", include("gateway.urls")),
 ]
+
+# Django's own errors in the OpenAI shape on the API (gateway.views_ops).
+handler400 = "gateway.views_ops.handler400"
+handler404 = "gateway.views_ops.handler404"
+handler500 = "gateway.views_ops.handler500"

@@ -16,8 +16,10 @@ _TYPES = {
     401: "authentication_error",
     402: "insufficient_quota",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    500: "api_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",
@@ -50,6 +52,7 @@ class GatewayError(Exception):
 
     def to_response(self) -> HttpResponse:
         response = HttpResponse(json.dumps(self.body()), status=self.status, content_type="application/json")
+        response["Content-Length"] = str(len(response.content))
         for name, value in self.response_headers().items():
             response[name] = value
         return response

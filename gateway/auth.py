@@ -1,0 +1,90 @@
+"""`Authorization: Bearer <key>` → the calling tenant.
+
+The key's prefix finds the row; the full key is checked against the stored SHA-256 digest in
+constant time. Lookups are cached for at most ``FAIRGATE_AUTH_CACHE_MS`` (1 s by default), so a
+revoked key or a deactivated tenant stops working within that time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from gateway.db import db_call
+from gateway.errors import GatewayError
+from gateway.keys import key_matches, key_prefix
+from gateway.models import ApiKey
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    tenant_id: int
+    vip: bool
+    allowed_classes: tuple[str, ...]
+    default_class: str
+    key_prefix: str
+
+
+@dataclass(frozen=True)
+class _KeyRow:
+    secret_hash: str
+    caller: Caller
+
+
+_cache: dict[str, tuple[_KeyRow | None, float]] = {}
+_CACHE_MAX = 10_000
+
+
+def _unauthorized(message: str) -> GatewayError:
+    return GatewayError(401, "invalid_api_key", message)
+
+
+def _load(prefix: str) -> _KeyRow | None:
+    key = (ApiKey.objects.select_related("tenant")
+           .filter(prefix=prefix, revoked_at__isnull=True, tenant__active=True).first())
+    if key is None:
+        return None
+    tenant = key.tenant
+    caller = Caller(tenant=tenant.slug, tenant_id=tenant.pk, vip=tenant.vip,
+                    allowed_classes=tuple(tenant.allowed_classes or ()), default_class=key.default_class,
+                    key_prefix=prefix)
+    return _KeyRow(key.secret_hash, caller)
+
+
+async def _lookup(prefix: str) -> _KeyRow | None:
+    now_s = time.monotonic()
+    hit = _cache.get(prefix)
+    if hit is not None and hit[1] > now_s:
+        return hit[0]
+    row = await db_call(_load)(prefix)
+    if len(_cache) >= _CACHE_MAX:
+        _cache.clear()
+    _cache[prefix] = (row, now_s + settings.FAIRGATE_AUTH_CACHE_MS / 1000)
+    return row
+
+
+def bearer_token(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+async def authenticate(authorization: str | None) -> Caller:
+    """The caller of a request, or ``GatewayError(401 invalid_api_key)``."""
+    token = bearer_token(authorization)
+    if token is None:
+        raise _unauthorized("Missing API key: send 'Authorization: Bearer <your Fairgate key>'.")
+    prefix = key_prefix(token)
+    row = await _lookup(prefix) if prefix else None
+    if row is None or not key_matches(token, row.secret_hash):
+        raise _unauthorized("Invalid API key: it is unknown or has been revoked. Ask your admin for a key.")
+    return row.caller
+
+
+def cache_clear() -> None:
+    _cache.clear()

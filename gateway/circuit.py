@@ -1,0 +1,84 @@
+"""Per-backend circuit breakers and the gateway's own view of backend use.
+
+A backend's circuit opens after ``threshold`` consecutive upstream failures and stays open for
+``cooldown_ms``; the dispatcher then takes the backend out of the engine's rotation (disabled in
+its specs) and puts it back when the cool-down ends (half-open: one more failure re-opens it at
+once, a success closes it).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+TPM_WINDOW_MS = 60_000
+
+
+@dataclass
+class BackendHealth:
+    failures: int = 0
+    open_until_ms: int = 0
+    half_open: bool = False
+    in_use: int = 0
+    tokens: deque = field(default_factory=deque)  # (at_ms, tokens) of completed requests
+    tokens_sum: int = 0
+
+    def tpm_used(self, now_ms: int) -> int:
+        while self.tokens and self.tokens[0][0] <= now_ms - TPM_WINDOW_MS:
+            self.tokens_sum -= self.tokens.popleft()[1]
+        return self.tokens_sum
+
+
+class Circuits:
+    def __init__(self, *, threshold: int, cooldown_ms: int) -> None:
+        self.threshold = threshold
+        self.cooldown_ms = cooldown_ms
+        self.health: dict[str, BackendHealth] = {}
+
+    def of(self, name: str) -> BackendHealth:
+        health = self.health.get(name)
+        if health is None:
+            health = self.health[name] = BackendHealth()
+        return health
+
+    def success(self, name: str) -> bool:
+        """Record a success; True if this closed a half-open circuit."""
+        health = self.of(name)
+        closed = health.half_open
+        health.failures = 0
+        health.half_open = False
+        return closed
+
+    def failure(self, name: str, now_ms: int) -> bool:
+        """Record a failure; True if this opened the circuit."""
+        health = self.of(name)
+        health.failures += 1
+        if health.open_until_ms > now_ms:
+            return False
+        if health.half_open or health.failures >= self.threshold:
+            health.open_until_ms = now_ms + self.cooldown_ms
+            health.half_open = False
+            return True
+        return False
+
+    def reopen_due(self, now_ms: int) -> list[str]:
+        """Backends whose cool-down has ended: now half-open."""
+        due = [n for n, h in self.health.items() if h.open_until_ms and h.open_until_ms <= now_ms]
+        for name in due:
+            health = self.health[name]
+            health.open_until_ms = 0
+            health.half_open = True
+            health.failures = 0
+        return due
+
+    def is_open(self, name: str, now_ms: int) -> bool:
+        health = self.health.get(name)
+        return health is not None and health.open_until_ms > now_ms
+
+    def next_change_ms(self) -> int | None:
+        times = [h.open_until_ms for h in self.health.values() if h.open_until_ms]
+        return min(times) if times else None
+
+    def add_tokens(self, name: str, now_ms: int, tokens: int) -> None:
+        health = self.of(name)
+        health.tokens.append((now_ms, tokens))
+        health.tokens_sum += tokens

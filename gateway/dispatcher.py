@@ -1,0 +1,354 @@
+"""The embedded dispatcher: one per process, owner of the engine's Scheduler.
+
+Everything here runs on the event loop thread and never awaits while it touches the engine,
+so the (synchronous) engine needs no lock. A *pump* — expire, dispatch, resolve the waiters'
+futures, re-arm one timer for ``next_wakeup_ms`` — runs after every submit, completion,
+cancel and requeue, and when the timer fires. A background task polls the configuration
+(latest audit row) and hands changes to ``Scheduler.reconfigure``, and writes downgrade events.
+
+Engine request ids are ``<tenant>/<public id>``: a client's own ``X-Request-Id`` is unique per
+tenant, not globally.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+
+from django.conf import settings
+from django.utils import timezone
+
+from gateway.circuit import Circuits
+from gateway.db import db_call
+from gateway.errors import GatewayError, invalid_request
+from gateway.events import DowngradeLog
+from gateway.terminal import TerminalLog
+from gateway.tokens import encoding
+from scheduling.engine import Grant, Scheduler
+from scheduling.engine.model import BackendSpec, Request, SchedulerConfig
+from scheduling.engine.presets import apply_policy
+from scheduling.engine.rules import CompiledRules, compile_rules
+from scheduling.models import AuditLog
+from scheduling.selectors import config_live
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Entry:
+    """One admitted request as the gateway follows it."""
+
+    key: str
+    public_id: str
+    tenant: str
+    model: str
+    cls: str
+    declared_class: str
+    downgrade_rule: str | None
+    queued_since_ms: int
+    future: asyncio.Future
+    state: str = "queued"  # queued | running | <terminal>
+    waited_ms: int = 0
+    backend: str | None = None
+    preempt: bool = False
+    boosted: bool = False
+    requeues: int = 0
+    failures: int = 0
+    orphan: bool = False  # its client left, but the policy ignores cancellation (fifo preset)
+    extra: dict = field(default_factory=dict)
+
+
+def queue_timeout_error(entry: Entry) -> GatewayError:
+    return GatewayError(
+        504, "queue_timeout",
+        f"Request {entry.public_id} waited {entry.waited_ms} ms in class {entry.cls} without being served: "
+        "the system is overloaded for this class. Do not retry now; degrade (smaller or lower-class request) "
+        "or try again later.",
+    )
+
+
+def _latest_audit_pk() -> int | None:
+    return AuditLog.objects.order_by("-pk").values_list("pk", flat=True).first()
+
+
+def _load() -> tuple[int | None, SchedulerConfig]:
+    pk = _latest_audit_pk()
+    return pk, config_live()
+
+
+class Dispatcher:
+    def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.circuits = Circuits(threshold=settings.FAIRGATE_CIRCUIT_FAILURES,
+                                 cooldown_ms=settings.FAIRGATE_CIRCUIT_COOLDOWN_MS)
+        self.downgrades = DowngradeLog()
+        self.terminal = TerminalLog(keep_ms=settings.FAIRGATE_TERMINAL_KEEP_MS, max_entries=settings.FAIRGATE_TERMINAL_MAX)
+        self.live: dict[str, dict[str, Entry]] = {}  # tenant -> public id -> entry
+        self.sched: Scheduler | None = None
+        self.rules: CompiledRules | None = None
+        self.backend_specs: dict[str, BackendSpec] = {}
+        self.config = config
+        self._audit_pk = audit_pk
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_ms: int | None = None
+        self._poller: asyncio.Task | None = None
+        self.apply_config(config)
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    @classmethod
+    async def create(cls) -> "Dispatcher":
+        audit_pk, config = await db_call(_load)()
+        await asyncio.to_thread(encoding)  # load the tokenizer now, not on the first request
+        dispatcher = cls(config, audit_pk=audit_pk, loop=asyncio.get_running_loop())
+        dispatcher._poller = asyncio.create_task(dispatcher._poll(), name="fairgate-config-poll")
+        return dispatcher
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+        for entries in self.live.values():
+            for entry in entries.values():
+                if not entry.future.done():
+                    entry.future.set_exception(GatewayError(503, "no_backend", "The gateway is shutting down; retry."))
+        await self.downgrades.flush()
+
+    def now_ms(self) -> int:
+        return int(self.loop.time() * 1000)
+
+    # --- configuration -------------------------------------------------------------------
+
+    def apply_config(self, config: SchedulerConfig) -> None:
+        try:
+            rules = compile_rules(config.downgrade_rules, config.networks, config.classes)
+        except ValueError:
+            log.exception("downgrade rules do not compile; keeping the previous rules")
+            rules = self.rules
+            if rules is None:
+                raise
+        self.config = config
+        self.rules = rules
+        self.backend_specs = {b.name: b for b in config.backends or ()}
+        engine_config = apply_policy(config, config.policy)
+        tenants = config.tenants or ()
+        if self.sched is None:
+            self.sched = Scheduler(engine_config, tenants=tenants, backends=self._effective_backends())
+        else:
+            self.sched.reconfigure(now_ms=self.now_ms(), config=engine_config, tenants=tenants,
+                                   backends=self._effective_backends())
+            self.pump()
+
+    def _effective_backends(self) -> tuple[BackendSpec, ...]:
+        now_ms = self.now_ms()
+        return tuple(replace(b, enabled=False) if b.enabled and self.circuits.is_open(b.name, now_ms) else b
+                     for b in self.backend_specs.values())
+
+    def _backends_changed(self) -> None:
+        self.sched.reconfigure(now_ms=self.now_ms(), backends=self._effective_backends())
+
+    async def _poll(self) -> None:
+        interval_s = settings.FAIRGATE_CONFIG_POLL_MS / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                pk = await db_call(_latest_audit_pk)()
+                if pk != self._audit_pk:
+                    pk, config = await db_call(_load)()
+                    self._audit_pk = pk
+                    self.apply_config(config)
+                await self.downgrades.flush()
+            except Exception:  # a failed poll must not stop the dispatcher
+                log.exception("configuration poll failed")
+            self.pump()
+
+    # --- admission -----------------------------------------------------------------------
+
+    def check_model(self, model: str) -> None:
+        specs = [b for b in self.backend_specs.values() if model in b.models]
+        if not specs:
+            served = sorted({m for b in self.backend_specs.values() if b.enabled for m in b.models})
+            raise invalid_request(f"Unknown model '{model}'. Models served here: {', '.join(served) or 'none'}.")
+        if not self.serves_now(model):
+            raise GatewayError(503, "no_backend", f"No enabled backend serves model '{model}' right now; "
+                                                  "try again later or use another model.")
+
+    def serves_now(self, model: str) -> bool:
+        """An enabled backend with a closed circuit serves ``model``."""
+        now_ms = self.now_ms()
+        return any(model in b.models and b.enabled and not self.circuits.is_open(b.name, now_ms)
+                   for b in self.backend_specs.values())
+
+    def is_live(self, tenant: str, public_id: str) -> bool:
+        return public_id in self.live.get(tenant, {})
+
+    def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
+        """Submit to the engine; the entry's future resolves with a Grant or a GatewayError."""
+        if self.is_live(request.tenant, public_id) or self.sched.state_of(request.id) is not None:
+            raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
+        now_ms = request.enqueued_ms
+        admission = self.sched.submit(request, now_ms=now_ms)
+        if not admission.admitted:
+            if admission.reason == "queue_full":
+                raise GatewayError(429, "queue_full",
+                                   f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
+                                   retry_after_ms=admission.retry_after_ms or 1000)
+            raise GatewayError(503, "no_backend", f"No enabled backend serves model '{request.model}' right now.")
+        entry = Entry(request.id, public_id, request.tenant, request.model, request.cls, declared_class, rule,
+                      now_ms, self.loop.create_future())
+        self.live.setdefault(request.tenant, {})[public_id] = entry
+        self.pump()
+        return entry
+
+    # --- outcomes ------------------------------------------------------------------------
+
+    def requeue(self, entry: Entry, *, retry_after_ms: int) -> None:
+        """Upstream 429 (or a retried failure): back to the front of its queue, not charged."""
+        now_ms = self.now_ms()
+        self._leave_backend(entry)
+        entry.state = "queued"
+        entry.queued_since_ms = now_ms
+        entry.future = self.loop.create_future()
+        self.sched.requeue(entry.key, now_ms=now_ms, backend_retry_after_ms=max(0, retry_after_ms))
+        self.pump()
+
+    def end(self, entry: Entry, outcome: str, *, prompt_tokens: int = 0, output_tokens: int = 0,
+            served: bool = False) -> bool:
+        """Final state of a request (idempotent): completed, cancelled, upstream_error, ...
+
+        ``served``: the backend did the work (also a stream cut short): the engine completes it
+        with the tokens used, so fair shares and TPM windows see them; otherwise it fails.
+        False when the request goes on: a cancel that the policy ignores (``fifo`` preset, the
+        old gateway) leaves it queued, to be served for nobody (``orphan``)."""
+        if entry.state not in ("queued", "running"):
+            return True
+        now_ms = self.now_ms()
+        engine_state = self.sched.state_of(entry.key)
+        if engine_state == "queued" and not self.sched.cancel(entry.key, now_ms=now_ms):
+            entry.orphan = True
+            if entry.future.done():  # cancelled with the client's task: a new one for whoever serves it
+                entry.future = self.loop.create_future()
+            return False
+        if entry.orphan:
+            outcome = "cancelled"
+        if served and engine_state == "running":
+            self.sched.complete(entry.key, now_ms=now_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+            self.circuits.add_tokens(entry.backend or "", now_ms, prompt_tokens + output_tokens)
+        elif engine_state == "running":
+            self.sched.fail(entry.key, now_ms=now_ms, reason=outcome)
+        self._leave_backend(entry)
+        self._finish(entry, outcome, now_ms)
+        self.pump()
+        return True
+
+    def upstream_result(self, backend: str, *, ok: bool) -> None:
+        """Feed the circuit breaker; opening or closing a circuit reconfigures the engine."""
+        if ok:
+            self.circuits.success(backend)
+            return
+        if self.circuits.failure(backend, self.now_ms()):
+            log.warning("circuit open for backend %s for %d ms", backend, self.circuits.cooldown_ms)
+            self._backends_changed()
+            self.pump()
+
+    def _leave_backend(self, entry: Entry) -> None:
+        if entry.state == "running" and entry.backend:
+            self.circuits.of(entry.backend).in_use -= 1
+
+    def _finish(self, entry: Entry, outcome: str, now_ms: int) -> None:
+        if entry.state == "queued":
+            entry.waited_ms += max(0, now_ms - entry.queued_since_ms)
+        entry.state = outcome
+        entries = self.live.get(entry.tenant)
+        if entries is not None and entries.get(entry.public_id) is entry:
+            del entries[entry.public_id]
+            if not entries:
+                del self.live[entry.tenant]
+        record = describe(entry, position=None)
+        record["finished_at"] = timezone.now().isoformat()
+        self.terminal.add(entry.tenant, entry.public_id, record, now_ms=now_ms)
+
+    # --- the pump ------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        sched = self.sched
+        now_ms = self.now_ms()
+        for request in sched.expire(now_ms=now_ms):
+            entry = self._entry(request.id)
+            if entry is not None:
+                entry.waited_ms += max(0, now_ms - entry.queued_since_ms)
+                if not entry.future.done():
+                    entry.future.set_exception(queue_timeout_error(entry))
+                self._finish(entry, "queue_timeout", now_ms)
+        for grant in sched.dispatch(now_ms=now_ms):
+            self._granted(grant, now_ms)
+        self._arm(now_ms)
+
+    def _granted(self, grant: Grant, now_ms: int) -> None:
+        entry = self._entry(grant.request.id)
+        if entry is None or entry.future.done():  # nobody waits for it any more: free the slot
+            self.sched.fail(grant.request.id, now_ms=now_ms, reason="cancelled")
+            return
+        entry.state = "running"
+        entry.backend = grant.backend
+        entry.preempt = grant.preempt
+        entry.boosted = grant.boosted
+        entry.waited_ms += max(0, now_ms - entry.queued_since_ms)
+        self.circuits.of(grant.backend).in_use += 1
+        entry.future.set_result(grant)
+
+    def _entry(self, key: str) -> Entry | None:
+        tenant, _, public_id = key.partition("/")
+        return self.live.get(tenant, {}).get(public_id)
+
+    def _arm(self, now_ms: int) -> None:
+        times = [t for t in (self.sched.next_wakeup_ms(now_ms=now_ms), self.circuits.next_change_ms()) if t is not None]
+        when_ms = max(min(times), now_ms + 1) if times else None
+        if when_ms == self._timer_at_ms and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at_ms = when_ms
+        self._timer = None if when_ms is None else self.loop.call_at(when_ms / 1000 + 0.0005, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at_ms = None
+        try:
+            if self.circuits.reopen_due(self.now_ms()):
+                self._backends_changed()
+            self.pump()
+        except Exception:
+            log.exception("dispatcher timer failed")
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def entries_of(self, tenant: str) -> list[Entry]:
+        return list(self.live.get(tenant, {}).values())
+
+    def entry_of(self, tenant: str, public_id: str) -> Entry | None:
+        return self.live.get(tenant, {}).get(public_id)
+
+
+def describe(entry: Entry, *, position) -> dict:
+    """The queue API's view of one request (``position`` is the engine's QueuePosition or None)."""
+    eta_ms = None
+    if position is not None and position.eta_ms >= 0:
+        eta_ms = position.eta_ms
+    elif entry.state == "running":
+        eta_ms = 0
+    return {
+        "id": entry.public_id,
+        "class": entry.cls,
+        "declared_class": entry.declared_class,
+        "downgrade_rule": entry.downgrade_rule,
+        "state": entry.state,
+        "position": position.position if position is not None else None,
+        "position_exact": position.exact if position is not None else None,
+        "eta_ms": eta_ms,
+        "waited_ms": entry.waited_ms,
+        "model": entry.model,
+        "backend": entry.backend,
+    }

@@ -1,0 +1,259 @@
+"""One admitted request from its grant to its last byte: wait, call upstream, relay, end.
+
+Every way out ends the request exactly once (``Dispatcher.end`` is idempotent) and settles or
+releases its billing hold exactly once. Ends triggered by cancellation run synchronously in
+the engine, and the billing call runs in a task of its own, so a client that disconnects can
+neither leak a backend slot nor a hold.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
+
+from gateway import charging, metrics
+from gateway.dispatcher import Dispatcher, Entry
+from gateway.errors import GatewayError
+from gateway.payload import Payload, upstream_body
+from gateway.proxy import SseFilter, UpstreamFailure, relayed_headers, retry_after_ms, sse_error, upstream_open, usage_of
+from gateway.upstream import UpstreamResponse
+from gateway.tokens import count_text
+
+log = logging.getLogger(__name__)
+_background: set[asyncio.Task] = set()
+
+
+def spawn(coro) -> None:
+    """Run a cleanup coroutine to its end even if the request's task is cancelled."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background cleanup failed", exc_info=task.exception())
+
+
+def upstream_error(message: str) -> GatewayError:
+    return GatewayError(502, "upstream_error", message)
+
+
+class Exchange:
+    def __init__(self, dispatcher: Dispatcher, entry: Entry, payload: Payload, held: charging.Hold,
+                 headers: dict[str, str]) -> None:
+        self.d = dispatcher
+        self.entry = entry
+        self.payload = payload
+        self.held = held
+        self.headers = headers  # Fairgate's response headers (id, class, downgrade)
+        self.billed = False
+        self.orphaned = False
+
+    # --- ending --------------------------------------------------------------------------
+
+    def finish(self, outcome: str, *, usage: tuple[int, int] | None = None, partial: bool = False) -> None:
+        """End the request once: engine state, metrics and the billing hold."""
+        entry = self.entry
+        served = usage is not None and entry.state == "running"
+        prompt_tokens, output_tokens = usage or (0, 0)
+        if not self.d.end(entry, outcome, prompt_tokens=prompt_tokens, output_tokens=output_tokens, served=served):
+            if not self.orphaned:
+                self.orphaned = True
+                spawn(self._serve_orphan())
+            return
+        if served and outcome == "completed":
+            metrics.COMPLETED.labels(entry.cls).inc()
+        if self.billed:
+            return
+        self.billed = True
+        if served:
+            spawn(charging.settle(self.held, backend=entry.backend or "", prompt_tokens=prompt_tokens,
+                                  output_tokens=output_tokens, partial=partial))
+        else:
+            spawn(charging.release(self.held, reason=outcome))
+
+    def response_headers(self) -> dict[str, str]:
+        return {**self.headers, "X-Priority-Class": self.entry.cls, "X-Queue-Wait-Ms": str(self.entry.waited_ms)}
+
+    # --- the request's way ---------------------------------------------------------------
+
+    async def run(self) -> HttpResponse:
+        try:
+            upstream = await self._obtain()
+            if self.payload.stream and upstream.status_code == 200:
+                return self._stream(upstream)
+            return await self._plain(upstream)
+        except asyncio.CancelledError:
+            self.finish("cancelled")
+            raise
+        except GatewayError as err:
+            self.finish(err.code)
+            err.headers.update(self.response_headers())
+            raise
+        except BaseException:
+            self.finish("upstream_error")
+            raise
+
+    async def _serve_orphan(self) -> None:
+        """The old gateway's way (``fifo`` preset): a request whose client left is still served."""
+        try:
+            await self._plain(await self._obtain())
+        except BaseException:
+            self.finish("upstream_error")
+            raise
+
+    async def _obtain(self) -> UpstreamResponse:
+        """Wait for a grant and open the upstream; retries 429s and failures through the queue."""
+        entry = self.entry
+        body = upstream_body(self.payload)
+        while True:
+            grant = await entry.future
+            metrics.WAIT.labels(entry.cls).observe(grant.waited_ms / 1000)
+            spec = self.d.backend_specs.get(grant.backend)
+            if spec is None:
+                raise upstream_error(f"Backend '{grant.backend}' is no longer configured.")
+            try:
+                response = await upstream_open(spec, self.payload.upstream_path, body, request_id=entry.public_id)
+            except UpstreamFailure as failure:
+                self._failed(spec.name, failure.kind, str(failure))
+                continue
+            if response.status_code == 429:
+                await response.aclose()
+                self._rate_limited(spec.name, retry_after_ms(response.headers))
+                continue
+            if response.status_code >= 500:
+                await response.aclose()
+                self._failed(spec.name, "status", f"{spec.name} answered {response.status_code}")
+                continue
+            self.d.upstream_result(spec.name, ok=True)
+            return response
+
+    def _rate_limited(self, backend: str, wait_ms: int) -> None:
+        metrics.UPSTREAM_ERRORS.labels(backend, "429").inc()
+        self.entry.requeues += 1
+        if self.entry.requeues > settings.FAIRGATE_UPSTREAM_MAX_REQUEUES:
+            raise upstream_error(f"The backend kept answering 429 ({self.entry.requeues} times); try again later.")
+        self.d.requeue(self.entry, retry_after_ms=wait_ms)
+
+    def _failed(self, backend: str, kind: str, detail: str) -> None:
+        log.warning("upstream failure on %s (%s): %s", backend, kind, detail)
+        metrics.UPSTREAM_ERRORS.labels(backend, kind).inc()
+        self.d.upstream_result(backend, ok=False)
+        self.entry.failures += 1
+        if self.entry.failures > settings.FAIRGATE_UPSTREAM_RETRIES or not self.d.serves_now(self.entry.model):
+            raise upstream_error(f"The backend failed ({kind}) after {self.entry.failures} attempt(s); "
+                                 "try again later.")
+        self.d.requeue(self.entry, retry_after_ms=0)
+
+    async def _plain(self, upstream: UpstreamResponse) -> HttpResponse:
+        try:
+            content = await upstream.aread()
+        except UpstreamFailure as exc:
+            metrics.UPSTREAM_ERRORS.labels(self.entry.backend or "", exc.kind).inc()
+            self.d.upstream_result(self.entry.backend or "", ok=False)
+            raise upstream_error(f"The backend broke off its answer ({exc}).") from None
+        finally:
+            await upstream.aclose()
+        if upstream.status_code < 300:
+            usage = usage_of(content) or (self.payload.prompt_tokens, 0)
+            self.finish("completed", usage=usage)
+        else:
+            self.finish("upstream_rejected")
+        response = HttpResponse(content, status=upstream.status_code,
+                                content_type=upstream.headers.get("content-type", "application/json"))
+        response["Content-Length"] = str(len(content))
+        return _with_headers(response, relayed_headers(upstream.headers), self.response_headers())
+
+    def _stream(self, upstream: UpstreamResponse) -> StreamingHttpResponse:
+        body = StreamBody(self, upstream)
+        response = RelayResponse(body, status=200,
+                                 content_type=upstream.headers.get("content-type", "text/event-stream"))
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return _with_headers(response, relayed_headers(upstream.headers), self.response_headers())
+
+
+def _with_headers(response, upstream: list[tuple[str, str]], ours: dict[str, str]):
+    for name, value in upstream:
+        if name.lower() != "content-type":
+            response[name] = value
+    for name, value in ours.items():
+        response[name] = value
+    return response
+
+
+class StreamBody:
+    """The relayed SSE body: an async iterator that ends its exchange however it stops."""
+
+    def __init__(self, exchange: Exchange, upstream: UpstreamResponse) -> None:
+        self.exchange = exchange
+        self.upstream = upstream
+        self.filter = SseFilter(forward_usage=exchange.payload.include_usage)
+        self._chunks = None
+        self._done = False
+        self._loop = asyncio.get_running_loop()
+
+    def __aiter__(self) -> "StreamBody":
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        if self._chunks is None:
+            self._chunks = self.upstream.aiter_raw()
+        try:
+            while True:
+                out = self.filter.feed(await self._chunks.__anext__())
+                if out:
+                    return out
+        except StopAsyncIteration:
+            tail = self.filter.flush()
+            self.end("completed")
+            if tail:
+                return tail
+            raise
+        except UpstreamFailure as exc:
+            backend = self.exchange.entry.backend or ""
+            metrics.UPSTREAM_ERRORS.labels(backend, exc.kind).inc()
+            self.exchange.d.upstream_result(backend, ok=False)
+            self.end("upstream_error")
+            return sse_error(f"The backend broke off the stream ({exc}).")
+        except BaseException:
+            self.end("cancelled")
+            raise
+
+    def end(self, outcome: str) -> None:
+        """Idempotent; sync (safe from a cancelled task): the slot is freed at once."""
+        if self._done:
+            return
+        self._done = True
+        exchange = self.exchange
+        usage = self.filter.usage
+        partial = outcome != "completed" or usage is None
+        if usage is None:  # abandoned or cut: charge what was relayed so far
+            usage = (exchange.payload.prompt_tokens, count_text(self.filter.text_sent()))
+        exchange.finish(outcome, usage=usage, partial=partial)
+        spawn(self.upstream.aclose())
+
+    def __del__(self) -> None:
+        if not self._done and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.end, "cancelled")
+
+
+class RelayResponse(StreamingHttpResponse):
+    """Ends the exchange when Django stops consuming (client gone), not only at the body's end."""
+
+    def __init__(self, body: StreamBody, **kwargs) -> None:
+        super().__init__(body, **kwargs)
+        self._body = body
+
+    async def __aiter__(self):
+        try:
+            async for part in self._body:
+                yield part
+        finally:
+            self._body.end("cancelled")

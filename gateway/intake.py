@@ -1,0 +1,105 @@
+"""From an HTTP request to an admitted Exchange: auth → parse → estimate → classify → hold → admit."""
+from __future__ import annotations
+
+import re
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+
+from gateway import charging, metrics
+from gateway.auth import Caller, authenticate
+from gateway.clientip import client_ip
+from gateway.dispatcher import Dispatcher
+from gateway.errors import GatewayError, invalid_request
+from gateway.exchange import Exchange, spawn
+from gateway.payload import Payload, payload_estimate, payload_parse
+from gateway.runtime import dispatcher_get
+from scheduling.engine.model import Request
+from scheduling.engine.rules import Facts
+
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@+=~-]{1,128}")
+MAX_TIMEOUT_MS = 24 * 3_600_000
+
+
+def request_body(request: HttpRequest) -> bytes:
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise GatewayError(413, "request_too_large",
+                           f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes.") from None
+
+
+def _public_id(request: HttpRequest) -> str:
+    given = request.headers.get("X-Request-Id")
+    if given is None:
+        return "req_" + uuid.uuid4().hex
+    if not REQUEST_ID_RE.fullmatch(given):
+        raise invalid_request("X-Request-Id must be 1-128 characters of letters, digits and . _ : @ + = ~ -.")
+    return given
+
+
+def _timeout_ms(request: HttpRequest) -> int | None:
+    raw = request.headers.get("X-Request-Timeout-Ms")
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_TIMEOUT_MS:
+        raise invalid_request(f"X-Request-Timeout-Ms must be an integer from 1 to {MAX_TIMEOUT_MS}.")
+    return value
+
+
+def _declared(request: HttpRequest, caller: Caller, d: Dispatcher) -> str:
+    declared = (request.headers.get("X-Priority-Class") or caller.default_class).strip()
+    if declared not in d.rules.levels:
+        known = ", ".join(c.name for c in sorted(d.config.classes, key=lambda c: c.level))
+        raise invalid_request(f"Unknown priority class '{declared[:64]}'. Classes: {known}.")
+    return declared
+
+
+def _classify(d: Dispatcher, caller: Caller, declared: str, payload: Payload, src_ip: str | None) -> tuple[str, str | None]:
+    facts = Facts(declared_class=declared, prompt_tokens=payload.prompt_tokens, max_tokens=payload.max_tokens,
+                  tenant=caller.tenant, src_ip=src_ip)
+    return d.rules.classify(declared=declared, facts=facts, allowed=caller.allowed_classes)
+
+
+async def intake(request: HttpRequest, kind: str) -> Exchange:
+    """Everything before the wait; raises GatewayError for a refused request."""
+    caller = await authenticate(request.headers.get("Authorization"))
+    payload = payload_parse(kind, request_body(request))
+    d = await dispatcher_get()
+    d.check_model(payload.model)
+    declared = _declared(request, caller, d)
+    public_id = _public_id(request)
+    if d.is_live(caller.tenant, public_id):
+        raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
+    timeout_ms = _timeout_ms(request)
+    await payload_estimate(payload)
+    src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
+    cls, rule = _classify(d, caller, declared, payload, src_ip)
+    expected_output_tokens = (payload.max_tokens or settings.FAIRGATE_DEFAULT_MAX_TOKENS) * payload.n
+    held = await charging.hold(tenant=caller.tenant, request_id=public_id, cls=cls, model=payload.model,
+                               prompt_tokens=payload.prompt_tokens, max_output_tokens=expected_output_tokens)
+    now_ms = d.now_ms()
+    engine_request = Request(
+        id=f"{caller.tenant}/{public_id}", tenant=caller.tenant, cls=cls, model=payload.model,
+        prompt_tokens=payload.prompt_tokens, expected_output_tokens=expected_output_tokens, enqueued_ms=now_ms,
+        deadline_ms=None if timeout_ms is None else now_ms + timeout_ms, vip=caller.vip,
+    )
+    headers = {"X-Request-Id": public_id, "X-Priority-Class": cls}
+    if rule is not None:
+        headers["X-Priority-Downgraded"] = f"{declared}; rule={rule}"
+        d.downgrades.record(tenant_id=caller.tenant_id, request_id=public_id, from_class=declared, to_class=cls,
+                            rule=rule)
+        metrics.DOWNGRADES.labels(rule).inc()
+    try:
+        entry = d.admit(engine_request, public_id=public_id, declared_class=declared, rule=rule)
+    except GatewayError as err:
+        spawn(charging.release(held, reason=err.code))
+        err.headers.update(headers)
+        raise
+    return Exchange(d, entry, payload, held, headers)

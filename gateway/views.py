@@ -1,0 +1,109 @@
+"""The OpenAI-compatible endpoints and queue visibility: thin async views.
+
+Every view is key-authenticated (no sessions, no CSRF) and answers errors in the OpenAI shape
+through `GatewayError`; an unexpected exception becomes a plain 500 without a trace.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import Awaitable, Callable
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from gateway import metrics
+from gateway.auth import authenticate
+from gateway.dispatcher import Dispatcher, Entry, describe
+from gateway.errors import GatewayError, not_found
+from gateway.intake import intake
+from gateway.payload import CHAT, TEXT
+from gateway.runtime import dispatcher_get
+
+log = logging.getLogger(__name__)
+View = Callable[..., Awaitable[HttpResponse]]
+
+
+def json_response(data, status: int = 200) -> HttpResponse:
+    response = HttpResponse(json.dumps(data), status=status, content_type="application/json")
+    response["Content-Length"] = str(len(response.content))
+    return response
+
+
+def api_view(*methods: str) -> Callable[[View], View]:
+    """Method check, GatewayError → its response, anything else → a 500 without details."""
+
+    def wrap(view: View) -> View:
+        @csrf_exempt
+        @functools.wraps(view)
+        async def handler(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            try:
+                if request.method not in methods:
+                    raise GatewayError(405, "method_not_allowed", f"Use {' or '.join(methods)} on {request.path}.",
+                                       headers={"Allow": ", ".join(methods)})
+                return await view(request, *args, **kwargs)
+            except GatewayError as err:
+                metrics.REJECTS.labels(err.code).inc()
+                return err.to_response()
+            except Exception:
+                log.exception("unexpected error on %s %s", request.method, request.path)
+                metrics.REJECTS.labels("internal_error").inc()
+                return GatewayError(500, "internal_error", "The gateway failed unexpectedly; it has been logged.").to_response()
+
+        return handler
+
+    return wrap
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    exchange = await intake(request, CHAT)
+    return await exchange.run()
+
+
+@api_view("POST")
+async def completions(request: HttpRequest) -> HttpResponse:
+    exchange = await intake(request, TEXT)
+    return await exchange.run()
+
+
+@api_view("GET")
+async def models(request: HttpRequest) -> HttpResponse:
+    await authenticate(request.headers.get("Authorization"))
+    d = await dispatcher_get()
+    served = sorted({m for b in d.backend_specs.values() if b.enabled for m in b.models})
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "fairgate"} for m in served]
+    return json_response({"object": "list", "data": data})
+
+
+def _live_view(d: Dispatcher, entry: Entry, now_ms: int) -> dict:
+    position = d.sched.position(entry.key, now_ms=now_ms) if entry.state == "queued" else None
+    item = describe(entry, position=position)
+    if entry.state == "queued":
+        item["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
+    return item
+
+
+@api_view("GET")
+async def queue_list(request: HttpRequest) -> HttpResponse:
+    caller = await authenticate(request.headers.get("Authorization"))
+    d = await dispatcher_get()
+    now_ms = d.now_ms()
+    items = [_live_view(d, e, now_ms) for e in d.entries_of(caller.tenant)]
+    items.sort(key=lambda i: (i["state"] != "running", i["position"] or 0))
+    return json_response({"object": "list", "data": items})
+
+
+@api_view("GET")
+async def queue_detail(request: HttpRequest, request_id: str) -> HttpResponse:
+    caller = await authenticate(request.headers.get("Authorization"))
+    d = await dispatcher_get()
+    now_ms = d.now_ms()
+    entry = d.entry_of(caller.tenant, request_id)
+    if entry is not None:
+        return json_response(_live_view(d, entry, now_ms))
+    record = d.terminal.get(caller.tenant, request_id, now_ms=now_ms)
+    if record is None:
+        raise not_found(f"No request '{request_id[:128]}' of yours is queued, running or finished in the last hour.")
+    return json_response(record)

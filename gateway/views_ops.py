@@ -1,0 +1,73 @@
+"""Operations endpoints: health, readiness, metrics, the OpenAPI document, error handlers."""
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+from django.views.defaults import page_not_found
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway.db import db_call
+from gateway.errors import GatewayError, invalid_request, not_found
+from gateway.metrics import exposition
+from gateway.openapi import openapi_document
+from gateway.runtime import dispatcher_get
+from gateway.views import api_view, json_response
+
+log = logging.getLogger(__name__)
+BROWSER_PATHS = ("/admin/", "/console/")
+
+
+@api_view("GET", "HEAD")
+async def healthz(request: HttpRequest) -> HttpResponse:
+    return json_response({"status": "ok"})
+
+
+def _db_ping() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+@api_view("GET", "HEAD")
+async def readyz(request: HttpRequest) -> HttpResponse:
+    checks = {"database": False, "config": False, "backend": False}
+    try:
+        await db_call(_db_ping)()
+        checks["database"] = True
+        d = await dispatcher_get()
+        checks["config"] = bool(d.config.classes)
+        checks["backend"] = any(b.enabled for b in d.backend_specs.values())
+    except Exception as exc:  # not ready is an answer, not an error
+        log.warning("readiness check failed: %s", exc)
+    ready = all(checks.values())
+    return json_response({"status": "ready" if ready else "not_ready", "checks": checks}, status=200 if ready else 503)
+
+
+@api_view("GET")
+async def metrics_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+@api_view("GET")
+async def openapi_view(request: HttpRequest) -> HttpResponse:
+    return json_response(openapi_document())
+
+
+# Django's own errors, in the OpenAI shape (wired as handler400/404/500 in config/urls.py).
+
+def handler400(request: HttpRequest, exception=None) -> HttpResponse:
+    if isinstance(exception, RequestDataTooBig):
+        return GatewayError(413, "request_too_large", "The request body is too large.").to_response()
+    return invalid_request("The request could not be read.").to_response()
+
+
+def handler404(request: HttpRequest, exception=None) -> HttpResponse:
+    if request.path.startswith(BROWSER_PATHS):  # people in a browser get Django's page
+        return page_not_found(request, exception)
+    return not_found(f"Unknown path {request.path[:200]}. See /v1/openapi.json for the endpoints.").to_response()
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    return GatewayError(500, "internal_error", "The gateway failed unexpectedly; it has been logged.").to_response()

@@ -1,0 +1,152 @@
+"""A real Fairgate for live tests: `manage.py serve` in a subprocess on a temp SQLite database,
+configured from a YAML written by the test, with simulated backends in threads of the test.
+
+Nothing here imports Django: the test process talks to the gateway over HTTP only, and sets
+the database up through `manage.py shell` in the gateway's own environment.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_LIMIT_S = 30.0
+
+SETUP_CODE = """
+import json
+from django.core.management import call_command
+from gateway.services import apikey_create
+call_command("migrate", verbosity=0)
+call_command("scheduler_config", "load", {yaml!r}, actor="test", stdout=open("/dev/null", "w"))
+keys = {{name: apikey_create(tenant_slug=t, default_class=c, actor="test")[1] for name, (t, c) in {keys!r}.items()}}
+print("KEYS=" + json.dumps(keys))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Gateway:
+    url: str
+    env: dict[str, str]
+    keys: dict[str, str]
+    process: subprocess.Popen
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def shell(self, code: str) -> str:
+        return self.manage("shell", "-v", "0", "-c", code)
+
+    def sdk(self, key: str, **options) -> openai.OpenAI:
+        options.setdefault("max_retries", 0)
+        options.setdefault("timeout", 30)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.keys.get(key, key), **options)
+
+    def http(self, key: str | None = None, **options) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.keys.get(key, key)}"} if key else {}
+        options.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.url, headers=headers, **options)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of /metrics (0 when absent)."""
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        text = httpx.get(f"{self.url}/metrics").text
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            metric, _, rest = series.partition("{")
+            got = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
+            if metric == name and got == wanted:
+                return float(value)
+        return 0.0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "FAIRGATE_VAR_DIR": str(var_dir),
+        "FAIRGATE_CONFIG": str(yaml_path),
+        "FAIRGATE_CONFIG_POLL_MS": "100",
+        "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING",
+    })
+    env.update(settings)
+    return env
+
+
+def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], **settings: str) -> Gateway:
+    """Migrate, load ``yaml_text``, create ``keys`` (name -> (tenant, class)), serve; wait until ready."""
+    var_dir.mkdir(parents=True, exist_ok=True)
+    yaml_path = var_dir / "scheduler.yaml"
+    yaml_path.write_text(yaml_text)
+    env = gateway_env(var_dir, yaml_path, **settings)
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP_CODE.format(yaml=str(yaml_path), keys=keys)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"gateway setup failed:\n{done.stdout}\n{done.stderr}"
+    made = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
+    port = free_port()
+    log_path = var_dir / "serve.log"
+    process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT, env=env,
+                               stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    gateway = Gateway(f"http://127.0.0.1:{port}", env, made, process, log_path)
+    _wait_ready(gateway)
+    return gateway
+
+
+def _wait_ready(gateway: Gateway) -> None:
+    deadline_s = time.monotonic() + STARTUP_LIMIT_S
+    while True:
+        if gateway.process.poll() is not None:
+            raise RuntimeError(f"the gateway exited:\n{gateway.log()}")
+        try:
+            if httpx.get(f"{gateway.url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline_s:
+            gateway.stop()
+            raise RuntimeError(f"the gateway was not ready in time:\n{gateway.log()}")
+        time.sleep(0.1)
+
+
+def wait_until(predicate, *, limit_s: float = 10.0, step_s: float = 0.02, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value (bounded, never a speed assertion)."""
+    deadline_s = time.monotonic() + limit_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline_s, f"{what} never held"
+        time.sleep(step_s)

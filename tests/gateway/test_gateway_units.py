@@ -1,0 +1,177 @@
+"""In-process pieces of the gateway: SSE relay, client address, payload checks, circuits,
+terminal log, and the dispatcher driving a real engine (no HTTP, no database)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from decimal import Decimal
+
+import httpx
+import pytest
+
+from gateway.circuit import Circuits
+from gateway.clientip import client_ip
+from gateway.dispatcher import Dispatcher
+from gateway.errors import GatewayError
+from gateway.payload import CHAT, TEXT, payload_parse, upstream_body
+from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, usage_of
+from gateway.terminal import TerminalLog
+from scheduling.engine.model import BackendSpec, ClassSpec, QueuePolicy, Request, SchedulerConfig, TenantSpec
+
+
+def _event(payload) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+CHUNK = _event({"choices": [{"index": 0, "delta": {"content": "hello world"}}], "usage": None})
+USAGE = _event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("forward", [False, True])
+def test_sse_filter_records_usage_and_forwards_it_only_when_asked(forward):
+    sse = SseFilter(forward_usage=forward)
+    stream = CHUNK + USAGE + DONE
+    out = b"".join(sse.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + sse.flush()
+    assert sse.usage == (7, 3)
+    assert out == (stream if forward else CHUNK + DONE)
+    assert sse.text_sent() == "hello world"
+
+
+def test_sse_filter_keeps_usage_carried_by_a_content_chunk():
+    event = _event({"choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"prompt_tokens": 1}})
+    sse = SseFilter(forward_usage=False)
+    assert sse.feed(event) == event and sse.usage == (1, 0)
+
+
+def test_retry_after_and_usage_parsing():
+    assert retry_after_ms(httpx.Headers({"retry-after-ms": "250", "retry-after": "9"})) == 250
+    assert retry_after_ms(httpx.Headers({"retry-after": "2"})) == 2000
+    assert retry_after_ms(httpx.Headers({"retry-after": "soon"})) == 1000
+    assert usage_of(b'{"usage": {"prompt_tokens": 4, "completion_tokens": 2}}') == (4, 2)
+    assert usage_of(b"not json") is None
+
+
+def test_hop_by_hop_and_framing_headers_are_not_relayed():
+    upstream = httpx.Headers([("Connection", "keep-alive"), ("Transfer-Encoding", "chunked"), ("Keep-Alive", "5"),
+                              ("Content-Length", "3"), ("X-Request-Id", "theirs"), ("openai-processing-ms", "12"),
+                              ("Content-Type", "application/json")])
+    assert relayed_headers(upstream) == [("openai-processing-ms", "12"), ("content-type", "application/json")]
+
+
+def test_client_ip_trusts_forwarded_for_only_from_trusted_proxies(settings):
+    settings.FAIRGATE_TRUSTED_PROXIES = ["127.0.0.1/32", "10.0.0.0/8"]
+    assert client_ip("127.0.0.1", "10.20.0.5") == "10.20.0.5"
+    assert client_ip("127.0.0.1", "6.6.6.6, 10.1.1.1") == "6.6.6.6"  # rightmost untrusted hop
+    assert client_ip("192.0.2.1", "10.20.0.5") == "192.0.2.1"  # untrusted peer: its header is ignored
+    assert client_ip("127.0.0.1", None) == "127.0.0.1"
+    settings.FAIRGATE_TRUSTED_PROXIES = []
+    assert client_ip("127.0.0.1", "10.20.0.5") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("body", [
+    b"{", b"[]", b"null", b'{"model": ""}', b'{"model": "m", "messages": "hi"}',
+    b'{"model": "m", "messages": [{"content": "x"}]}', b'{"model": "m", "messages": [{"role": "u"}], "stream": 1}',
+    b'{"model": "m", "messages": [{"role": "u"}], "max_tokens": true}', b'{"model": "m", "messages": [{"role": "u"}], "n": 0}',
+    b'{"model": "m", "messages": [{"role": "u"}], "temperature": NaN}',
+])
+def test_payload_rejects_bad_chat_bodies(body):
+    with pytest.raises(GatewayError) as err:
+        payload_parse(CHAT, body)
+    assert err.value.status == 400 and err.value.code == "invalid_request"
+
+
+def test_payload_stream_always_asks_upstream_for_usage():
+    payload = payload_parse(TEXT, b'{"model": "m", "prompt": "hi", "stream": true, "max_tokens": 3}')
+    assert payload.stream and not payload.include_usage and payload.max_tokens == 3
+    assert json.loads(upstream_body(payload))["stream_options"] == {"include_usage": True}
+    plain = payload_parse(TEXT, b'{"model": "m", "prompt": [1, 2, 3]}')
+    assert upstream_body(plain) == plain.raw
+
+
+def test_circuit_opens_after_threshold_and_half_open_reopens_on_one_failure():
+    circuits = Circuits(threshold=2, cooldown_ms=100)
+    assert not circuits.failure("b", 0)
+    assert circuits.failure("b", 1) and circuits.is_open("b", 50)
+    assert circuits.reopen_due(101) == ["b"] and not circuits.is_open("b", 101)
+    assert circuits.failure("b", 102)  # half-open: one failure is enough
+    assert circuits.reopen_due(202) == ["b"]
+    circuits.success("b")
+    assert not circuits.failure("b", 203)  # closed again after the success: threshold counts anew
+
+
+def test_terminal_log_is_bounded_by_age_and_count():
+    log = TerminalLog(keep_ms=1000, max_entries=2)
+    log.add("t", "a", {"state": "completed"}, now_ms=0)
+    log.add("t", "b", {"state": "cancelled"}, now_ms=10)
+    log.add("t", "c", {"state": "completed"}, now_ms=20)
+    assert log.get("t", "a", now_ms=20) is None and log.get("t", "b", now_ms=20)["state"] == "cancelled"
+    assert log.get("u", "b", now_ms=20) is None  # another tenant's id
+    assert log.get("t", "c", now_ms=1020) is None  # older than an hour (here: 1 s)
+
+
+# --- the dispatcher on a real engine ---------------------------------------------------------
+
+def _config(slots: int = 1) -> SchedulerConfig:
+    classes = (ClassSpec("INTERACTIVE", 0, 3000, Decimal("1.6")), ClassSpec("BATCH", 2, 60000, Decimal("0.7")))
+    return SchedulerConfig(classes=classes, queue=QueuePolicy(service_ms_prior=100),
+                           tenants=(TenantSpec("t", 0.5),), backends=(BackendSpec("b", ("m",), slots, url="http://x"),))
+
+
+def _request(d: Dispatcher, rid: str, *, deadline_in_ms: int | None = None) -> Request:
+    now_ms = d.now_ms()
+    return Request(id=f"t/{rid}", tenant="t", cls="INTERACTIVE", model="m", prompt_tokens=10,
+                   expected_output_tokens=10, enqueued_ms=now_ms,
+                   deadline_ms=None if deadline_in_ms is None else now_ms + deadline_in_ms)
+
+
+def _admit(d: Dispatcher, rid: str, **kwargs):
+    return d.admit(_request(d, rid, **kwargs), public_id=rid, declared_class="INTERACTIVE", rule=None)
+
+
+def test_dispatcher_grants_cancels_and_expires():
+    async def scenario():
+        d = Dispatcher(_config(), audit_pk=None, loop=asyncio.get_running_loop())
+        first = _admit(d, "one")
+        grant = await asyncio.wait_for(first.future, 1)
+        assert grant.backend == "b" and first.state == "running"
+        second = _admit(d, "two")
+        third = _admit(d, "three", deadline_in_ms=30)
+        assert d.sched.position("t/two", now_ms=d.now_ms()).position == 1
+        d.end(second, "cancelled")
+        assert d.sched.state_of("t/two") is None
+        with pytest.raises(GatewayError) as err:  # nobody frees the slot: the timer expires it
+            await asyncio.wait_for(third.future, 2)
+        assert err.value.status == 504 and err.value.code == "queue_timeout"
+        assert d.terminal.get("t", "three", now_ms=d.now_ms())["state"] == "queue_timeout"
+        fourth = _admit(d, "four")
+        d.end(first, "completed", prompt_tokens=10, output_tokens=5, served=True)
+        assert (await asyncio.wait_for(fourth.future, 1)).backend == "b"
+        assert d.terminal.get("t", "two", now_ms=d.now_ms())["state"] == "cancelled"
+        with pytest.raises(GatewayError) as dup:
+            _admit(d, "four")
+        assert dup.value.status == 400
+        await d.close()
+
+    asyncio.run(scenario())
+
+
+def test_dispatcher_requeue_after_429_and_circuit_opening(settings):
+    settings.FAIRGATE_CIRCUIT_FAILURES = 1
+
+    async def scenario():
+        d = Dispatcher(_config(), audit_pk=None, loop=asyncio.get_running_loop())
+        entry = _admit(d, "one")
+        await asyncio.wait_for(entry.future, 1)
+        d.requeue(entry, retry_after_ms=40)  # the backend is held closed for 40 ms
+        assert entry.state == "queued" and d.sched.state_of("t/one") == "queued"
+        assert (await asyncio.wait_for(entry.future, 1)).backend == "b"
+        d.upstream_result("b", ok=False)  # opens the circuit: the backend leaves the engine's rotation
+        assert not d.serves_now("m")
+        with pytest.raises(GatewayError) as err:
+            d.check_model("m")
+        assert err.value.code == "no_backend"
+        d.end(entry, "upstream_error")
+        await d.close()
+
+    asyncio.run(scenario())
