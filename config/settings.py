@@ -115,6 +115,8 @@ else:
     CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BEAT_SCHEDULE = {"billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0}}
+# Budget holds and charges on the request path (off only to measure billing's own cost).
+FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
 CELERY_TIMEZONE = "UTC"
 

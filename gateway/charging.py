@@ -1,45 +1,95 @@
-"""The billing seam of the request path: hold, settle, release.
+"""The billing seam of the request path: hold, settle, release (billing.services underneath).
 
-The gateway calls these at fixed points; the billing issue fills them in (budget holds on the
-ledger, `402 budget_exhausted` raised from `hold`). Today they do nothing, so every caller can
-already rely on the calling convention:
-
-* ``hold`` before admission, with the estimate; it may raise ``GatewayError(402, ...)``;
+* ``hold`` before admission, with the estimate; raises ``GatewayError(402 budget_exhausted)``
+  unless the tenant is configured to fall back to a cheaper class that fits (then the returned
+  hold names that class, and the gateway shows ``rule=budget``);
 * ``settle`` once, when the upstream finished, with the actual usage (for a stream the client
-  abandoned: the tokens sent so far, ``partial=True``);
+  abandoned: the tokens sent so far, ``partial=True``); returns the charge;
 * ``release`` once, when the request ends without a charge (refused, queue timeout, cancelled
   while waiting, upstream failure).
 
 Exactly one of ``settle``/``release`` follows every ``hold`` that returned; the gateway runs
-them shielded from cancellation, so a client disconnect never leaks a hold.
+them shielded from cancellation, so a client disconnect never leaks a hold. Each is one short
+transaction in a worker thread (``parallel``: holds of different requests overlap their
+database round trips instead of queueing on one thread). ``FAIRGATE_BILLING=0`` turns the seam
+into no-ops (used by the benchmark that measures billing's cost).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+from django.conf import settings
+
+from billing.errors import BillingError, BudgetExhausted
+from billing.selectors import budget_fallback_class
+from billing.services import budget_hold, charge_settle, hold_release
+from gateway.db import db_call
+from gateway.errors import GatewayError
+
+log = logging.getLogger(__name__)
+BUDGET_RULE = "budget"
 
 
 @dataclass(frozen=True)
 class Hold:
-    """What was held for one request (billing adds its ledger reference)."""
+    """What was held for one request. ``cls`` may be lower than asked (budget fallback)."""
 
     tenant: str
-    request_id: str
+    request_id: str  # the engine id (tenant/public id): unique across tenants
     cls: str
     model: str
     prompt_tokens: int
     max_output_tokens: int
-    reference: str | None = None
+    amount: Decimal | None = None
+    fallback: bool = False
+
+
+def _budget_error(exc: BudgetExhausted) -> GatewayError:
+    return GatewayError(402, "budget_exhausted", f"{exc} Ask finance to raise it, or use a cheaper class.")
+
+
+def _hold_sync(held: Hold) -> Hold:
+    args = dict(tenant_slug=held.tenant, model=held.model, prompt_tokens=held.prompt_tokens,
+                max_output_tokens=held.max_output_tokens)
+    try:
+        result = budget_hold(request_id=held.request_id, class_name=held.cls, **args)
+        return replace(held, amount=result.amount)
+    except BudgetExhausted as exhausted:
+        cheaper = budget_fallback_class(class_name=held.cls, **args)
+        if cheaper is None:
+            raise _budget_error(exhausted) from None
+    try:
+        result = budget_hold(request_id=held.request_id, class_name=cheaper, **args)
+    except BudgetExhausted as exhausted:
+        raise _budget_error(exhausted) from None
+    return replace(held, cls=cheaper, amount=result.amount, fallback=True)
 
 
 async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
                max_output_tokens: int) -> Hold:
-    return Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
+    held = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
+    if not settings.FAIRGATE_BILLING:
+        return held
+    return await db_call(_hold_sync, parallel=True)(held)
 
 
 async def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
-                 partial: bool = False) -> None:
-    return None
+                 partial: bool = False) -> Decimal | None:
+    if not settings.FAIRGATE_BILLING:
+        return None
+    try:
+        return await db_call(charge_settle, parallel=True)(
+            request_id=held.request_id, backend_name=backend, prompt_tokens=prompt_tokens,
+            completion_tokens=output_tokens)
+    except BillingError:
+        log.exception("could not settle %s (partial=%s); the stale-hold sweep will release it",
+                      held.request_id, partial)
+        return None
 
 
 async def release(held: Hold, *, reason: str) -> None:
-    return None
+    if not settings.FAIRGATE_BILLING:
+        return
+    await db_call(hold_release, parallel=True)(request_id=held.request_id, reason=reason)

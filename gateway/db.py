@@ -15,12 +15,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def db_call(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
-    """``await db_call(fn)(...)``: run ``fn`` in the thread-sensitive worker with a usable connection."""
+def db_call(fn: Callable[P, T], *, parallel: bool = False) -> Callable[P, Awaitable[T]]:
+    """``await db_call(fn)(...)``: run ``fn`` in a worker thread with a usable connection.
+
+    By default in the one thread-sensitive worker; ``parallel=True`` uses the thread pool, so
+    independent short transactions (billing holds of different requests) overlap their
+    database round trips; each pool thread keeps its own connection.
+    """
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         close_old_connections()
         return fn(*args, **kwargs)
 
-    return sync_to_async(run)
+    return sync_to_async(run, thread_sensitive=not parallel)

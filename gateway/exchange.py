@@ -25,12 +25,13 @@ log = logging.getLogger(__name__)
 _background: set[asyncio.Task] = set()
 
 
-def spawn(coro) -> None:
+def spawn(coro) -> asyncio.Task:
     """Run a cleanup coroutine to its end even if the request's task is cancelled."""
     task = asyncio.get_running_loop().create_task(coro)
     _background.add(task)
     task.add_done_callback(_background.discard)
     task.add_done_callback(_log_failure)
+    return task
 
 
 def _log_failure(task: asyncio.Task) -> None:
@@ -52,6 +53,7 @@ class Exchange:
         self.headers = headers  # Fairgate's response headers (id, class, downgrade)
         self.billed = False
         self.orphaned = False
+        self.settlement: asyncio.Task | None = None  # the settle task; its result is the charge
 
     # --- ending --------------------------------------------------------------------------
 
@@ -71,8 +73,9 @@ class Exchange:
             return
         self.billed = True
         if served:
-            spawn(charging.settle(self.held, backend=entry.backend or "", prompt_tokens=prompt_tokens,
-                                  output_tokens=output_tokens, partial=partial))
+            self.settlement = spawn(charging.settle(self.held, backend=entry.backend or "",
+                                                    prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                                                    partial=partial))
         else:
             spawn(charging.release(self.held, reason=outcome))
 
@@ -166,6 +169,11 @@ class Exchange:
         response = HttpResponse(content, status=upstream.status_code,
                                 content_type=upstream.headers.get("content-type", "application/json"))
         response["Content-Length"] = str(len(content))
+        if self.settlement is not None:  # shielded: a client leaving now does not undo the charge
+            charge = await asyncio.shield(self.settlement)
+            if charge is not None:
+                response["X-Charge"] = str(charge)
+                response["X-Charge-Currency"] = settings.FAIRGATE_CURRENCY
         return _with_headers(response, relayed_headers(upstream.headers), self.response_headers())
 
     def _stream(self, upstream: UpstreamResponse) -> StreamingHttpResponse:

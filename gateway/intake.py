@@ -82,11 +82,14 @@ async def intake(request: HttpRequest, kind: str) -> Exchange:
     src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
     cls, rule = _classify(d, caller, declared, payload, src_ip)
     expected_output_tokens = (payload.max_tokens or settings.FAIRGATE_DEFAULT_MAX_TOKENS) * payload.n
-    held = await charging.hold(tenant=caller.tenant, request_id=public_id, cls=cls, model=payload.model,
+    engine_id = f"{caller.tenant}/{public_id}"
+    held = await charging.hold(tenant=caller.tenant, request_id=engine_id, cls=cls, model=payload.model,
                                prompt_tokens=payload.prompt_tokens, max_output_tokens=expected_output_tokens)
+    if held.fallback:
+        cls, rule = held.cls, charging.BUDGET_RULE
     now_ms = d.now_ms()
     engine_request = Request(
-        id=f"{caller.tenant}/{public_id}", tenant=caller.tenant, cls=cls, model=payload.model,
+        id=engine_id, tenant=caller.tenant, cls=cls, model=payload.model,
         prompt_tokens=payload.prompt_tokens, expected_output_tokens=expected_output_tokens, enqueued_ms=now_ms,
         deadline_ms=None if timeout_ms is None else now_ms + timeout_ms, vip=caller.vip,
     )

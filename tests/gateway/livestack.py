@@ -1,4 +1,5 @@
-"""A real Fairgate for live tests: `manage.py serve` in a subprocess on a temp SQLite database,
+"""A real Fairgate for live tests: `manage.py serve` in a subprocess on a database of its own
+(a temp SQLite file, or a fresh PostgreSQL database when DATABASE_URL points at PostgreSQL),
 configured from a YAML written by the test, with simulated backends in threads of the test.
 
 Nothing here imports Django: the test process talks to the gateway over HTTP only, and sets
@@ -90,10 +91,39 @@ class Gateway:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+        if "DATABASE_URL" in self.env:
+            _postgres_drop(self.env["DATABASE_URL"])
+
+
+def _postgres_database(var_dir: Path) -> str | None:
+    """With DATABASE_URL on PostgreSQL (CI), a fresh database of its own for this gateway; else None
+    (a SQLite file under ``var_dir``). Dropped again by ``Gateway.stop``."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    import psycopg
+
+    name = "fg_live_" + var_dir.name.replace("-", "_").lower()[-40:] + f"_{os.getpid()}"
+    server = url.rsplit("/", 1)[0]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{server}/{name}"
+
+
+def _postgres_drop(url: str) -> None:
+    import psycopg
+
+    server, name = url.rsplit("/", 1)
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    database_url = _postgres_database(var_dir)
+    if database_url:
+        env["DATABASE_URL"] = database_url
     env.update({
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "FAIRGATE_VAR_DIR": str(var_dir),

@@ -1,0 +1,92 @@
+"""Billing on the live request path: X-Charge, 402 budget_exhausted, budget fallback, no charge
+for requests that were not served. Real `serve`, simulated backend, official openai SDK."""
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import openai
+import pytest
+
+from gateway.simbackend import SimConfig, start_in_thread
+from tests.gateway.livestack import start_gateway
+
+pytestmark = pytest.mark.live
+
+YAML = """scheduler:
+  classes:
+    - {{name: INTERACTIVE, level: 0, sla_ms: 3000,  price_factor: 1.6}}
+    - {{name: NEAR_RT,     level: 1, sla_ms: 15000, price_factor: 1.2}}
+    - {{name: BATCH,       level: 2, sla_ms: 60000, price_factor: 0.7}}
+    - {{name: RETRY,       level: 3, sla_ms: 90000, price_factor: 0.4}}
+  tenants:
+    - {{slug: rich,    name: Rich,    quota_share: 0.5, annual_budget: 1000}}
+    - {{slug: thrifty, name: Thrifty, quota_share: 0.2, annual_budget: 0.01}}
+    - {{slug: saver,   name: Saver,   quota_share: 0.2, annual_budget: 0.2}}
+  backends:
+    - {{name: priced, url: "{url}", models: [m], slots: 2, input_price_per_1k: 1, output_price_per_1k: 2}}
+"""
+KEYS = {"rich": ("rich", "INTERACTIVE"), "thrifty": ("thrifty", "INTERACTIVE"), "saver": ("saver", "INTERACTIVE")}
+LEDGER = """
+import json
+from billing.models import LedgerEntry
+rows = LedgerEntry.objects.filter(request_id={rid!r}).order_by("pk")
+print(json.dumps([[e.kind, str(e.amount), e.tenant.slug] for e in rows]))
+"""
+
+
+@pytest.fixture(scope="module")
+def billed(tmp_path_factory):
+    sim = start_in_thread(SimConfig(port=0, slots=2, ttft_ms=2, tokens_per_s=5000, seed=3))
+    gateway = start_gateway(tmp_path_factory.mktemp("gw-billing"), YAML.format(url=f"{sim.url}/v1"), KEYS)
+    gateway.shell("from billing.models import TenantBilling; from gateway.models import Tenant; "
+                  "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)")
+    yield gateway
+    gateway.stop()
+    sim.stop()
+
+
+def ledger(gateway, tenant: str, public_id: str) -> list[list[str]]:
+    return json.loads(gateway.shell(LEDGER.format(rid=f"{tenant}/{public_id}")).strip())
+
+
+def ask(gateway, key: str, request_id: str, max_tokens: int = 100):
+    return gateway.sdk(key).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "price me"}], max_tokens=max_tokens,
+        extra_headers={"X-Request-Id": request_id})
+
+
+def test_completion_carries_its_charge_and_the_ledger_agrees(billed):
+    raw = ask(billed, "rich", "bill-1")
+    usage = raw.parse().usage
+    expected = ((Decimal(usage.prompt_tokens) * 1 + Decimal(usage.completion_tokens) * 2) / 1000 * Decimal("1.6"))
+    assert Decimal(raw.headers["X-Charge"]) == expected.quantize(Decimal("0.000001"))
+    assert raw.headers["X-Charge-Currency"]
+    entries = {kind: Decimal(amount) for kind, amount, _ in ledger(billed, "rich", "bill-1")}
+    assert sorted(entries) == ["charge", "hold", "release"]
+    assert entries["charge"] == Decimal(raw.headers["X-Charge"])
+
+
+def test_a_budget_that_cannot_hold_the_request_is_402_and_never_retried(billed):
+    with pytest.raises(openai.APIStatusError) as info:
+        ask(billed, "thrifty", "bill-2")
+    err = info.value
+    assert err.status_code == 402 and err.code == "budget_exhausted"
+    assert err.response.headers["x-should-retry"] == "false"
+    assert "remaining" in err.message and "thrifty" in err.message.lower()
+    assert ledger(billed, "thrifty", "bill-2") == []  # refused before any hold
+
+
+def test_a_tenant_set_to_fall_back_gets_the_cheapest_class_that_fits(billed):
+    raw = ask(billed, "saver", "bill-3")
+    assert raw.headers["X-Priority-Class"] == "BATCH"  # 1.6x and 1.2x do not fit 0.2; 0.7x does
+    assert raw.headers["X-Priority-Downgraded"] == "INTERACTIVE; rule=budget"
+    assert Decimal(raw.headers["X-Charge"]) > 0
+
+
+def test_a_request_refused_by_the_queue_is_not_charged(billed):
+    with pytest.raises(openai.BadRequestError):
+        billed.sdk("rich").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                   extra_headers={"X-Priority-Class": "PLATINUM",
+                                                                  "X-Request-Id": "bill-4"})
+    assert ledger(billed, "rich", "bill-4") == []
