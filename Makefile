@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml
 migrate: venv
 	$(PY) manage.py migrate --noinput
 
+# The simulated GPU backend on :9100 (the example config's `sim-gpu`) and the gateway, in one go;
+# Ctrl-C stops both.
 demo: migrate
-	$(PY) manage.py demo_setup
+	$(PY) manage.py demo_setup --url http://$(HOST):$(PORT)
+	$(PY) manage.py simbackend --port 9100 & SIM_PID=$$!; \
+	trap 'kill $$SIM_PID 2>/dev/null' EXIT INT TERM; \
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 lint-imports: venv
