@@ -6,9 +6,18 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test venv migrate lint-imports bench clean
+.PHONY: demo test venv migrate lint-imports bench clean assets
 
-venv: $(STAMP)
+venv: $(STAMP) assets
+
+# The console's browser libraries (Chart.js) from npm, pinned by package-lock.json; served from
+# node_modules/ by Django's staticfiles. Reinstalled only when the lock file changes.
+ASSETS_STAMP := node_modules/.assets-stamp
+assets: $(ASSETS_STAMP)
+
+$(ASSETS_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(ASSETS_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Fairgate needs Python 3.11"'
@@ -22,7 +31,7 @@ migrate: venv
 
 # The simulated GPU backend on :9100 (the example config's `sim-gpu`) and the gateway, in one go;
 # Ctrl-C stops both.
-demo: migrate
+demo: migrate assets
 	$(PY) manage.py demo_setup --url http://$(HOST):$(PORT)
 	$(PY) manage.py simbackend --port 9100 & SIM_PID=$$!; \
 	trap 'kill $$SIM_PID 2>/dev/null' EXIT INT TERM; \
@@ -31,7 +40,7 @@ demo: migrate
 lint-imports: venv
 	$(VENV)/bin/lint-imports
 
-test: venv lint-imports
+test: venv assets lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -11,9 +11,15 @@ django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.routing import websocket_urlpatterns  # noqa: E402
 from gateway.asgi import ApiRouter, GatewayASGIHandler, Lifespan  # noqa: E402
 
 application = Lifespan(ProtocolTypeRouter({
     "http": ApiRouter(GatewayASGIHandler(), django_asgi_app),
+    # The console's live updates: session-authenticated, and only from our own origin (ALLOWED_HOSTS).
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 }))

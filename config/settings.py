@@ -171,3 +171,11 @@ FAIRGATE_AUTH_CACHE_MS = env_int("FAIRGATE_AUTH_CACHE_MS", 1_000, minimum=0)
 FAIRGATE_TERMINAL_KEEP_MS = env_int("FAIRGATE_TERMINAL_KEEP_MS", 3_600_000, minimum=1)
 FAIRGATE_TERMINAL_MAX = env_int("FAIRGATE_TERMINAL_MAX", 100_000, minimum=1)
 LOGGING["loggers"] = {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}}
+
+# Console ---------------------------------------------------------------------------------------
+# Browser pages at /console/ (console/). Chart.js comes from npm (package.json, `make assets`) and
+# is served from node_modules by staticfiles as console-vendor/chart.umd.js; nothing is copied.
+STATICFILES_DIRS = [("console-vendor", BASE_DIR / "node_modules" / "chart.js" / "dist")]
+LOGIN_URL = "/console/login/"
+LOGIN_REDIRECT_URL = "/console/"
+LOGOUT_REDIRECT_URL = "/console/login/"

@@ -4,6 +4,7 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/billing/", include("billing.urls")),
+    path("console/", include("console.urls")),
     path("", include("gateway.urls")),
 ]
 

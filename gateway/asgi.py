@@ -108,6 +108,9 @@ class Lifespan:
                 try:
                     await dispatcher_get()
                     resolve("/v1/models")  # import the URLconf and views now, not on the first request
+                    from console.live.publisher import console_live_start
+
+                    console_live_start()  # the console's live pushes, beside the dispatcher; ends with it
                 except Exception as exc:
                     log.exception("the dispatcher did not start")
                     await send({"type": "lifespan.startup.failed", "message": f"dispatcher: {exc}"})

@@ -1,0 +1,107 @@
+"""The console's WebSocket: ``/ws/console/`` (``?tenant=SLUG`` is honoured for admins only).
+
+Authenticated by the session (``AuthMiddlewareStack``), origin checked in ``config.asgi``. The
+groups a socket joins are decided here from the user alone; what the client sends can only pick
+a request id of its own tenant to follow (``{"type": "watch", "id": ...}``), nothing else.
+"""
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console import access, selectors
+from console.live.groups import groups_for
+from console.live.publisher import publisher_current
+from console.live.snapshot import request_card
+
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@+=~-]{1,128}")
+UNAUTHENTICATED = 4401
+
+
+def _scope_of(user, requested: str | None):
+    tenant = access.queue_tenant(user, requested)
+    return tenant, groups_for(user, tenant.pk if tenant else None)
+
+
+class ConsoleConsumer(AsyncJsonWebsocketConsumer):
+    tenant = None
+    watch_id: str | None = None
+    _card_text: str | None = None
+    _charge: dict | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        requested = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get("tenant", [None])[0]
+        self.tenant, self.joined = await database_sync_to_async(_scope_of)(user, requested)
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.send_json({"type": "hello", "role": access.role_of(user), "groups": self.joined,
+                              "tenant": self.tenant.slug if self.tenant else None})
+        await self._send_initial()
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "joined", ()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def _send_initial(self) -> None:
+        publisher = publisher_current()
+        if publisher is None:
+            return
+        from gateway.runtime import current
+
+        d = current()
+        if self.tenant is not None and d is not None:
+            queue = publisher.queue_of(d, self.tenant.slug, d.now_ms())
+            await self.send_json({"type": "update", "queue": queue})
+        if access.is_admin(self.scope["user"]) and publisher.ops_text:
+            await self.send(text_data=publisher.ops_text)
+
+    # --- from the client -----------------------------------------------------------------
+
+    async def receive_json(self, content, **kwargs) -> None:
+        if not isinstance(content, dict) or content.get("type") != "watch":
+            return  # nothing else is understood; nothing the client says changes its groups
+        wanted = str(content.get("id") or "").strip()
+        if not wanted:
+            self.watch_id, self._card_text = None, None
+            return
+        if self.tenant is None or not REQUEST_ID_RE.fullmatch(wanted):
+            await self.send_json({"type": "card", "id": wanted[:128], "found": False, "request": None})
+            return
+        self.watch_id, self._card_text, self._charge = wanted, None, None
+        await self._send_card(force=True)
+
+    async def _send_card(self, *, force: bool = False) -> None:
+        from gateway.runtime import current
+
+        card = request_card(current(), self.tenant.slug, self.watch_id)
+        charge = self._charge
+        if charge is None and (card is None or card.get("state") not in ("queued", "running")):
+            charge = await database_sync_to_async(selectors.charge_of)(tenant=self.tenant, request_id=self.watch_id)
+            self._charge = charge
+        text = json.dumps({"type": "card", "id": self.watch_id, "found": card is not None or charge is not None,
+                           "request": card, "charge": charge}, default=str)
+        if force or text != self._card_text:
+            self._card_text = text
+            await self.send(text_data=text)
+
+    # --- from the publisher (group messages) ---------------------------------------------
+
+    async def tenant_update(self, event: dict) -> None:
+        await self.send(text_data=event["text"])
+        if self.watch_id and "ids" in event and self.watch_id not in event["ids"]:
+            await self._send_card()
+
+    async def finance_update(self, event: dict) -> None:
+        await self.send(text_data=event["text"])
+
+    async def ops_update(self, event: dict) -> None:
+        await self.send(text_data=event["text"])

@@ -1,0 +1,61 @@
+"""Database events for the console, published only after the transaction that wrote them commits.
+
+Billing writes charges and alerts with ``Model.objects.create`` inside its own services; these
+receivers do no work of their own but register ``transaction.on_commit`` callbacks, so a
+rolled-back charge is never shown. In the serving process the callback hands the event to the
+publisher (coalesced into its next tick); elsewhere (a Celery worker, a command) it sends it to
+the channel layer directly.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models.signals import post_save
+
+from billing.models import BudgetAlert, LedgerEntry
+from console import selectors
+from console.live.groups import FINANCE_GROUP, tenant_group
+
+log = logging.getLogger(__name__)
+
+
+def publish_committed(event: dict) -> None:
+    """``{"kind", "tenant_id", "row"}`` → the tenant's viewers (and finance), after commit."""
+    from console.live.publisher import publisher_running
+
+    publisher = publisher_running()
+    try:
+        if publisher is not None:
+            publisher.notify_threadsafe(event)
+            return
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        text = json.dumps({"type": "update", event["kind"]: [event["row"]]}, default=str)
+        async_to_sync(layer.group_send)(tenant_group(event["tenant_id"]), {"type": "tenant.update", "text": text})
+        finance = json.dumps({"type": "finance", "tenants": [event.get("slug") or str(event["tenant_id"])]})
+        async_to_sync(layer.group_send)(FINANCE_GROUP, {"type": "finance.update", "text": finance})
+    except Exception:  # the write has committed; a lost live event must not fail it
+        log.exception("could not publish a console event")
+
+
+def _on_ledger_entry(sender, instance: LedgerEntry, created: bool, **kwargs) -> None:
+    if created and instance.kind == LedgerEntry.Kind.CHARGE:
+        event = {"kind": "charges", "tenant_id": instance.tenant_id, "row": selectors.charge_row(instance, "")}
+        transaction.on_commit(lambda: publish_committed(event))
+
+
+def _on_budget_alert(sender, instance: BudgetAlert, created: bool, **kwargs) -> None:
+    if created:
+        tenant_id = instance.budget.tenant_id
+        event = {"kind": "alerts", "tenant_id": tenant_id, "row": selectors.alert_row(instance)}
+        transaction.on_commit(lambda: publish_committed(event))
+
+
+def connect() -> None:
+    post_save.connect(_on_ledger_entry, sender=LedgerEntry, dispatch_uid="console-ledger-charge")
+    post_save.connect(_on_budget_alert, sender=BudgetAlert, dispatch_uid="console-budget-alert")

@@ -1,0 +1,267 @@
+"""The console's publisher: one task beside the dispatcher, on its event loop.
+
+Every ``tick_ms`` it looks at each tenant with live requests, and if the tenant's table changed
+(ids, states, positions, ETAs, counts) it sends ONE message with a snapshot to ``tenant.<id>``,
+together with the tenant's committed database events of that tick (charges, downgrades,
+alerts, and a fresh budget when money moved). So a viewer receives at most 1000/tick_ms
+messages per second however busy the queue is. Every ``ops_ms`` admins get the operations
+figures; every ``sample_ms`` a timeline point is kept (a ring buffer of one hour).
+
+Database events arrive from ``console.live.hooks`` after their transaction commits (charges
+and alerts through ``notify_threadsafe``); downgrade events are bulk-written by the gateway
+(no per-row signal), so the publisher reads committed rows after a cursor once a second.
+The task ends by itself once the dispatcher it served has stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+
+from console.live import db
+from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
+from console.live.snapshot import OpsView, queue_signature, shown_ids, tenant_queue, timeline_sample
+from console.live.timeline import Timeline
+
+log = logging.getLogger(__name__)
+HOLD_CACHE_MAX = 200_000
+BUDGET_EVERY_MS = 2_000
+DOWNGRADE_POLL_MS = 1_000
+EVENT_KINDS = ("charges", "downgrades", "alerts")
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def dumps(payload: dict) -> str:
+    return json.dumps(payload, separators=(",", ":"), default=str)
+
+
+class Publisher:
+    def __init__(self, *, layer=None, tick_ms: int = 300, ops_ms: int = 2_000, sample_ms: int = 5_000) -> None:
+        self.layer = layer or get_channel_layer()
+        self.tick_ms, self.ops_ms, self.sample_ms = tick_ms, ops_ms, sample_ms
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pending: dict[int, dict[str, list]] = {}  # tenant id -> kind -> rows
+        self.finance_pending: set[int] = set()
+        self.signatures: dict[str, tuple] = {}
+        self.tenant_ids: dict[str, int] = {}
+        self.slugs: dict[int, str] = {}
+        self.holds: dict[str, str | None] = {}  # "<slug>/<id>" -> held amount
+        self.budget_due: set[int] = set()
+        self.budget_at_ms: dict[int, int] = {}
+        self.timeline = Timeline(step_ms=sample_ms)
+        self.ops = OpsView()
+        self.ops_text: str | None = None
+        self._hist: list[int] | None = None
+        self._next_ops_ms = self._next_sample_ms = self._next_downgrades_ms = 0
+        self._downgrade_cursor: int | None = None
+        self.sent = 0
+        self.tick_cost_ms = 0.0  # the last tick's duration (shown to admins; a tick awaits the database)
+
+    # --- input ---------------------------------------------------------------------------
+
+    def notify_threadsafe(self, event: dict) -> None:
+        """From any thread (after a commit): ``{"kind": "charges"|"alerts", "tenant_id", "row"}``."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.add_event, event)
+
+    def add_event(self, event: dict) -> None:
+        tenant_id = event["tenant_id"]
+        self.pending.setdefault(tenant_id, {}).setdefault(event["kind"], []).append(event["row"])
+        if event["kind"] in ("charges", "alerts"):
+            self.budget_due.add(tenant_id)
+            self.finance_pending.add(tenant_id)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def run(self, current) -> None:
+        """``current()`` returns the running dispatcher or None (``gateway.runtime.current``)."""
+        self.loop = asyncio.get_running_loop()
+        served = False
+        while True:
+            await asyncio.sleep(self.tick_ms / 1000)
+            dispatcher = current()
+            if dispatcher is None and served:
+                return
+            served = served or dispatcher is not None
+            started_s = time.perf_counter()
+            try:
+                await self.tick(dispatcher, wall_ms())
+                self.tick_cost_ms = round((time.perf_counter() - started_s) * 1000, 1)
+            except Exception:  # a failed tick must not end live updates
+                log.exception("console publisher tick failed")
+
+    async def tick(self, d, now_wall_ms: int) -> None:
+        if now_wall_ms >= self._next_downgrades_ms:
+            self._next_downgrades_ms = now_wall_ms + DOWNGRADE_POLL_MS
+            await self._poll_downgrades()
+        slugs = set(self.signatures) | (set(d.live) if d is not None else set())
+        await self._learn(slugs)
+        if d is not None:
+            await self._fetch_holds(d, slugs)
+        messages = self._tenant_messages(d, slugs) if d is not None else {}
+        for tenant_id in list(self.pending):
+            messages.setdefault(tenant_id, {"type": "update"})
+        await self._add_budgets(messages, now_wall_ms)
+        for tenant_id, payload in messages.items():
+            payload.update(self._take_events(tenant_id))
+            await self._send(tenant_group(tenant_id), "tenant.update", payload)
+        if self.finance_pending:
+            tenants = sorted(self.slugs.get(t, str(t)) for t in self.finance_pending)
+            self.finance_pending.clear()
+            await self._send(FINANCE_GROUP, "finance.update", {"type": "finance", "tenants": tenants})
+        if d is not None:
+            await self._ops(d, now_wall_ms)
+
+    # --- tenants -------------------------------------------------------------------------
+
+    async def _learn(self, slugs: set[str]) -> None:
+        unknown = [s for s in slugs if s not in self.tenant_ids]
+        if unknown:
+            found = await sync_to_async(db.tenant_ids)(unknown)
+            self.tenant_ids.update(found)
+            self.slugs.update({v: k for k, v in found.items()})
+
+    async def _fetch_holds(self, d, slugs: set[str]) -> None:
+        wanted: dict[str, tuple[int, list[str]]] = {}
+        for slug in slugs:
+            missing = [i for i in shown_ids(d, slug) if f"{slug}/{i}" not in self.holds]
+            if missing and slug in self.tenant_ids:
+                wanted[slug] = (self.tenant_ids[slug], missing)
+        if not wanted:
+            return
+        if len(self.holds) > HOLD_CACHE_MAX:
+            self.holds.clear()
+        found = await sync_to_async(db.holds_for)(wanted)
+        for slug, (_, ids) in wanted.items():
+            for rid in ids:  # a hold is written before admission: one not found now never will be
+                self.holds[f"{slug}/{rid}"] = found.get(slug, {}).get(rid)
+
+    def _tenant_messages(self, d, slugs: set[str]) -> dict[int, dict]:
+        """Snapshots of the tenants whose table changed (built without awaiting: one engine state)."""
+        now_ms = d.now_ms()
+        out = {}
+        for slug in slugs:
+            tenant_id = self.tenant_ids.get(slug)
+            if tenant_id is None:
+                continue
+            queue = self.queue_of(d, slug, now_ms)
+            signature = queue_signature(queue)
+            if self.signatures.get(slug) == signature:
+                continue
+            if queue["total"]:
+                self.signatures[slug] = signature
+            else:
+                self.signatures.pop(slug, None)  # sent empty once; quiet until it has requests again
+            out[tenant_id] = {"type": "update", "queue": queue}
+        return out
+
+    def queue_of(self, d, slug: str, now_ms: int) -> dict:
+        queue = tenant_queue(d, slug, now_ms, _TenantHolds(self.holds, slug))
+        queue["published_at_ms"] = wall_ms()
+        return queue
+
+    def _take_events(self, tenant_id: int) -> dict:
+        events = self.pending.pop(tenant_id, {})
+        slug = self.slugs.get(tenant_id, "")
+        for row in events.get("charges", ()):
+            row["request_id"] = row["request_id"].removeprefix(f"{slug}/")
+        return {k: v for k, v in events.items() if v}
+
+    async def _add_budgets(self, messages: dict[int, dict], now_wall_ms: int) -> None:
+        due = [t for t in self.budget_due if now_wall_ms - self.budget_at_ms.get(t, 0) >= BUDGET_EVERY_MS]
+        if not due:
+            return
+        budgets = await sync_to_async(db.budgets_for)(due)
+        for tenant_id in due:
+            self.budget_due.discard(tenant_id)
+            self.budget_at_ms[tenant_id] = now_wall_ms
+            if tenant_id in budgets:
+                messages.setdefault(tenant_id, {"type": "update"})["budget"] = budgets[tenant_id]
+
+    async def _poll_downgrades(self) -> None:
+        cursor, rows = await sync_to_async(db.downgrades_after)(self._downgrade_cursor)
+        first = self._downgrade_cursor is None
+        self._downgrade_cursor = cursor
+        if first:
+            return
+        for tenant_id, row in rows:
+            self.add_event({"kind": "downgrades", "tenant_id": tenant_id, "row": row})
+
+    # --- operations ----------------------------------------------------------------------
+
+    async def _ops(self, d, now_wall_ms: int) -> None:
+        if now_wall_ms >= self._next_sample_ms:
+            self._next_sample_ms = now_wall_ms + self.sample_ms
+            sample, self._hist = timeline_sample(d, wall_ms=now_wall_ms, previous_hist=self._hist)
+            self.timeline.add(sample)
+        if now_wall_ms >= self._next_ops_ms:
+            self._next_ops_ms = now_wall_ms + self.ops_ms
+            payload = {"type": "ops", **self.ops.build(d, wall_ms=now_wall_ms), "publisher_tick_ms": self.tick_cost_ms,
+                       "timeline": self.timeline.as_rows()[-3:], "at_ms": now_wall_ms}
+            self.ops_text = dumps({**payload, "timeline": self.timeline.as_rows()})
+            await self._send(ADMIN_GROUP, "ops.update", payload)
+
+    async def _send(self, group: str, kind: str, payload: dict) -> None:
+        message = {"type": kind, "text": dumps(payload)}
+        if "queue" in payload:
+            message["ids"] = [r["id"] for r in payload["queue"]["rows"]]
+        await self.layer.group_send(group, message)
+        self.sent += 1
+
+
+class _TenantHolds:
+    """The hold cache seen as one tenant's ``public id -> amount`` mapping."""
+
+    def __init__(self, holds: dict[str, str | None], slug: str) -> None:
+        self.holds, self.prefix = holds, f"{slug}/"
+
+    def get(self, public_id: str) -> str | None:
+        return self.holds.get(self.prefix + public_id)
+
+
+_publisher: Publisher | None = None
+
+
+def publisher_current() -> Publisher | None:
+    """The publisher of this process, if one runs on the current event loop."""
+    publisher = _publisher
+    if publisher is None or publisher.loop is None:
+        return None
+    try:
+        return publisher if asyncio.get_running_loop() is publisher.loop else None
+    except RuntimeError:
+        return None
+
+
+def publisher_running() -> Publisher | None:
+    """The publisher of this process from any thread (for hooks that hand it events)."""
+    publisher = _publisher
+    if publisher is None or publisher.loop is None or publisher.loop.is_closed():
+        return None
+    return publisher
+
+
+def console_live_start(**options) -> Publisher:
+    """Start the publisher on the running loop (called once from the ASGI lifespan startup)."""
+    global _publisher
+    from gateway.runtime import current
+
+    publisher = Publisher(**options)
+    publisher.loop = asyncio.get_running_loop()
+    _publisher = publisher
+    task = publisher.loop.create_task(publisher.run(current), name="fairgate-console-publisher")
+    task.add_done_callback(lambda _: _forget(publisher))
+    return publisher
+
+
+def _forget(publisher: Publisher) -> None:
+    global _publisher
+    if _publisher is publisher:
+        _publisher = None

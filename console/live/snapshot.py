@@ -1,0 +1,141 @@
+"""What the console shows of the running dispatcher, read on its event loop (never from a thread:
+the engine is not locked). Tenant snapshots for the queue page, counters for operations."""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from gateway import metrics
+from gateway.dispatcher import Dispatcher, Entry, describe
+from scheduling.engine.counters import WAIT_BUCKETS_MS
+
+from console.live.timeline import Sample, p95_ms
+
+MAX_ROWS = 50  # rows of one tenant's table (nearest to service); counts per class cover all
+
+
+def entry_view(d: Dispatcher, entry: Entry, now_ms: int, holds=None) -> dict:
+    """The queue API's view of one live request, with its waited time so far and held charge
+    (``holds``: anything with ``get(public_id)``)."""
+    position = d.sched.position(entry.key, now_ms=now_ms) if entry.state == "queued" else None
+    row = describe(entry, position=position)
+    if entry.state == "queued":
+        row["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
+    row.pop("position_exact", None)
+    row["estimated_charge"] = (holds or {}).get(entry.public_id)
+    return row
+
+
+def _shown(d: Dispatcher, entries: list[Entry]) -> list[Entry]:
+    """Running first, then waiting by class level and age: the ones nearest to service."""
+    levels = {c.name: c.level for c in d.config.classes}
+    return heapq.nsmallest(MAX_ROWS, entries,
+                           key=lambda e: (e.state != "running", levels.get(e.cls, 99), e.queued_since_ms))
+
+
+def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None) -> dict:
+    entries = d.entries_of(slug)
+    counts: dict[str, dict[str, int]] = {}
+    for entry in entries:
+        tally = counts.setdefault(entry.cls, {"queued": 0, "running": 0})
+        tally["running" if entry.state == "running" else "queued"] += 1
+    rows = [entry_view(d, e, now_ms, holds) for e in _shown(d, entries)]
+    rows.sort(key=lambda r: (r["state"] != "running", r["position"] or 0))
+    return {"total": len(entries), "counts": counts, "rows": rows, "truncated": len(entries) > len(rows)}
+
+
+def queue_signature(queue: dict) -> tuple:
+    """What makes a snapshot worth sending (waited time alone does not: the page counts it)."""
+    return (queue["total"], tuple(sorted((c, v["queued"], v["running"]) for c, v in queue["counts"].items())),
+            tuple((r["id"], r["state"], r["class"], r["position"], r["eta_ms"], r["estimated_charge"])
+                  for r in queue["rows"]))
+
+
+def shown_ids(d: Dispatcher, slug: str) -> list[str]:
+    return [e.public_id for e in _shown(d, d.entries_of(slug))]
+
+
+def request_card(d: Dispatcher | None, slug: str, public_id: str) -> dict | None:
+    """One request of ``slug`` (live, or finished within the terminal log's hour); None if unknown."""
+    if d is None:
+        return None
+    now_ms = d.now_ms()
+    entry = d.entry_of(slug, public_id)
+    if entry is not None:
+        return entry_view(d, entry, now_ms)
+    return d.terminal.get(slug, public_id, now_ms=now_ms)
+
+
+# --- operations ---------------------------------------------------------------------------
+
+def _counter_samples(counter, label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels.get(label, "")] = out.get(sample.labels.get(label, ""), 0) + sample.value
+    return out
+
+
+def _backend_errors() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for family in metrics.UPSTREAM_ERRORS.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                name = sample.labels.get("backend", "")
+                out[name] = out.get(name, 0) + int(sample.value)
+    return out
+
+
+class OpsView:
+    """Per-class and per-backend figures, with a minute of history for throughput."""
+
+    def __init__(self) -> None:
+        self._completed: deque[tuple[int, dict[str, int]]] = deque()
+
+    def build(self, d: Dispatcher, *, wall_ms: int) -> dict:
+        now_ms = d.now_ms()
+        sched = d.sched
+        tallies = sched.counters.classes
+        completed = {name: t.completed for name, t in tallies.items()}
+        self._completed.append((wall_ms, completed))
+        while len(self._completed) > 1 and wall_ms - self._completed[0][0] > 60_000:
+            self._completed.popleft()
+        then_ms, then = self._completed[0]
+        minutes = max((wall_ms - then_ms) / 60_000, 1e-9)
+        classes = []
+        for spec in sorted(d.config.classes, key=lambda c: c.level):
+            tally = tallies.get(spec.name)
+            classes.append({
+                "class": spec.name, "depth": sched.depth(spec.name),
+                "depth_limit": sched.depth_limit(spec.name, now_ms=now_ms),
+                "wait_p95_ms": p95_ms(tally.wait_hist, WAIT_BUCKETS_MS) if tally else None,
+                "throughput_per_min": None if wall_ms == then_ms else
+                round((completed.get(spec.name, 0) - then.get(spec.name, 0)) / minutes, 1),
+                "rejected_queue_full": tally.rejected_queue_full if tally else 0,
+                "queue_timeout": tally.queue_timeout if tally else 0,
+                "boosted": tally.boosted if tally else 0, "preempted": tally.preempted if tally else 0,
+            })
+        errors = _backend_errors()
+        backends = []
+        for name, spec in sorted(d.backend_specs.items()):
+            health = d.circuits.of(name)
+            backends.append({"backend": name, "enabled": spec.enabled, "slots": spec.slots, "in_use": health.in_use,
+                             "tpm_used": health.tpm_used(now_ms), "tpm": spec.tpm, "errors": errors.get(name, 0),
+                             "circuit_open": d.circuits.is_open(name, now_ms)})
+        rejects = {code: int(v) for code, v in sorted(_counter_samples(metrics.REJECTS, "code").items())}
+        return {"classes": classes, "backends": backends, "rejects": rejects, "in_queue": sched.waiting_count}
+
+
+def timeline_sample(d: Dispatcher, *, wall_ms: int, previous_hist: list[int] | None) -> tuple[Sample, list[int]]:
+    """A timeline point; the top class's histogram is returned to diff against next time."""
+    tallies = d.sched.counters.classes
+    top = min(d.config.classes, key=lambda c: c.level).name if d.config.classes else None
+    hist = list(tallies[top].wait_hist) if top in tallies else [0] * (len(WAIT_BUCKETS_MS) + 1)
+    window = hist if previous_hist is None else [max(0, a - b) for a, b in zip(hist, previous_hist)]
+    batch = tallies.get("BATCH")
+    sample = Sample(at_ms=wall_ms, in_queue=d.sched.waiting_count,
+                    interactive_p95_ms=p95_ms(window, WAIT_BUCKETS_MS),
+                    batch_completed=batch.completed if batch else 0,
+                    aging_preempts=sum(t.preempted for t in tallies.values()))
+    return sample, hist

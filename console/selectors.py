@@ -1,0 +1,93 @@
+"""Console reads from the database, always scoped by a tenant the caller may see.
+
+Money leaves here as exact strings (never float); times as ISO 8601.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from django.conf import settings
+
+from billing.models import BudgetAlert, LedgerEntry
+from billing.reports import budget_burn
+from gateway.models import ApiKey, DowngradeEvent, Tenant
+from scheduling.models import AuditLog
+
+RECENT = 20
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def public_id(request_id: str, slug: str) -> str:
+    """The client's id from a ledger request id (stored plain or as ``<tenant>/<id>``)."""
+    return request_id.removeprefix(f"{slug}/")
+
+
+def budget_of(*, tenant: Tenant) -> dict:
+    """The budget bar: billing's burn report for one tenant (spent, held, remaining, limit)."""
+    rows = budget_burn(tenants=Tenant.objects.filter(pk=tenant.pk))
+    row = rows[0] if rows else {}
+    return {"currency": settings.FAIRGATE_CURRENCY,
+            **{k: _text(row.get(k)) for k in ("limit", "spent", "held", "remaining", "projected_spend")}}
+
+
+def charge_row(entry: LedgerEntry, slug: str) -> dict:
+    return {"request_id": public_id(entry.request_id, slug), "class": entry.class_name, "model": entry.model,
+            "prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens,
+            "factor": str(entry.factor), "amount": str(entry.amount), "at": entry.at.isoformat()}
+
+
+def charges_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
+    qs = LedgerEntry.objects.filter(tenant=tenant, kind=LedgerEntry.Kind.CHARGE).order_by("-at", "-pk")[:limit]
+    return [charge_row(e, tenant.slug) for e in qs]
+
+
+def charge_of(*, tenant: Tenant, request_id: str) -> dict | None:
+    ids = [request_id, f"{tenant.slug}/{request_id}"]
+    entry = LedgerEntry.objects.filter(tenant=tenant, kind=LedgerEntry.Kind.CHARGE, request_id__in=ids).first()
+    return None if entry is None else charge_row(entry, tenant.slug)
+
+
+def hold_amounts(*, tenant_id: int, slug: str, request_ids: Iterable[str]) -> dict[str, str]:
+    """Held (largest possible) charge per live request: the 'estimated charge' of the queue table."""
+    wanted = {}
+    for rid in request_ids:
+        wanted[rid] = rid
+        wanted[f"{slug}/{rid}"] = rid
+    rows = LedgerEntry.objects.filter(tenant_id=tenant_id, kind=LedgerEntry.Kind.HOLD, request_id__in=list(wanted))
+    return {wanted[rid]: str(amount) for rid, amount in rows.values_list("request_id", "amount")}
+
+
+def downgrade_row(event: DowngradeEvent) -> dict:
+    return {"request_id": event.request_id, "from": event.from_class, "to": event.to_class, "rule": event.rule,
+            "at": event.at.isoformat()}
+
+
+def downgrades_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
+    return [downgrade_row(e) for e in DowngradeEvent.objects.filter(tenant=tenant)[:limit]]
+
+
+def alert_row(alert: BudgetAlert) -> dict:
+    return {"budget": alert.budget.label, "threshold_pct": alert.threshold_pct, "spent": str(alert.spent),
+            "limit": str(alert.limit), "at": alert.created_at.isoformat()}
+
+
+def alerts_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
+    qs = BudgetAlert.objects.filter(budget__tenant=tenant).select_related("budget__tenant")[:limit]
+    return [alert_row(a) for a in qs]
+
+
+def keys_of(*, tenant: Tenant) -> list[ApiKey]:
+    return list(ApiKey.objects.filter(tenant=tenant).order_by("-created_at"))
+
+
+def audit_rows(*, entity: str = ""):
+    """The audit log, newest first (who, when, what, old → new), optionally of one entity kind."""
+    qs = AuditLog.objects.all()
+    return qs.filter(entity=entity) if entity else qs
+
+
+def audit_entities() -> list[str]:
+    return list(AuditLog.objects.order_by("entity").values_list("entity", flat=True).distinct())

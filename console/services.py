@@ -1,0 +1,64 @@
+"""Console writes that are not policy: users and the tenant's own API keys.
+
+Policy edits live in ``console.policy``. Every function is keyword-only, runs in one
+transaction and raises ``ValidationError`` with a message a person can act on.
+"""
+from __future__ import annotations
+
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from gateway.models import ApiKey, Tenant, User
+from gateway.services import apikey_create, apikey_revoke
+from scheduling.models import PriorityClass
+from scheduling.services import audit_record
+
+
+@transaction.atomic
+def user_create(*, username: str, role: str, tenant_slug: str | None, email: str = "", password: str | None,
+                actor: str) -> User:
+    if role not in User.Role.values:
+        raise ValidationError(f"unknown role {role!r} (roles: {', '.join(User.Role.values)})")
+    if User.objects.filter(username=username).exists():
+        raise ValidationError(f"user {username!r} already exists")
+    tenant = None
+    if tenant_slug:
+        tenant = Tenant.objects.filter(slug=tenant_slug).first()
+        if tenant is None:
+            raise ValidationError(f"no tenant {tenant_slug!r}")
+    if role == User.Role.MEMBER and tenant is None:
+        raise ValidationError("a member belongs to a tenant: give --tenant SLUG")
+    user = User(username=username, role=role, tenant=tenant, email=email)
+    user.full_clean(exclude=["password"])
+    if password is None:
+        user.set_unusable_password()
+    else:
+        validate_password(password, user)
+        user.set_password(password)
+    user.save()
+    audit_record(actor=actor, action="create", entity="user", key=username,
+                 new={"role": role, "tenant": tenant.slug if tenant else None})
+    return user
+
+
+def key_classes(tenant: Tenant) -> list[str]:
+    """Classes a key of ``tenant`` may default to: its allowed classes, else every active class."""
+    active = list(PriorityClass.objects.filter(active=True).order_by("level").values_list("name", flat=True))
+    allowed = set(tenant.allowed_classes or [])
+    return [c for c in active if not allowed or c in allowed]
+
+
+def tenant_key_create(*, tenant: Tenant, default_class: str, label: str, actor: str) -> tuple[ApiKey, str]:
+    """A key for the caller's own tenant; the full secret is returned once and never stored."""
+    if default_class not in key_classes(tenant):
+        raise ValidationError(f"class {default_class!r} is not one your tenant may use "
+                              f"({', '.join(key_classes(tenant)) or 'none'})")
+    return apikey_create(tenant_slug=tenant.slug, default_class=default_class, label=label[:200], actor=actor)
+
+
+def tenant_key_revoke(*, tenant: Tenant, prefix: str, actor: str) -> ApiKey:
+    """Revoke one of the tenant's keys; another tenant's prefix is 'not found', like a missing one."""
+    if not ApiKey.objects.filter(prefix=prefix, tenant=tenant).exists():
+        raise ValidationError(f"no API key with prefix {prefix!r} in your tenant")
+    return apikey_revoke(prefix=prefix, actor=actor)

@@ -1,0 +1,145 @@
+// My queue: the tenant's waiting and running requests, pushed by the server (never polled).
+"use strict";
+(function () {
+  const tbody = document.querySelector("#queue-table tbody");
+  const counts = document.getElementById("counts");
+  const more = document.getElementById("queue-more");
+  const total = document.getElementById("queue-total");
+  const card = document.getElementById("card");
+  const el = Live.el, ms = Live.ms;
+  let rows = [];
+  let receivedAt = Date.now();
+  let watchId = null;
+  let lastCard = null;
+
+  function classCell(r) {
+    if (r.declared_class && r.declared_class !== r["class"]) {
+      return r["class"] + " (declared " + r.declared_class + ", rule " + r.downgrade_rule + ")";
+    }
+    return r["class"];
+  }
+
+  function waited(r) {
+    return r.state === "queued" ? r.waited_ms + (Date.now() - receivedAt) : r.waited_ms;
+  }
+
+  function renderRows() {
+    tbody.textContent = "";
+    if (!rows.length) {
+      tbody.appendChild(el("tr", { "class": "empty" }, [el("td", { colspan: "8", text: "Nothing waiting or running." })]));
+      return;
+    }
+    rows.forEach(function (r) {
+      tbody.appendChild(el("tr", { "data-id": r.id, "class": r.state }, [
+        el("td", { text: r.id }), el("td", { text: classCell(r) }), el("td", { text: r.model }),
+        el("td", { text: r.state }), el("td", { "class": "position", text: r.position === null ? "—" : String(r.position) }),
+        el("td", { "class": "eta", text: r.state === "running" ? "running" : ms(r.eta_ms) }),
+        el("td", { "class": "waited", text: ms(waited(r)) }),
+        el("td", { "class": "money", text: r.estimated_charge === null || r.estimated_charge === undefined ? "—" : "≤ " + r.estimated_charge }),
+      ]));
+    });
+  }
+
+  function renderCounts(queue) {
+    counts.textContent = "";
+    Object.keys(queue.counts).sort().forEach(function (cls) {
+      const c = queue.counts[cls];
+      counts.appendChild(el("span", { "class": "count", "data-class": cls, text: cls + ": " + c.queued + " waiting, " + c.running + " running" }));
+    });
+    total.textContent = queue.total ? "(" + queue.total + ")" : "";
+    more.hidden = !queue.truncated;
+    more.textContent = queue.truncated ? "Showing the " + queue.rows.length + " nearest to service of " + queue.total + "." : "";
+  }
+
+  function renderCard(request, charge, found) {
+    card.hidden = false;
+    card.textContent = "";
+    if (!found) { card.appendChild(el("p", { text: "No request " + watchId + " of yours is live or finished in the last hour." })); return; }
+    const items = [["Request", watchId]];
+    if (request) {
+      items.push(["State", request.state], ["Class", classCell(request)], ["Model", request.model || ""]);
+      if (request.state === "queued") items.push(["Position", String(request.position)], ["ETA", ms(request.eta_ms)]);
+      items.push(["Waited", ms(request.waited_ms)]);
+    }
+    if (charge) items.push(["Charge", charge.amount + " (×" + charge.factor + ", " + charge.prompt_tokens + "/" + charge.completion_tokens + " tokens)"]);
+    const dl = el("dl");
+    items.forEach(function ([k, v]) { dl.appendChild(el("dt", { text: k })); dl.appendChild(el("dd", { "data-field": k.toLowerCase(), text: v })); });
+    card.appendChild(dl);
+  }
+
+  function cardFromRows() {
+    if (!watchId) return;
+    const row = rows.find(function (r) { return r.id === watchId; });
+    if (row) { lastCard = { request: row, charge: lastCard && lastCard.charge, found: true }; renderCard(row, lastCard.charge, true); }
+  }
+
+  function addCharge(c) {
+    const table = document.querySelector("#charges tbody");
+    table.insertBefore(el("tr", { "data-id": c.request_id }, [
+      el("td", { text: c.request_id }), el("td", { text: c["class"] }), el("td", { text: c.prompt_tokens + "/" + c.completion_tokens }),
+      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: c.amount }), el("td", { text: Live.when(c.at) }),
+    ]), table.firstChild);
+    while (table.children.length > 20) table.removeChild(table.lastChild);
+    if (watchId && c.request_id === watchId) {
+      lastCard = { request: lastCard && lastCard.request, charge: c, found: true };
+      renderCard(lastCard.request, c, true);
+    }
+  }
+
+  function addEvent(listId, text) {
+    const list = document.getElementById(listId);
+    const muted = list.querySelector(".muted");
+    if (muted) muted.remove();
+    list.insertBefore(el("li", { text: text }), list.firstChild);
+    while (list.children.length > 20) list.removeChild(list.lastChild);
+  }
+
+  function setBudget(b) {
+    ["spent", "held", "remaining", "limit"].forEach(function (k) {
+      const node = document.getElementById("budget-" + k);
+      if (node && b[k] !== null && b[k] !== undefined) node.textContent = b[k];
+    });
+    drawBar(b);
+  }
+
+  function drawBar(b) {
+    const limit = parseFloat(b.limit);
+    const spent = document.getElementById("bar-spent"), held = document.getElementById("bar-held");
+    if (!spent || !(limit > 0)) return;
+    spent.style.width = Math.min(100, 100 * parseFloat(b.spent) / limit) + "%";
+    held.style.width = Math.min(100, 100 * parseFloat(b.held) / limit) + "%";
+  }
+
+  const socket = Live.connect(window.CONSOLE_WS, function (msg) {
+    if (msg.type === "update") {
+      if (msg.queue) { rows = msg.queue.rows; receivedAt = Date.now(); renderRows(); renderCounts(msg.queue); cardFromRows(); }
+      (msg.charges || []).forEach(addCharge);
+      (msg.downgrades || []).forEach(function (d) { addEvent("downgrades", d.request_id + ": " + d.from + " → " + d.to + " (rule " + d.rule + ")"); });
+      (msg.alerts || []).forEach(function (a) { addEvent("alerts", a.budget + " crossed " + a.threshold_pct + "%: spent " + a.spent + " of " + a.limit); });
+      if (msg.budget) setBudget(msg.budget);
+    } else if (msg.type === "card" && msg.id === watchId) {
+      lastCard = msg;
+      renderCard(msg.request, msg.charge, msg.found);
+    }
+  });
+
+  document.getElementById("watch-form").addEventListener("submit", function (event) {
+    event.preventDefault();
+    watchId = document.getElementById("watch-id").value.trim() || null;
+    lastCard = null;
+    card.hidden = !watchId;
+    socket.send({ type: "watch", id: watchId || "" });
+    cardFromRows();
+  });
+
+  setInterval(function () {
+    document.querySelectorAll("#queue-table tbody tr.queued").forEach(function (tr, i) {
+      const r = rows.find(function (x) { return x.id === tr.dataset.id; });
+      if (r) tr.querySelector(".waited").textContent = ms(waited(r));
+    });
+  }, 1000);
+
+  const b = document.getElementById("budget");
+  drawBar({ limit: document.getElementById("budget-limit").textContent, spent: document.getElementById("budget-spent").textContent,
+            held: document.getElementById("budget-held").textContent });
+})();

@@ -1,0 +1,29 @@
+"""Mounted at /console/ by config/urls.py."""
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from console import views, views_policy, views_staff
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(template_name="console/login.html", redirect_authenticated_user=True),
+         name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="/console/login/"), name="logout"),
+    path("queue/", views.queue_page, name="queue"),
+    path("keys/create/", views.key_create, name="key-create"),
+    path("keys/<str:prefix>/revoke/", views.key_revoke, name="key-revoke"),
+    path("api/queue/", views.api_queue, name="api-queue"),
+    path("api/request/<str:request_id>/", views.api_request, name="api-request"),
+    path("finance/", views_staff.finance_page, name="finance"),
+    path("ops/", views_staff.ops_page, name="ops"),
+    path("audit/", views_staff.audit_page, name="audit"),
+    path("policy/", views_policy.policy_page, name="policy"),
+    path("policy/class/<str:name>/", views_policy.class_edit, name="class-edit"),
+    path("policy/aging/", views_policy.aging_edit, name="aging-edit"),
+    path("policy/fairness/", views_policy.fairness_edit, name="fairness-edit"),
+    path("policy/tenant/<slug:slug>/", views_policy.tenant_edit, name="tenant-edit"),
+    path("policy/rules/", views_policy.rule_edit, name="rule-edit"),
+    path("policy/backend/<str:name>/", views_policy.backend_edit, name="backend-edit"),
+]

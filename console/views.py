@@ -1,0 +1,119 @@
+"""Console entry, the member's queue page, its API keys and its JSON reads.
+
+Pages are server-rendered; live parts are filled by WebSocket pushes (static/console/queue.js).
+The tenant is always the one ``console.access.queue_tenant`` gives for the logged-in user.
+"""
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from console import access, selectors, services
+from console.access import ADMIN, MEMBER, role_required
+from console.live.snapshot import request_card, tenant_queue
+
+QUEUE_ROLES = (MEMBER, ADMIN)
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect(access.home_path(request.user))
+
+
+def _tenant_or_403(request: HttpRequest):
+    tenant = access.queue_tenant(request.user, request.GET.get("tenant") or request.POST.get("tenant"))
+    if tenant is None:
+        raise PermissionDenied("Your account belongs to no tenant (admins: add ?tenant=SLUG).")
+    return tenant
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"console:{request.user.username}"
+
+
+@role_required(*QUEUE_ROLES)
+def queue_page(request: HttpRequest) -> HttpResponse:
+    tenant = _tenant_or_403(request)
+    context = {
+        "tenant": tenant, "budget": selectors.budget_of(tenant=tenant),
+        "charges": selectors.charges_recent(tenant=tenant), "downgrades": selectors.downgrades_recent(tenant=tenant),
+        "alerts": selectors.alerts_recent(tenant=tenant), "keys": selectors.keys_of(tenant=tenant),
+        "key_classes": services.key_classes(tenant), "ws_query": f"?tenant={tenant.slug}" if access.is_admin(request.user) else "",
+    }
+    return render(request, "console/queue.html", context)
+
+
+@never_cache
+@require_POST
+@role_required(*QUEUE_ROLES)
+def key_create(request: HttpRequest) -> HttpResponse:
+    tenant = _tenant_or_403(request)
+    try:
+        key, secret = services.tenant_key_create(tenant=tenant, default_class=request.POST.get("default_class", ""),
+                                                 label=request.POST.get("label", ""), actor=_actor(request))
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+        return redirect(_queue_url(request, tenant))
+    response = render(request, "console/key_created.html", {"key": key, "secret": secret, "tenant": tenant,
+                                                             "back": _queue_url(request, tenant)})
+    return response
+
+
+@require_POST
+@role_required(*QUEUE_ROLES)
+def key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
+    tenant = _tenant_or_403(request)
+    try:
+        services.tenant_key_revoke(tenant=tenant, prefix=prefix, actor=_actor(request))
+    except ValidationError:
+        raise Http404("No such key in your tenant.") from None
+    messages.success(request, f"Key {prefix}… revoked: it stops working within a second.")
+    return redirect(_queue_url(request, tenant))
+
+
+def _queue_url(request: HttpRequest, tenant) -> str:
+    return f"/console/queue/?tenant={tenant.slug}" if access.is_admin(request.user) else "/console/queue/"
+
+
+# --- JSON reads (async: the dispatcher is read on its own event loop) -------------------------
+
+async def _api_tenant(request: HttpRequest):
+    user = await request.auser()
+    if not user.is_authenticated:
+        return None, JsonResponse({"error": "log in first"}, status=401)
+    if access.role_of(user) not in QUEUE_ROLES:
+        return None, JsonResponse({"error": "your role has no queue"}, status=403)
+    tenant = await sync_to_async(access.queue_tenant)(user, request.GET.get("tenant"))
+    if tenant is None:
+        return None, JsonResponse({"error": "no tenant"}, status=404)
+    return tenant, None
+
+
+async def api_queue(request: HttpRequest) -> HttpResponse:
+    tenant, refused = await _api_tenant(request)
+    if refused:
+        return refused
+    from gateway.runtime import current
+
+    d = current()
+    queue = tenant_queue(d, tenant.slug, d.now_ms()) if d is not None else {"total": 0, "counts": {}, "rows": []}
+    return JsonResponse({"tenant": tenant.slug, **queue})
+
+
+async def api_request(request: HttpRequest, request_id: str) -> HttpResponse:
+    tenant, refused = await _api_tenant(request)
+    if refused:
+        return refused
+    from gateway.runtime import current
+
+    card = request_card(current(), tenant.slug, request_id)
+    charge = await sync_to_async(selectors.charge_of)(tenant=tenant, request_id=request_id)
+    if card is None and charge is None:
+        return JsonResponse({"error": f"no request {request_id[:128]!r} of yours"}, status=404)
+    return JsonResponse({"id": request_id, "request": card, "charge": charge})
