@@ -168,7 +168,8 @@ class Dispatcher:
                 if pk != self._audit_pk:
                     pk, config = await db_call(_load)()
                     self._audit_pk = pk
-                    self.apply_config(config)
+                    if config != self.config:  # an API key or a user changed: the queues stay as they are
+                        self.apply_config(config)
                 await self.downgrades.flush()
             except Exception:  # a failed poll must not stop the dispatcher
                 log.exception("configuration poll failed")
