@@ -1,6 +1,6 @@
 """Engine cost per enqueue+dispatch pair at a given number of waiting requests, beside heapq.
 
-    python -m bench.engine_speed [--sizes 10,1000,20000,100000] [--pairs 5000] [--json OUT]
+    python -m bench.engine_speed [--sizes 10,1000,20000,100000] [--pairs 5000] [--json OUT] [--profile]
 
 For each size N the engine holds N waiting requests (20 tenants, four classes, the field
 report's piecewise aging and weighted fair tokens; depth limits off so N can exceed the cap)
@@ -14,13 +14,19 @@ one ``heappush`` + one ``heappop``. Garbage collection is off while timing (as `
 calls (each is one decision), from the fastest round. Each size runs three rounds, engine and
 heapq alternating, and keeps the fastest of each. The machines are noisy: compare the ratio,
 not absolute µs.
+
+``--profile`` runs the same loop once per size under ``cProfile`` instead (timings are then
+meaningless) and prints the functions with the most own time: where to look, not how fast.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import heapq
+import io
 import json
+import pstats
 import random
 import time
 from dataclasses import replace
@@ -70,12 +76,14 @@ def _engine_at(waiting: int, work: Workload) -> tuple[Scheduler, list[str]]:
     return sched, running
 
 
-def measure_engine(waiting: int, pairs: int, seed: int = 1) -> dict:
+def measure_engine(waiting: int, pairs: int, seed: int = 1, profiler: cProfile.Profile | None = None) -> dict:
     work = Workload(seed)
     sched, running = _engine_at(waiting, work)
     submit_ns, dispatch_ns = [], []
     clock = time.perf_counter_ns
     gc.disable()
+    if profiler is not None:
+        profiler.enable()  # the measured loop only, not the set-up
     try:
         for step in range(pairs):
             now_ms = step + 1
@@ -91,6 +99,8 @@ def measure_engine(waiting: int, pairs: int, seed: int = 1) -> dict:
             submit_ns.append(t1 - t0)
             dispatch_ns.append(t3 - t2)
     finally:
+        if profiler is not None:
+            profiler.disable()
         gc.enable()
     decisions = sorted((ns / 1000 for ns in submit_ns + dispatch_ns))
     return {"pair_us": (sum(submit_ns) + sum(dispatch_ns)) / pairs / 1000,
@@ -132,6 +142,15 @@ def run(sizes: tuple[int, ...] = SIZES, pairs: int = 5_000, rounds: int = 3) -> 
     return rows
 
 
+def profile(waiting: int, pairs: int, top: int = 30) -> str:
+    """cProfile of :func:`measure_engine`'s loop at ``waiting``, sorted by own time."""
+    profiler = cProfile.Profile()
+    measure_engine(waiting, pairs, profiler=profiler)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return f"## {waiting:,} waiting, {pairs} pairs\n{out.getvalue()}"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| waiting | engine µs / pair | heapq µs / pair | ratio | decision p50 µs | decision p99 µs |",
              "|---:|---:|---:|---:|---:|---:|"]
@@ -146,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", dest="json_out")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of each size instead of timing")
     args = parser.parse_args(argv)
+    if args.profile:
+        for waiting in (int(s) for s in args.sizes.split(",")):
+            print(profile(waiting, args.pairs))
+        return 0
     rows = run(tuple(int(s) for s in args.sizes.split(",")), args.pairs, args.rounds)
     print(table(rows))
     if args.json_out:

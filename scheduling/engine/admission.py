@@ -71,6 +71,22 @@ class ServiceMean:
         return max(self.mean_ms if self.samples else float(prior_ms), 1.0)
 
 
+def rate_window(table: dict[str, RateWindow], key: str) -> RateWindow:
+    """``table[key]``, created empty on first use."""
+    window = table.get(key)
+    if window is None:
+        window = table[key] = RateWindow()
+    return window
+
+
+def service_mean(table: dict[str, ServiceMean], key: str) -> ServiceMean:
+    """``table[key]``, created without samples on first use."""
+    mean = table.get(key)
+    if mean is None:
+        mean = table[key] = ServiceMean()
+    return mean
+
+
 def floor_depth(free_slots: int, sla_ms: int, mean_service_ms: float) -> int:
     return int(max(free_slots, 0) * sla_ms // mean_service_ms)
 

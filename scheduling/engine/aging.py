@@ -28,15 +28,18 @@ _LINEAR, _QUADRATIC, _FLAT = 1, 2, 0
 class AgingCurve:
     """A compiled :class:`AgingPolicy`; ``boost`` costs a scan of at most a handful of segments."""
 
-    __slots__ = ("mode", "preempt_ratio", "_segments")
+    __slots__ = ("mode", "preempt_ratio", "_segments", "no_boost_below")
 
     def __init__(self, policy: AgingPolicy) -> None:
         self.mode = policy.mode
         self.preempt_ratio: float | None = None
         self._segments: tuple[tuple[float, float | None, int, float, float], ...] = ()
+        self.no_boost_below = math.inf  # wait ratios below this get no boost (most requests, most of the time)
         if policy.mode == "piecewise":
             self._compile(policy)
-        elif policy.mode not in ("linear", "none"):
+        elif policy.mode == "linear":
+            self.no_boost_below = 0.0
+        elif policy.mode != "none":
             raise ValueError(f"unknown aging mode {policy.mode!r}")
 
     def _compile(self, policy: AgingPolicy) -> None:
@@ -51,6 +54,7 @@ class AgingCurve:
             if shape != _FLAT and seg.hi is not None:
                 base += seg.k
         self._segments = tuple(compiled)
+        self.no_boost_below = min((lo for lo, _, shape, _, _ in compiled if shape != _FLAT), default=math.inf)
 
     @property
     def active(self) -> bool:
@@ -59,8 +63,10 @@ class AgingCurve:
 
     def boost(self, wait_ratio: float) -> float:
         """Boost in class levels for ``wait_ratio`` (ignores preempt: see :meth:`preempts`)."""
+        if wait_ratio < self.no_boost_below:
+            return 0.0
         if self.mode == "linear":
-            return wait_ratio if wait_ratio > 0.0 else 0.0
+            return wait_ratio
         value = 0.0
         for lo, hi, shape, k, base in self._segments:
             if wait_ratio < lo:
@@ -73,6 +79,22 @@ class AgingCurve:
             x = (wait_ratio - lo) / (hi - lo) if hi is not None else wait_ratio - lo
             return base + k * (x if shape == _LINEAR else x * x)
         return value
+
+    def no_boost_until_ms(self, enqueued_ms: int, sla_ms: int) -> float:
+        """First integer ms at which the wait ratio reaches :attr:`no_boost_below` (inf: never).
+
+        Before it :meth:`boost` is 0. Found from the float product, then corrected by evaluating
+        the ratio exactly as callers do, so it never disagrees with ``boost`` by a rounding.
+        """
+        threshold = self.no_boost_below
+        if threshold == math.inf:
+            return math.inf
+        at_ms = enqueued_ms + math.ceil(threshold * sla_ms)
+        while (at_ms - 1 - enqueued_ms) / sla_ms >= threshold:
+            at_ms -= 1
+        while (at_ms - enqueued_ms) / sla_ms < threshold:
+            at_ms += 1
+        return at_ms
 
     def preempts(self, wait_ratio: float) -> bool:
         return self.preempt_ratio is not None and wait_ratio >= self.preempt_ratio

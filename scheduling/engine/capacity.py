@@ -43,6 +43,7 @@ class Capacity:
         self.states: dict[str, BackendState] = {}
         self._primaries: dict[str, tuple[BackendState, ...]] = {}
         self._fallbacks: dict[str, tuple[BackendState, ...]] = {}
+        self._enabled: tuple[BackendState, ...] = ()
         self.total_slots = 0
         self.total_reserved = 0
         self.reconfigure(backends)
@@ -78,6 +79,7 @@ class Capacity:
                 self.total_reserved += state.reserved
         self._primaries = {m: tuple(v) for m, v in primaries.items()}
         self._fallbacks = {m: tuple(v) for m, v in fallbacks.items()}
+        self._enabled = tuple(state for state in self.states.values() if state.enabled)
 
     def serves(self, model: str, vip: bool) -> bool:
         """Whether any enabled backend could ever take a request for ``model``."""
@@ -91,8 +93,8 @@ class Capacity:
         return sum(max(0, s.slots - s.busy) for s in self._primaries.get(model, ()) if s.hold_until_ms <= now_ms)
 
     def any_free(self, now_ms: int) -> bool:
-        for state in self.states.values():
-            if state.enabled and state.busy < state.slots and state.hold_until_ms <= now_ms:
+        for state in self._enabled:
+            if state.busy < state.slots and state.hold_until_ms <= now_ms:
                 return True
         return False
 

@@ -17,6 +17,11 @@ from dataclasses import dataclass, field, fields
 WAIT_BUCKETS_MS = (100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 900000, 1800000, 3600000)
 
 
+def wait_bucket(waited_ms: int) -> int:
+    """Index of the :data:`WAIT_BUCKETS_MS` bucket holding ``waited_ms`` (binary search)."""
+    return bisect_left(WAIT_BUCKETS_MS, waited_ms)
+
+
 @dataclass(slots=True)
 class Tally:
     enqueued: int = 0
@@ -33,12 +38,23 @@ class Tally:
     wait_hist: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS_MS) + 1))
 
     def record_wait(self, waited_ms: int) -> None:
-        self.wait_hist[bisect_left(WAIT_BUCKETS_MS, waited_ms)] += 1
+        self.wait_hist[wait_bucket(waited_ms)] += 1
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["wait_hist"] = list(self.wait_hist)
         return out
+
+
+class TenantInClass:
+    """A tenant's bookkeeping within one class: the two tallies its events count into (the
+    class's and the tenant's) and how many of its requests wait in the class (for admission)."""
+
+    __slots__ = ("tallies", "waiting")
+
+    def __init__(self, cls_tally: Tally, tenant_tally: Tally) -> None:
+        self.tallies = (cls_tally, tenant_tally)
+        self.waiting = 0
 
 
 class Counters:

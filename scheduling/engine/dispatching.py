@@ -38,33 +38,37 @@ order, level 0, no boost (the ``fifo`` preset).
 """
 from __future__ import annotations
 
+import math
 from heapq import heappop, heappush
 
+from .counters import TenantInClass, wait_bucket
 from .fairness import Lane
 from .outcomes import Grant
 from .store import RUNNING, WAITING, Ticket
 
 _NO_RANK = (float("inf"),)
+_NOTHING_BLOCKED: frozenset = frozenset()
 
 
 class DispatchMixin:
-    """Needs the attributes that :class:`Scheduler` sets up (lanes, heaps, capacity, ...)."""
+    """Needs the attributes that :class:`Scheduler` sets up (lanes, heaps, capacity, plans, ...)."""
 
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
         capacity = self._capacity
         if not self._waiting or not capacity.any_free(now_ms):
             return grants
-        if self._aging.preempt_ratio is not None:
+        if self._aging.preempt_ratio is not None and self._promote_due_ms <= now_ms:
             self._promote(now_ms)
-        blocked_models: set[str] = set()
-        blocked_lanes: set[tuple[str, str]] = set()
+        # Lanes and models that cannot be placed this round; sets only once something blocks.
+        blocked_models: set[str] | frozenset = _NOTHING_BLOCKED
+        blocked_lanes: set[Lane] | frozenset = _NOTHING_BLOCKED
         while True:
             ticket = self._preempt_top(blocked_models) if self._promoted else None
             if ticket is not None:
                 pick = ticket.lane.peek() or ticket  # the class is owed the slot; fairness picks who
                 if not self._try_grant(pick, now_ms, True, False, grants):
-                    blocked_models.add(ticket.model)
+                    blocked_models = blocked_models | {ticket.model}
                 continue
             lane, boosted = self._best_lane(now_ms, blocked_lanes)
             if lane is None:
@@ -73,14 +77,20 @@ class DispatchMixin:
             if ticket is None or not self._try_grant(ticket, now_ms, ticket.promoted, boosted, grants):
                 vip = lane.vip_pick() if ticket is not None and not ticket.vip else None
                 if vip is None or not self._try_grant(vip, now_ms, vip.promoted, boosted, grants):
-                    blocked_lanes.add(lane.key)
+                    blocked_lanes = blocked_lanes | {lane}
                 continue
             if not self._waiting or not capacity.any_free(now_ms):
                 break
         return grants
 
     def _promote(self, now_ms: int) -> None:
-        """Move every request at or past the preempt bound into its model's preempt heap."""
+        """Move every request at or past the preempt bound into its model's preempt heap.
+
+        Also sets ``_promote_due_ms`` to the earliest preempt time still ahead (the smallest live
+        age-heap top); ``_enqueue`` lowers it. Until then no request can reach preempt, so
+        dispatch skips this scan of every lane.
+        """
+        due_ms = float("inf")
         for lane in self._lane_list:
             age = lane.age
             while age:
@@ -89,6 +99,7 @@ class DispatchMixin:
                     heappop(age)
                     continue
                 if key_ms > now_ms:
+                    due_ms = min(due_ms, key_ms)
                     break
                 heappop(age)
                 ticket.promoted = True
@@ -96,14 +107,12 @@ class DispatchMixin:
                 ticket.tq.promoted += 1
                 self._promoted += 1
                 heappush(self._preempt_heap(ticket.model), self._preempt_key(ticket))
+        self._promote_due_ms = due_ms
 
     def _preempt_key(self, ticket: Ticket) -> tuple:
-        spec = self._class_spec(ticket.cls)
-        deadline = ticket.enqueued_ms + spec.sla_ms
-        client = ticket.request.deadline_ms
-        if client is not None and client < deadline:
-            deadline = client
-        return (deadline, spec.level, ticket.enqueued_ms, ticket.id, ticket)
+        plan = self._plans[ticket.cls]
+        deadline = plan.deadline_ms(ticket.enqueued_ms, ticket.request.deadline_ms)
+        return (deadline, plan.level, ticket.enqueued_ms, ticket.id, ticket)
 
     def _preempt_heap(self, model: str) -> list:
         heap = self._preempt.get(model)
@@ -111,7 +120,7 @@ class DispatchMixin:
             heap = self._preempt[model] = []
         return heap
 
-    def _preempt_top(self, blocked_models: set[str]) -> Ticket | None:
+    def _preempt_top(self, blocked_models: set[str] | frozenset) -> Ticket | None:
         best = None
         for model, heap in self._preempt.items():
             if model in blocked_models:
@@ -135,34 +144,58 @@ class DispatchMixin:
             heappop(age)
         return None
 
-    def _tallies(self, cls: str, tenant: str) -> tuple:
+    def _book(self, cls: str, tenant: str) -> TenantInClass:
         key = (cls, tenant)
-        pair = self._tally_cache.get(key)
-        if pair is None:
-            pair = self._tally_cache[key] = self.counters.pair(cls, tenant)
-        return pair
+        book = self._books.get(key)
+        if book is None:
+            book = self._books[key] = TenantInClass(*self.counters.pair(cls, tenant))
+        return book
 
     def _rank(self, lane: Lane, now_ms: int) -> tuple:
-        oldest = self._oldest(lane)
+        """``(level - boost, level, enqueued_ms, id)`` of the lane's oldest request not at preempt.
+
+        Cached on the lane: the rank changes only when the oldest request changes (a new age-heap
+        top, or the top leaving the lane) or, with aging, once its wait ratio earns a boost.
+        """
+        age = lane.age
+        if age:
+            top = age[0]
+            ticket = top[2]
+            valid_from_ms, valid_until_ms = lane.rank_valid_ms
+            if top is lane.rank_entry and valid_from_ms <= now_ms < valid_until_ms \
+                    and ticket.state == WAITING and ticket.lane is lane and not ticket.promoted:
+                return lane.rank
+        oldest = self._oldest(lane)  # drops entries of requests that left
         if oldest is None:
             return _NO_RANK
-        level = lane.level
-        if self._single_queue or not self._aging_on:
-            return (level, level, oldest.enqueued_ms, oldest.id)
-        ratio = (now_ms - oldest.enqueued_ms) / lane.sla_ms
-        return (level - self._aging.boost(ratio), level, oldest.enqueued_ms, oldest.id)
+        lane.rank, lane.rank_valid_ms = self._fresh_rank(lane, oldest, now_ms)
+        lane.rank_entry = age[0]
+        return lane.rank
 
-    def _best_lane(self, now_ms: int, blocked: set[tuple[str, str]]) -> tuple[Lane | None, bool]:
+    def _fresh_rank(self, lane: Lane, oldest: Ticket, now_ms: int) -> tuple[tuple, tuple[float, float]]:
+        """The rank of ``lane`` whose oldest request is ``oldest``, and the ms range it holds for."""
+        level = lane.level
+        if not self._lanes_age:
+            return (level, level, oldest.enqueued_ms, oldest.id), (-math.inf, math.inf)
+        aging = self._aging
+        ratio = (now_ms - oldest.enqueued_ms) / lane.sla_ms
+        if ratio < aging.no_boost_below:  # no boost yet, none before no_boost_until_ms (ratio rises with time)
+            valid_ms = (-math.inf, aging.no_boost_until_ms(oldest.enqueued_ms, lane.sla_ms))
+            return (level - 0.0, level, oldest.enqueued_ms, oldest.id), valid_ms
+        return (level - aging.boost(ratio), level, oldest.enqueued_ms, oldest.id), (now_ms, now_ms + 1)
+
+    def _best_lane(self, now_ms: int, blocked: set[Lane] | frozenset) -> tuple[Lane | None, bool]:
+        """The lane of smallest rank, and whether it won over a lower level thanks to aging."""
         best = None
         best_rank = _NO_RANK
-        min_level = None
+        min_level = None  # of the lanes that compete; the first one's, as ``_lane_list`` is sorted by level
         for lane in self._lane_list:
-            if lane.live <= lane.promoted or lane.key in blocked:
+            if lane.live <= lane.promoted or lane in blocked:
                 continue
             rank = self._rank(lane, now_ms)
             if rank is _NO_RANK:
                 continue
-            if min_level is None or lane.level < min_level:
+            if min_level is None:
                 min_level = lane.level
             if rank < best_rank:
                 best, best_rank = lane, rank
@@ -170,8 +203,9 @@ class DispatchMixin:
         return best, boosted
 
     def _try_grant(self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant]) -> bool:
-        privileged = ticket.vip or self._class_spec(ticket.cls).level <= self._top_level
-        backend = self._capacity.place(ticket.model, privileged, ticket.vip, ticket.est_tokens, now_ms)
+        plan = self._plans[ticket.cls]
+        capacity = self._capacity
+        backend = capacity.place(ticket.model, ticket.vip or plan.privileged, ticket.vip, ticket.est_tokens, now_ms)
         if backend is None:
             return False
         lane, tq = ticket.lane, ticket.tq
@@ -180,18 +214,24 @@ class DispatchMixin:
         ticket.state = RUNNING
         ticket.backend = backend.name
         ticket.dispatched_ms = now_ms
-        ticket.window_handle = self._capacity.occupy(backend, ticket.est_tokens, now_ms)
+        ticket.window_handle = capacity.occupy(backend, ticket.est_tokens, now_ms)
         self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
-        self._rate(self._cls_rate, ticket.cls).add(now_ms)
-        self._rate(self._model_rate, ticket.model).add(now_ms)
-        self._store.ticket_put(ticket)
+        plan.dispatch_rate.add(now_ms)
+        self._model_rate[ticket.model].add(now_ms)  # created with the model's first lane
+        if not self._store_holds_live_tickets:
+            self._store.ticket_put(ticket)
         waited_ms = now_ms - ticket.enqueued_ms
-        for tally in self._tallies(ticket.cls, ticket.tenant):
+        self._count_dispatch(ticket.book.tallies, waited_ms, preempt, boosted)
+        grants.append(Grant(ticket.request, backend.name, waited_ms, preempt, boosted and not preempt))
+        return True
+
+    @staticmethod
+    def _count_dispatch(tallies: tuple, waited_ms: int, preempt: bool, boosted: bool) -> None:
+        bucket = wait_bucket(waited_ms)
+        for tally in tallies:
             tally.dispatched += 1
-            tally.record_wait(waited_ms)
+            tally.wait_hist[bucket] += 1
             if preempt:
                 tally.preempted += 1
             elif boosted:
                 tally.boosted += 1
-        grants.append(Grant(ticket.request, backend.name, waited_ms, preempt, boosted and not preempt))
-        return True

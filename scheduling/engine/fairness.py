@@ -42,10 +42,12 @@ def tenant_weights(tenants: Iterable[TenantSpec], min_share: float) -> tuple[dic
 
 
 class TenantQueue:
-    __slots__ = ("key", "items", "head_no", "live", "dead", "promoted", "cost_sum", "counter", "version", "weight")
+    __slots__ = ("key", "store_key", "items", "head_no", "live", "dead", "promoted", "cost_sum", "counter", "version",
+                 "weight")
 
-    def __init__(self, key: str, counter: float, weight: float) -> None:
+    def __init__(self, key: str, store_key: tuple[str, str, str], counter: float, weight: float) -> None:
         self.key = key
+        self.store_key = store_key  # (lane class, model, tenant): where the store keeps its counter
         self.items: deque[Ticket] = deque()
         self.head_no = 0  # number of items[0]; a ticket's tq_no is its number
         self.live = 0
@@ -71,8 +73,8 @@ class TenantQueue:
 class Lane:
     """Waiting requests of one class (or of every class, for ``single_queue``) for one model."""
 
-    __slots__ = ("name", "model", "level", "mode", "fifo", "tenants", "heap", "live", "promoted", "vt",
-                 "age", "weights", "unknown_weight", "store", "key", "sla_ms")
+    __slots__ = ("name", "model", "level", "mode", "fifo", "by_tokens", "tenants", "heap", "live", "promoted", "vt",
+                 "age", "weights", "unknown_weight", "store", "key", "sla_ms", "rank", "rank_entry", "rank_valid_ms")
 
     def __init__(self, name: str, model: str, level: int, mode: FairnessMode, weights: dict[str, float],
                  unknown_weight: float, store: SchedulerStore) -> None:
@@ -83,12 +85,18 @@ class Lane:
         self.level = level
         self.mode = mode
         self.fifo = mode == FairnessMode.FIFO
+        self.by_tokens = mode == FairnessMode.WEIGHTED_FAIR_TOKENS  # charge tokens, not requests
         self.tenants: dict[str, TenantQueue] = {}
         self.heap: list[tuple[float, int, str, int]] = []
         self.live = 0
         self.promoted = 0  # live tickets already in the preempt stage
         self.vt = 0.0  # counter of the tenant served last (virtual time)
         self.age: list[tuple[int, str, Ticket]] = []  # (preempt-order key ms, id, ticket); kept by Scheduler
+        # The dispatcher's cached rank: computed for the age-heap entry ``rank_entry`` and valid
+        # for ``rank_valid_ms[0] <= now_ms < rank_valid_ms[1]`` while that entry is still the top.
+        self.rank: tuple | None = None
+        self.rank_entry: tuple | None = None
+        self.rank_valid_ms: tuple[float, float] = (0, 0)
         self.weights = weights
         self.unknown_weight = unknown_weight
         self.store = store
@@ -98,8 +106,9 @@ class Lane:
         tq = self.tenants.get(key)
         if tq is None:
             weight = 1.0 if self.fifo else self.weights.get(key, self.unknown_weight)
-            stored = self.store.fair_counter_get((self.name, self.model, key))
-            tq = self.tenants[key] = TenantQueue(key, stored if stored is not None else self.vt, weight)
+            store_key = (self.name, self.model, key)
+            stored = self.store.fair_counter_get(store_key)
+            tq = self.tenants[key] = TenantQueue(key, store_key, stored if stored is not None else self.vt, weight)
         return tq
 
     def push(self, ticket: Ticket, front: bool = False, lift: bool = True) -> None:
@@ -192,17 +201,17 @@ class Lane:
         """Charge ``tq`` for dispatching ``ticket`` (after :meth:`detach`); ``picked``: by fair pick."""
         if self.fifo:
             return
-        unit = (ticket.cost_tokens if self.mode == FairnessMode.WEIGHTED_FAIR_TOKENS else 1) / tq.weight
+        unit = (ticket.cost_tokens if self.by_tokens else 1) / tq.weight
         if picked:
             self.vt = tq.counter
         ticket.charge = unit
         ticket.charge_lane = self.key
-        ticket.charge_by_tokens = self.mode == FairnessMode.WEIGHTED_FAIR_TOKENS
+        ticket.charge_by_tokens = self.by_tokens
         self.adjust(tq, unit)
 
     def adjust(self, tq: TenantQueue, delta: float) -> None:
         tq.counter += delta
-        self.store.fair_counter_set((self.name, self.model, tq.key), tq.counter)
+        self.store.fair_counter_set(tq.store_key, tq.counter)
         if tq.live > 0:
             self._reheap(tq)
 

@@ -13,7 +13,8 @@ expiry deadline) and the new weights for future picks, and fair counters are kep
 removed from the configuration keeps its old spec (level, SLA) for requests it already
 holds, which are served and expired as before; it takes no new requests. A removed backend
 finishes its running requests; waiting requests of a model left without backends stay queued
-until they expire.
+until they expire. The per-class values every decision reads (:class:`ClassPlan`: preempt
+wait, deadline rule, privilege) are recomputed whenever the configuration is applied.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from typing import Iterable
 from . import admission as adm
 from .aging import AgingCurve
 from .capacity import Capacity
-from .counters import Counters
+from .class_plans import ClassPlan
+from .counters import Counters, TenantInClass
 from .dispatching import DispatchMixin
 from .fairness import Lane, tenant_weights
 from .model import ClassSpec, BackendSpec, FairnessMode, Request, SchedulerConfig, TenantSpec
@@ -37,7 +39,8 @@ class Scheduler(DispatchMixin):
                  store: SchedulerStore | None = None) -> None:
         self._store: SchedulerStore = store if store is not None else MemoryStore()
         self.counters = Counters()
-        self._tally_cache: dict[tuple[str, str], tuple] = {}
+        self._books: dict[tuple[str, str], TenantInClass] = {}  # by (class, tenant)
+        self._store_holds_live_tickets = getattr(self._store, "holds_live_tickets", False)
         self._capacity = Capacity(backends, self._store)
         self._tenant_specs: dict[str, TenantSpec] = {t.slug: t for t in tenants}
         self._retired: dict[str, ClassSpec] = {}
@@ -45,10 +48,10 @@ class Scheduler(DispatchMixin):
         self._lane_list: list[Lane] = []
         self._preempt: dict[str, list] = {}
         self._deadlines: list[tuple[int, str, Ticket]] = []
+        self._promote_due_ms: float = 0  # no waiting request reaches preempt before this (see _promote)
         self._waiting = 0
         self._promoted = 0
         self._depth_by_cls: dict[str, int] = {}
-        self._depth_by_tenant: dict[tuple[str, str], int] = {}
         self._running_by_cls: dict[str, int] = {}
         self._cls_rate: dict[str, adm.RateWindow] = {}
         self._model_rate: dict[str, adm.RateWindow] = {}
@@ -74,7 +77,14 @@ class Scheduler(DispatchMixin):
         self._aging = AgingCurve(config.aging)
         self._aging_on = self._aging.active
         self._single_queue = config.queue.single_queue
+        self._lanes_age = self._aging_on and not self._single_queue  # a lane's rank rises with its oldest wait
+        self._enforce_depth = config.queue.enforce_depth
+        self._plans = {name: self._make_plan(spec) for name, spec in (*self._classes.items(), *self._retired.items())}
         self._weights()
+
+    def _make_plan(self, spec: ClassSpec) -> ClassPlan:
+        return ClassPlan(spec, self._aging, expires=self._config.queue.enforce_deadline, top_level=self._top_level,
+                         dispatch_rate=adm.rate_window(self._cls_rate, spec.name))
 
     def _weights(self) -> None:
         fairness = self._config.fairness
@@ -105,10 +115,14 @@ class Scheduler(DispatchMixin):
         """Recreate lanes and heaps from the store's waiting tickets, in queue order."""
         old_vt = {key: lane.vt for key, lane in self._lanes.items()}
         self._lanes, self._lane_list, self._preempt, self._deadlines = {}, [], {}, []
+        self._promote_due_ms = float("inf")
         self._promoted = self._waiting = 0
-        self._depth_by_cls, self._depth_by_tenant, self._running_by_cls = {}, {}, {}
+        self._depth_by_cls, self._running_by_cls = {}, {}
+        for book in self._books.values():
+            book.waiting = 0
         tickets = sorted(self._store.tickets(), key=lambda t: t.qseq)
         for ticket in tickets:
+            ticket.book = self._book(ticket.cls, ticket.tenant)
             if ticket.state == RUNNING:
                 self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
             elif ticket.state == WAITING:
@@ -127,27 +141,26 @@ class Scheduler(DispatchMixin):
             lane = Lane(key[0], model, level, mode, self._tenant_weight, self._unknown_weight, self._store)
             lane.sla_ms = 0 if self._single_queue else self._class_spec(cls).sla_ms
             self._lanes[key] = lane
+            adm.rate_window(self._model_rate, model)  # dispatch counts into it without a lookup miss
             self._lane_list.append(lane)
             self._lane_list.sort(key=lambda ln: (ln.level, ln.name, ln.model))
         return lane
 
     def _enqueue(self, ticket: Ticket, front: bool, lift: bool = True) -> None:
-        spec = self._class_spec(ticket.cls)
+        plan = self._plans[ticket.cls]
         lane = self._lane_for(ticket.cls, ticket.model)
         lane.push(ticket, front, lift)
         enqueued = ticket.enqueued_ms
-        preempt_at = self._aging.preempt_at_ms(enqueued, spec.sla_ms)
-        heappush(lane.age, (preempt_at if preempt_at is not None else enqueued, ticket.id, ticket))
-        ticket.deadline_ms = self._expiry_deadline(ticket, spec)
-        if ticket.deadline_ms is not None:
+        # age heap key: when it reaches preempt, or (never preempting) when it was enqueued
+        age_key_ms = enqueued if plan.preempt_wait_ms is None else enqueued + plan.preempt_wait_ms
+        heappush(lane.age, (age_key_ms, ticket.id, ticket))
+        if age_key_ms < self._promote_due_ms:
+            self._promote_due_ms = age_key_ms
+        if plan.expires:
+            ticket.deadline_ms = plan.deadline_ms(enqueued, ticket.request.deadline_ms)
             heappush(self._deadlines, (ticket.deadline_ms, ticket.id, ticket))
-
-    def _expiry_deadline(self, ticket: Ticket, spec: ClassSpec) -> int | None:
-        if not self._config.queue.enforce_deadline:
-            return None
-        deadline = ticket.enqueued_ms + spec.sla_ms
-        client = ticket.request.deadline_ms
-        return client if client is not None and client < deadline else deadline
+        else:
+            ticket.deadline_ms = None
 
     # ----------------------------------------------------------------- admission
     def submit(self, request: Request, *, now_ms: int) -> Admission:
@@ -157,18 +170,20 @@ class Scheduler(DispatchMixin):
             raise ValueError(f"request {request.id!r} is already in the scheduler")
         tenant = self._tenant_specs.get(request.tenant)
         vip = request.vip or (tenant is not None and tenant.vip)
-        cls_tally, tenant_tally = self._tallies(request.cls, request.tenant)
+        book = self._book(request.cls, request.tenant)
+        cls_tally, tenant_tally = book.tallies
         if not self._capacity.serves(request.model, vip):
             cls_tally.rejected_no_backend += 1
             tenant_tally.rejected_no_backend += 1
             return NO_BACKEND
-        if self._config.queue.enforce_depth:
-            refusal = self._refusal(request, now_ms)
+        if self._enforce_depth:
+            refusal = self._refusal(request, book.waiting, now_ms)
             if refusal is not None:
                 cls_tally.rejected_queue_full += 1
                 tenant_tally.rejected_queue_full += 1
                 return refusal
         ticket = Ticket(request, self._next_seq, vip)
+        ticket.book = book
         self._next_seq += 1
         self._enqueue(ticket, front=False)
         self._count_queued(ticket, +1)
@@ -177,15 +192,15 @@ class Scheduler(DispatchMixin):
         tenant_tally.enqueued += 1
         return ADMITTED
 
-    def _refusal(self, request: Request, now_ms: int) -> Admission | None:
+    def _refusal(self, request: Request, own: int, now_ms: int) -> Admission | None:
+        """Refuse with ``queue_full`` unless depth admits it (``own``: the tenant's depth in the class)."""
         spec = self._classes[request.cls]
         limit = self.depth_limit(request.cls, now_ms=now_ms)
         depth = self._depth_by_cls.get(request.cls, 0)
-        own = self._depth_by_tenant.get((request.cls, request.tenant), 0)
         room = adm.tenant_room(self._tenant_weight.get(request.tenant, self._unknown_weight), limit)
         if adm.admits(depth, own, limit, room):
             return None
-        drain_per_ms = self._rate(self._cls_rate, request.cls).count(now_ms) / adm.WINDOW_MS
+        drain_per_ms = adm.rate_window(self._cls_rate, request.cls).count(now_ms) / adm.WINDOW_MS
         if drain_per_ms <= 0:
             drain_per_ms = self._free_slots_for(spec) / self._service(self._cls_service, request.cls)
         retry = adm.retry_after_ms(depth - limit + 1, drain_per_ms, spec.sla_ms)
@@ -199,7 +214,7 @@ class Scheduler(DispatchMixin):
         spec = self._class_spec(cls)
         mean_ms = self._service(self._cls_service, cls)
         floor = adm.floor_depth(self._free_slots_for(spec), spec.sla_ms, mean_ms)
-        dispatched = self._rate(self._cls_rate, cls).count(now_ms)
+        dispatched = adm.rate_window(self._cls_rate, cls).count(now_ms)
         return adm.depth_limit(dispatched, spec.sla_ms, floor, self._config.queue.depth_cap)
 
     def _free_slots_for(self, spec: ClassSpec) -> int:
@@ -214,18 +229,10 @@ class Scheduler(DispatchMixin):
         mean = table.get(key)
         return mean.value(self._config.queue.service_ms_prior) if mean else float(self._config.queue.service_ms_prior)
 
-    @staticmethod
-    def _rate(table: dict[str, adm.RateWindow], key: str) -> adm.RateWindow:
-        window = table.get(key)
-        if window is None:
-            window = table[key] = adm.RateWindow()
-        return window
-
     def _count_queued(self, ticket: Ticket, delta: int) -> None:
         self._waiting += delta
         self._depth_by_cls[ticket.cls] = self._depth_by_cls.get(ticket.cls, 0) + delta
-        key = (ticket.cls, ticket.tenant)
-        self._depth_by_tenant[key] = self._depth_by_tenant.get(key, 0) + delta
+        ticket.book.waiting += delta
 
     def _unqueue(self, ticket: Ticket) -> None:
         """Take a waiting ticket out of every index (lazily where heaps hold it)."""
@@ -265,8 +272,8 @@ class Scheduler(DispatchMixin):
         self._finish_running(ticket, prompt_tokens + output_tokens - ticket.est_tokens,
                              self._token_correction(ticket, actual_cost))
         service_ms = now_ms - ticket.dispatched_ms
-        for table, key in ((self._cls_service, ticket.cls), (self._model_service, ticket.model)):
-            table.setdefault(key, adm.ServiceMean()).add(service_ms)
+        adm.service_mean(self._cls_service, ticket.cls).add(service_ms)
+        adm.service_mean(self._model_service, ticket.model).add(service_ms)
         self._terminate(ticket, "completed")
 
     def fail(self, request_id: str, *, now_ms: int, reason: str = "upstream_error") -> None:
@@ -289,8 +296,9 @@ class Scheduler(DispatchMixin):
         ticket.qseq = self._next_front
         self._enqueue(ticket, front=True)
         self._count_queued(ticket, +1)
-        self._store.ticket_put(ticket)
-        for tally in self._tallies(ticket.cls, ticket.tenant):
+        if not self._store_holds_live_tickets:
+            self._store.ticket_put(ticket)
+        for tally in ticket.book.tallies:
             tally.requeued += 1
 
     def cancel(self, request_id: str, *, now_ms: int) -> bool:
@@ -318,7 +326,7 @@ class Scheduler(DispatchMixin):
     def _terminate(self, ticket: Ticket, outcome: str) -> None:
         ticket.state = DONE
         self._store.ticket_pop(ticket.id)
-        for tally in self._tallies(ticket.cls, ticket.tenant):
+        for tally in ticket.book.tallies:
             setattr(tally, outcome, getattr(tally, outcome) + 1)
         if ticket.cls in self._retired and not self._depth_by_cls.get(ticket.cls) \
                 and not self._running_by_cls.get(ticket.cls):
@@ -342,7 +350,7 @@ class Scheduler(DispatchMixin):
                                       boosted)
         capacity = self._capacity
         slots = capacity.model_slots(ticket.model)
-        rate = self._rate(self._model_rate, ticket.model).count(now_ms) / adm.WINDOW_MS
+        rate = adm.rate_window(self._model_rate, ticket.model).count(now_ms) / adm.WINDOW_MS
         rate = max(rate, slots / self._service(self._model_service, ticket.model))
         return QueuePosition(ahead + 1, eta_ms(ahead, capacity.free_slots(ticket.model, now_ms), rate), exact)
 

@@ -12,6 +12,11 @@ shared is in the store:
 A Redis store maps these to a hash per ticket, one hash of counters and a sorted set per
 window (a Lua script per primitive, as dramatiq's rate limiters do). The engine assumes one
 dispatcher owns the indexes at a time; other processes read positions through it.
+
+Optional attribute ``holds_live_tickets`` (default False): True when the stored record of a
+ticket is the engine's own ``Ticket`` object (the in-memory twin), so a ticket that is already
+stored needs no ``ticket_put`` after it changes; the engine then skips those writes. A store
+that keeps copies is sent every change.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ class Ticket:
     __slots__ = (
         "request", "id", "tenant", "cls", "model", "enqueued_ms", "qseq", "state", "cost_tokens",
         "est_tokens", "deadline_ms", "backend", "dispatched_ms", "charge", "charge_lane", "charge_by_tokens", "window_handle",
-        "promoted", "vip", "tq", "tq_no", "lane",
+        "promoted", "vip", "tq", "tq_no", "lane", "book",
     )
 
     def __init__(self, request: Request, qseq: int, vip: bool) -> None:
@@ -56,6 +61,7 @@ class Ticket:
         self.tq = None  # TenantQueue holding it while waiting (index, not persisted)
         self.tq_no = 0  # its number in that queue (index)
         self.lane = None  # Lane holding it while waiting (index, not persisted)
+        self.book = None  # TenantInClass of its class and tenant (index, not persisted)
 
     def as_record(self) -> dict[str, object]:
         r = self.request
@@ -93,6 +99,8 @@ class _Window:
 
 class MemoryStore:
     """Dicts and deques; ticket records are the live objects (no copy on put)."""
+
+    holds_live_tickets = True  # see the module docstring
 
     def __init__(self) -> None:
         self._tickets: dict[str, Ticket] = {}
