@@ -2,6 +2,11 @@
 
 Amounts keep 6 decimal places (ROUND_HALF_UP); the unrounded base cost is multiplied before the
 charge is rounded, so a charge never carries two roundings.
+
+Prices and backends are read through billing.cache. A class's whole version history is cached
+and the version is picked by the admission time `at`, so a change scheduled for later applies
+from its effective time; a change that takes effect now is seen at once in this process and is
+re-checked by the hold's own UPDATE for the others (`newer_price_sql`).
 """
 from __future__ import annotations
 
@@ -9,8 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from django.db import connection
+
 from scheduling.models import Backend, PriceVersion
 
+from billing.cache import TtlCache
 from billing.errors import UnknownBackend, UnknownClass, UnknownModel
 from billing.money import money
 
@@ -27,37 +35,93 @@ class UnitPrices:
         return (self.input_per_1k * prompt_tokens + self.output_per_1k * completion_tokens) / THOUSAND
 
 
+@dataclass(frozen=True)
+class PriceInForce:
+    """One price version of a class (PriceVersion's fields that billing needs)."""
+
+    pk: int
+    class_id: int
+    price_factor: Decimal
+    effective_at: datetime
+
+
+@dataclass(frozen=True)
+class BackendPrices:
+    name: str
+    enabled: bool
+    model_names: tuple[str, ...]
+    prices: UnitPrices
+
+
+_versions: TtlCache[tuple[PriceInForce, ...]] = TtlCache()
+_backends: TtlCache[dict[str, BackendPrices]] = TtlCache()
+
+
 def charge_of(*, base_cost: Decimal, factor: Decimal) -> Decimal:
     return money(base_cost * factor)
 
 
-def price_version_at(*, class_name: str, at: datetime) -> PriceVersion:
-    version = (
-        PriceVersion.objects.filter(priority_class__name=class_name, effective_at__lte=at)
+def _load_versions(class_name: str) -> tuple[PriceInForce, ...]:
+    rows = (
+        PriceVersion.objects.filter(priority_class__name=class_name)
         .order_by("-effective_at", "-pk")
-        .only("pk", "price_factor", "effective_at")
-        .first()
+        .values_list("pk", "priority_class_id", "price_factor", "effective_at")
     )
-    if version is None:
-        raise UnknownClass(f"class {class_name!r} has no price in force at {at.isoformat()}")
-    return version
+    return tuple(PriceInForce(*row) for row in rows)
 
 
-def backend_prices(*, backend_name: str) -> UnitPrices:
-    row = Backend.objects.filter(name=backend_name).values("input_price_per_1k", "output_price_per_1k").first()
-    if row is None:
-        raise UnknownBackend(f"no backend named {backend_name!r}")
-    return UnitPrices(row["input_price_per_1k"], row["output_price_per_1k"])
+def price_version_at(*, class_name: str, at: datetime, refresh: bool = False) -> PriceInForce:
+    """The version in force at `at`: the latest effective at or before it (ties: the newest row)."""
+    versions = _versions.get(class_name, lambda: _load_versions(class_name), refresh=refresh)
+    for version in versions:  # newest first
+        if version.effective_at <= at:
+            return version
+    if not refresh:  # perhaps created since the cache was filled
+        return price_version_at(class_name=class_name, at=at, refresh=True)
+    raise UnknownClass(f"class {class_name!r} has no price in force at {at.isoformat()}")
 
 
-def upper_bound_base_cost(*, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
+def newer_price_sql(version: PriceInForce, *, at: datetime) -> tuple[str, dict]:
+    """SQL condition (and its params): some version other than `version` is in force at `at`."""
+    adapt = connection.ops.adapt_datetimefield_value
+    sql = f"""EXISTS (SELECT 1 FROM {PriceVersion._meta.db_table}
+         WHERE priority_class_id = %(price_class_id)s AND effective_at <= %(price_at)s
+           AND (effective_at > %(price_since)s OR (effective_at = %(price_since)s AND id > %(price_id)s)))"""
+    return sql, {"price_class_id": version.class_id, "price_at": adapt(at), "price_since": adapt(version.effective_at),
+                 "price_id": version.pk}
+
+
+def _load_backends() -> dict[str, BackendPrices]:
+    rows = Backend.objects.values_list("name", "enabled", "model_names", "input_price_per_1k", "output_price_per_1k")
+    return {
+        name: BackendPrices(name, enabled, tuple(models or ()), UnitPrices(inp, out))
+        for name, enabled, models, inp, out in rows
+    }
+
+
+def _all_backends(refresh: bool) -> dict[str, BackendPrices]:
+    return _backends.get("all", _load_backends, refresh=refresh)
+
+
+def backend_prices(*, backend_name: str, refresh: bool = False) -> UnitPrices:
+    found = _all_backends(refresh).get(backend_name)
+    if found is not None:
+        return found.prices
+    if not refresh:
+        return backend_prices(backend_name=backend_name, refresh=True)
+    raise UnknownBackend(f"no backend named {backend_name!r}")
+
+
+def upper_bound_base_cost(*, model: str, prompt_tokens: int, completion_tokens: int, refresh: bool = False) -> Decimal:
     """The base cost on the most expensive enabled backend serving `model` (dispatch picks one later)."""
-    rows = Backend.objects.filter(enabled=True).values_list("model_names", "input_price_per_1k", "output_price_per_1k")
     costs = [
-        UnitPrices(inp, out).base_cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        for names, inp, out in rows
-        if model in (names or [])
+        b.prices.base_cost(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        for b in _all_backends(refresh).values()
+        if b.enabled and model in b.model_names
     ]
-    if not costs:
-        raise UnknownModel(f"no enabled backend serves model {model!r}")
-    return max(costs)
+    if costs:
+        return max(costs)
+    if not refresh:
+        return upper_bound_base_cost(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                     refresh=True)
+    raise UnknownModel(f"no enabled backend serves model {model!r}")

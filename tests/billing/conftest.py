@@ -69,3 +69,12 @@ def finance(world) -> APIClient:
 @pytest.fixture
 def admin_user(world) -> APIClient:
     return _persona("ada", tenant=world["beta"], role=User.Role.ADMIN)
+
+
+@pytest.fixture(autouse=True)
+def fresh_billing_caches():
+    """Each test starts with empty in-process billing caches (the database was rolled back)."""
+    from billing.cache import caches_invalidate
+
+    caches_invalidate()
+    yield

@@ -94,7 +94,10 @@ def test_concurrent_retries_of_one_hold_hold_once(world):
     assert year_budget("alpha").held == D("3.2")
 
 
-def test_release_racing_settlement_ends_in_exactly_one_outcome(world):
+@pytest.mark.parametrize("monthly_cap", [None, D("500")], ids=["one-statement", "year-and-month-rows"])
+def test_release_racing_settlement_ends_in_exactly_one_outcome(world, monthly_cap):
+    if monthly_cap is not None:  # two budget rows: the write runs as separate statements in a transaction
+        TenantBilling.objects.create(tenant=world["alpha"], monthly_cap=monthly_cap)
     for n in range(20):
         hold(f"race{n}")
     results = run_concurrently(40, lambda i: settle(f"race{i // 2}") if i % 2 else
@@ -104,4 +107,19 @@ def test_release_racing_settlement_ends_in_exactly_one_outcome(world):
     budget = year_budget("alpha")
     assert budget.held == 0 and budget.spent == D("1.12") * charged
     assert LedgerEntry.objects.filter(kind="release").count() == 20
+    for row in Budget.objects.filter(tenant__slug="alpha"):
+        assert (row.held, row.spent) == (0, budget.spent)
+    assert ledger_mismatches() == []
+
+
+def test_concurrent_retries_of_settlement_and_release_of_many_requests_charge_each_once(world):
+    TenantBilling.objects.create(tenant=world["alpha"], monthly_cap=D("500"))
+    for n in range(10):
+        hold(f"s{n}")
+    results = run_concurrently(60, lambda i: settle(f"s{i % 10}") if i % 3 else
+                               hold_release(request_id=f"s{i % 10}", reason="cancelled"))
+    assert not [r for r in results if isinstance(r, Exception)]
+    assert LedgerEntry.objects.filter(kind="charge").count() <= 10
+    assert LedgerEntry.objects.filter(kind="release").count() == 10
+    assert all(row.held == 0 for row in Budget.objects.filter(tenant__slug="alpha"))
     assert ledger_mismatches() == []

@@ -57,6 +57,16 @@ def test_hold_is_idempotent_per_request_id(world):
     assert LedgerEntry.objects.filter(request_id="r1").count() == 1
 
 
+def test_a_hold_repeated_at_the_budget_edge_returns_the_first(world):
+    world["alpha"].annual_budget = D("3.2")
+    world["alpha"].save()
+    first = hold("r1")  # takes the whole budget
+    assert hold("r1") == first  # the repeat does not fit any more, yet is no refusal
+    assert year_budget("alpha").held == D("3.2")
+    with pytest.raises(BudgetExhausted):
+        hold("r2")
+
+
 def test_unlimited_tenant_still_records_holds(world):
     hold("g1", tenant="gamma", prompt=10**7)
     budget = year_budget("gamma")

@@ -1,0 +1,88 @@
+"""In-process caches of what billing's hot path reads but rarely changes (prices, backends, budget ids).
+
+Each entry lives at most `CACHE_TTL_S` (other processes' changes show up within that time) and
+is dropped at once when this process saves or deletes a row it was built from: the model signals
+below bump a generation counter, and an entry loaded under an older generation is never served
+(also when its load raced with the change). Callers that find a cached value contradicted by the
+database ask again with `refresh=True`.
+
+What must be exact is not trusted to these caches: budget limits and balances are read by the
+hold's conditional UPDATE itself (billing.budgets), which also re-checks that the price version
+picked from the cache is still the one in force (billing.pricing.newer_price_sql).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Generic, Hashable, TypeVar
+
+CACHE_TTL_S = 1.0
+T = TypeVar("T")
+_generation = 0
+_generation_lock = threading.Lock()
+_on_invalidate: list[Callable[[], None]] = []
+
+
+def caches_invalidate() -> None:
+    """Drop every cached entry in this process."""
+    global _generation
+    with _generation_lock:
+        _generation += 1
+    for hook in _on_invalidate:
+        hook()
+
+
+def _on_config_saved(**_signal_kwargs) -> None:
+    """Invalidate now, and again when the change commits (a load in between read the old rows)."""
+    from django.db import transaction
+
+    caches_invalidate()
+    transaction.on_commit(caches_invalidate)  # runs at once outside a transaction
+
+
+def on_invalidate(hook: Callable[[], None]) -> None:
+    """Also run `hook` whenever the caches are invalidated (e.g. to clear a memo)."""
+    _on_invalidate.append(hook)
+
+
+@dataclass(frozen=True)
+class _Entry(Generic[T]):
+    value: T
+    generation: int
+    loaded_at_s: float
+
+
+class TtlCache(Generic[T]):
+    """key -> value loaded on demand; thread-safe enough for CPython (a race only loads twice)."""
+
+    def __init__(self, ttl_s: float = CACHE_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[Hashable, _Entry[T]] = {}
+        on_invalidate(self.clear)  # the generation alone would do; this frees the memory
+
+    def get(self, key: Hashable, load: Callable[[], T], *, refresh: bool = False) -> T:
+        now_s = time.monotonic()
+        entry = None if refresh else self._entries.get(key)
+        if entry is not None and entry.generation == _generation and now_s - entry.loaded_at_s < self.ttl_s:
+            return entry.value
+        generation = _generation  # read before loading: a change during the load makes this entry stale
+        value = load()
+        self._entries[key] = _Entry(value, generation, now_s)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def connect_invalidation() -> None:
+    """Invalidate on every save/delete of the rows the caches are built from (BillingConfig.ready)."""
+    from django.db.models.signals import post_delete, post_save
+
+    from billing.models import TenantBilling
+    from gateway.models import Tenant
+    from scheduling.models import Backend, PriceVersion, PriorityClass
+
+    for model in (Tenant, TenantBilling, PriorityClass, PriceVersion, Backend):
+        for signal in (post_save, post_delete):
+            signal.connect(_on_config_saved, sender=model, dispatch_uid=f"billing-cache-{model.__name__}-{id(signal)}")

@@ -1,0 +1,74 @@
+"""The holds of this process's requests in flight, so that settling or releasing one needs no read.
+
+A hold ledger entry never changes once committed (the ledger is append-only), so a copy of it is
+exact for as long as it is kept: `budget_hold` remembers its entry after commit, settlement and
+release forget it, and a miss (another process held it, the memo was full, a retry after the
+request ended) reads the entry from the ledger. Bounded: the oldest entries go first.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from decimal import Decimal
+
+from billing.cache import on_invalidate
+from billing.models import LedgerEntry
+
+MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class HeldEntry:
+    """The fields of a hold entry that its release and charge entries copy."""
+
+    request_id: str
+    tenant_id: int
+    budget_id: int
+    month_budget_id: int | None
+    class_name: str
+    price_version_id: int | None
+    model: str
+    factor: Decimal
+    amount: Decimal
+
+    @property
+    def budget_ids(self) -> list[int]:
+        return [i for i in (self.budget_id, self.month_budget_id) if i is not None]
+
+
+FIELDS = tuple(HeldEntry.__dataclass_fields__)
+_memo: OrderedDict[str, HeldEntry] = OrderedDict()
+_lock = threading.Lock()
+
+
+def held_remember(entry: HeldEntry) -> None:
+    with _lock:
+        _memo[entry.request_id] = entry
+        while len(_memo) > MAX_ENTRIES:
+            _memo.popitem(last=False)
+
+
+def held_forget(request_id: str) -> None:
+    with _lock:
+        _memo.pop(request_id, None)
+
+
+def held_clear() -> None:
+    with _lock:
+        _memo.clear()
+
+
+def held_get(request_id: str) -> HeldEntry | None:
+    """The request's hold, from the memo or else from the ledger; None if it was never held."""
+    with _lock:
+        found = _memo.get(request_id)
+    if found is not None:
+        return found
+    row = LedgerEntry.objects.filter(request_id=request_id, kind=LedgerEntry.Kind.HOLD).values(*FIELDS).first()
+    return None if row is None else HeldEntry(**row)
+
+
+# Dropped with the configuration caches: only a test database that was flushed can make a
+# committed hold disappear, and every test builds its world through the signals that land here.
+on_invalidate(held_clear)
