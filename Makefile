@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test venv migrate lint-imports bench clean assets
+.PHONY: demo test venv migrate lint-imports bench clean assets surge
 
 venv: $(STAMP) assets
 
@@ -42,6 +42,12 @@ lint-imports: venv
 
 test: venv assets lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The field report's surge replayed live against a `fifo` gateway and a Fairgate one, side by side
+# (scaled: half the event, 60x time compression; about 5 minutes). Writes bench/REPORT-gateway.md.
+SURGE_BATCH_COUNT ?= 6200
+surge: venv
+	$(PY) -m bench.surge_compare --batch-count $(SURGE_BATCH_COUNT) --write-report
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3* .pytest_cache

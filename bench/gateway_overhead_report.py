@@ -1,0 +1,102 @@
+"""The gateway overhead benchmark's results as the markdown section of bench/REPORT-gateway.md."""
+from __future__ import annotations
+
+import os
+from statistics import mean
+
+from bench.gateway_overhead import (BACKEND_LATENCY_MS, GENERATOR_LAG_LIMIT_MS, SATURATION_CONNECTIONS, STEP_RATES,
+                                    SUSTAIN_ADDED_P99_MS, Phase, added, sustained)
+
+P50_TARGET_MS, P99_TARGET_MS, SUSTAINED_TARGET = 2.0, 10.0, 500
+BILLING_RATIO_TARGET = 0.80
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} ms"
+
+
+def _mark(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _cpu(phase: Phase) -> str:
+    value = phase.gateway_cpu_ms_per_request
+    return "–" if value is None else f"{value:.2f} ms"
+
+
+def _failed(phase: Phase) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(phase.failures.items())) or "0"
+
+
+def _load(found: dict) -> str:
+    before, after = found.get("load_avg", (None, None))
+    if before is None:
+        return ""
+    return (f" (1-minute load average {before:.1f} before the run, {after:.1f} after: other work on the machine "
+            "skews the tails)")
+
+
+def latency_table(rows: list[tuple[Phase, Phase, Phase]]) -> list[str]:
+    lines = ["| rate | generator sent | direct p50 / p99 | gateway | gateway p50 / p99 | added p50 | added p99 | "
+             "gateway CPU per request | failed | target (at 100/s: p50 <= 2 ms, p99 <= 10 ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for direct, *gateways in rows:
+        for gateway in gateways:
+            extra50, extra99 = added(gateway, direct, "p50_ms"), added(gateway, direct, "p99_ms")
+            verdict = ""
+            if direct.rate_per_s == 100:
+                ok = (extra50 is not None and extra50 <= P50_TARGET_MS and extra99 is not None
+                      and extra99 <= P99_TARGET_MS and gateway.ok_share >= 0.999)
+                verdict = _mark(ok)
+            lines.append(f"| {direct.rate_per_s:.0f}/s | {gateway.sent_per_s:.0f}/s | {_ms(direct.p50_ms)} / "
+                         f"{_ms(direct.p99_ms)} | {gateway.target} | {_ms(gateway.p50_ms)} / {_ms(gateway.p99_ms)} | "
+                         f"{_ms(extra50)} | {_ms(extra99)} | {_cpu(gateway)} | {_failed(gateway)} | {verdict} |")
+    return lines
+
+
+def step_table(name: str, steps: list[tuple[Phase, Phase]]) -> tuple[list[str], int | None]:
+    lines = [f"| {name}: rate | generator sent | generator lag p99 | direct p99 | gateway p99 | added p99 | answered | "
+             "gateway CPU per request | sustained |", "|---|---|---|---|---|---|---|---|---|"]
+    best = None
+    for direct, gateway in steps:
+        ok = sustained(gateway, direct)
+        if ok:
+            best = int(gateway.rate_per_s)
+        lines.append(f"| {gateway.rate_per_s:.0f}/s | {gateway.sent_per_s:.0f}/s | {_ms(gateway.lag_p99_ms)} | "
+                     f"{_ms(direct.p99_ms)} | "
+                     f"{_ms(gateway.p99_ms)} | {_ms(added(gateway, direct, 'p99_ms'))} | {gateway.ok_share:.1%} | "
+                     f"{_cpu(gateway)} | {_mark(ok)} |")
+    return lines, best
+
+
+def render(found: dict) -> str:
+    parts = ["## Gateway overhead (`python -m bench.gateway_overhead`)", "",
+             f"One simulated backend answering after a fixed {BACKEND_LATENCY_MS} ms, one gateway process with "
+             "billing on and one with billing off (`FAIRGATE_BILLING=0`), each `manage.py serve` (uvicorn, "
+             "httptools, uvloop) on SQLite; the load generator is a third process (raw asyncio streams on "
+             f"uvloop). Small non-streaming chat requests, Poisson arrivals; {os.cpu_count()} CPU cores shared "
+             "by all three processes" + _load(found) + ". Added = gateway percentile - direct percentile at "
+             "the same rate.", "",
+             "### Added latency", ""]
+    parts += latency_table(found["latency"])
+    rates_stepped = found.get("rates", STEP_RATES)
+    parts += ["", f"### Highest sustained rate (added p99 < {SUSTAIN_ADDED_P99_MS:.0f} ms, >= 99.9% answered, "
+              f"generator's send lag p99 < {GENERATOR_LAG_LIMIT_MS:.0f} ms; steps "
+              f"{', '.join(map(str, rates_stepped))} requests/s)", ""]
+    bests = {}
+    for name, steps in found["steps"].items():
+        lines, bests[name] = step_table(name, steps)
+        parts += lines + [""]
+    for name, best in bests.items():
+        shown = f"{best}/s" if best else f"below {rates_stepped[0]}/s"
+        parts.append(f"- {name}: sustains {shown} (target >= {SUSTAINED_TARGET}/s: "
+                     f"{_mark(bool(best) and best >= SUSTAINED_TARGET)})")
+    rates = found["saturation"]
+    on, off = mean(rates["billing on"]), mean(rates["billing off"])
+    ratio = on / off if off else 0.0
+    parts += ["", f"### Billing on vs off (closed loop, {SATURATION_CONNECTIONS} connections, alternated)", "",
+              "| billing on | billing off | ratio | target >= 80% |", "|---|---|---|---|",
+              f"| {on:.0f} requests/s ({', '.join(f'{r:.0f}' for r in rates['billing on'])}) | {off:.0f} requests/s "
+              f"({', '.join(f'{r:.0f}' for r in rates['billing off'])}) | {ratio:.0%} | "
+              f"{_mark(ratio >= BILLING_RATIO_TARGET)} |"]
+    return "\n".join(parts) + "\n"

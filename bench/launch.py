@@ -1,0 +1,138 @@
+"""Start the real stack for the live benchmarks: simulated backends and `manage.py serve`, each in
+a process of its own, so the load generator (the benchmark's process) never shares a core's
+event loop with what it measures.
+
+The gateway always runs on the embedded default (a SQLite file under a temp directory, the
+in-memory channel layer): DATABASE_URL and REDIS_URL of the caller are dropped. Nothing here
+imports Django; the database is set up through `manage.py shell` in the gateway's environment.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+READY_LIMIT_S = 60.0
+
+SETUP_CODE = """
+import json
+from django.core.management import call_command
+from gateway.services import apikey_create
+call_command("migrate", verbosity=0)
+call_command("scheduler_config", "load", {yaml!r}, actor="bench", stdout=open("/dev/null", "w"))
+keys = {{name: apikey_create(tenant_slug=t, default_class=c, actor="bench")[1] for name, (t, c) in {keys!r}.items()}}
+print("KEYS=" + json.dumps(keys))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """One server process we started (and only we stop)."""
+
+    name: str
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _wait_ready(server: Server, path: str) -> None:
+    deadline_s = time.monotonic() + READY_LIMIT_S
+    while True:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(f"{server.url}{path}", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline_s:
+            server.stop()
+            raise RuntimeError(f"{server.name} was not ready within {READY_LIMIT_S:.0f} s:\n{server.log()[-4000:]}")
+        time.sleep(0.1)
+
+
+def start_sim(var_dir: Path, name: str = "sim", **options: object) -> Server:
+    """``python -m gateway.simbackend`` with ``options`` (``slots=8`` -> ``--slots 8``)."""
+    var_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [sys.executable, "-m", "gateway.simbackend", "--port", str(port)]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    log_path = var_dir / f"{name}.log"
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+    server = Server(name, f"http://127.0.0.1:{port}", process, log_path)
+    _wait_ready(server, "/healthz")
+    return server
+
+
+def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, str]:
+    drop = {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "FAIRGATE_VAR_DIR": str(var_dir),
+        "FAIRGATE_CONFIG": str(yaml_path),
+        "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING",
+    })
+    env.update(settings)
+    return env
+
+
+def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], name: str = "gateway",
+                  **settings: str) -> Server:
+    """Migrate a fresh SQLite database, load ``yaml_text``, create ``keys`` (name -> (tenant, class)),
+    then ``manage.py serve``; returns once /readyz answers 200. ``settings`` are extra env vars."""
+    var_dir.mkdir(parents=True, exist_ok=True)
+    yaml_path = var_dir / "scheduler.yaml"
+    yaml_path.write_text(yaml_text)
+    env = gateway_env(var_dir, yaml_path, **settings)
+    code = SETUP_CODE.format(yaml=str(yaml_path), keys=keys)
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"gateway setup failed:\n{done.stdout}\n{done.stderr}")
+    made = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
+    port = free_port()
+    log_path = var_dir / f"{name}.log"
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT,
+                                   env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made)
+    _wait_ready(server, "/readyz")
+    return server

@@ -1,0 +1,158 @@
+"""From what the replay observed to the field report's timeline table and the headline figures.
+
+``interactive_p95`` of a row is the 95th percentile of chat time-to-first-token, in simulated
+seconds, over the chat requests *sent* in the step that ends at the row's time (5 simulated
+minutes). A user who gave up counts with their patience as a lower bound: a p95 that falls on
+such a value is shown as ``>N s``. Chat requests refused by the gateway (429/504, fast) are not
+latencies: they are counted in ``chat_refused``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.surge.plan import REPORT_TIMES, SurgePlan
+from gateway.surge.probe import GatewayView
+from gateway.surge.traffic import ERROR, GAVE_UP, OK, Ledger, Outcome
+
+COLUMNS = ("time", "in_queue", "interactive_p95", "batch_completed", "aging_preempt",
+           "chat_gave_up", "chat_refused", "batch_not_sent")
+
+
+@dataclass(frozen=True)
+class Sample:
+    sim_s: float  # since the replay started
+    clock: str
+    view: GatewayView | None
+    batch_completed: int
+    batch_failed: int
+    batch_not_sent: int
+
+
+@dataclass(frozen=True)
+class P95:
+    value_s: float | None
+    censored: bool = False
+    samples: int = 0
+
+    def text(self) -> str:
+        if self.value_s is None:
+            return "–"
+        return f"{'>' if self.censored else ''}{self.value_s:.2f}s"
+
+
+def p95_of(outcomes: list[Outcome]) -> P95:
+    """Nearest-rank p95 over answered and given-up chats (given-up ones as lower bounds)."""
+    values = sorted((o.ttft_sim_s, o.state == GAVE_UP) for o in outcomes
+                    if o.state in (OK, GAVE_UP) and o.ttft_sim_s is not None)
+    if not values:
+        return P95(None)
+    rank = max(0, min(len(values) - 1, -(-95 * len(values) // 100) - 1))
+    value, censored = values[rank]
+    return P95(value, censored, len(values))
+
+
+@dataclass
+class SurgeResult:
+    plan: SurgePlan
+    samples: list[Sample]
+    ledger: Ledger
+    drained_sim_s: float | None  # last batch answer, since 09:00 (None: not all answered)
+    ended_sim_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def chats_sent_in(self, start_sim_s: float, end_sim_s: float) -> list[Outcome]:
+        return [o for o in self.ledger.of("chat") if start_sim_s < o.sent_sim_s <= end_sim_s]
+
+    def row(self, sample: Sample) -> dict[str, str]:
+        chats = self.chats_sent_in(sample.sim_s - self.plan.step_sim_s, sample.sim_s)
+        view = sample.view
+        return {
+            "time": sample.clock,
+            "in_queue": "?" if view is None else f"{view.batch_waiting:,}",
+            "interactive_p95": p95_of(chats).text(),
+            "batch_completed": f"{sample.batch_completed:,}",
+            "aging_preempt": "?" if view is None else f"{view.aging_preempts:,}",
+            "chat_gave_up": str(sum(o.state == GAVE_UP for o in chats)),
+            "chat_refused": str(sum(o.state == ERROR for o in chats)),
+            "batch_not_sent": f"{sample.batch_not_sent:,}",
+        }
+
+    def rows(self, every_step: bool = False) -> list[dict[str, str]]:
+        wanted = set(REPORT_TIMES)
+        chosen = [s for s in self.samples if every_step or s.clock in wanted]
+        if self.samples and self.samples[-1] not in chosen:
+            chosen.append(self.samples[-1])
+        return [self.row(s) for s in chosen]
+
+    def surge_chats(self) -> list[Outcome]:
+        end = self.plan.warmup_sim_s + (self.drained_sim_s or self.ended_sim_s)
+        return self.chats_sent_in(self.plan.warmup_sim_s, end)
+
+    def headline(self) -> dict[str, str]:
+        plan = self.plan
+        windows = [p95_of(self.chats_sent_in(s.sim_s - plan.step_sim_s, s.sim_s)) for s in self.samples
+                   if s.sim_s > plan.warmup_sim_s]
+        windows = [w for w in windows if w.value_s is not None and w.samples >= 5]
+        peak = max(windows, key=lambda w: (w.value_s, w.censored), default=P95(None))
+        batch = self.ledger.of("batch")
+        chats = self.surge_chats()
+        near = [o for o in self.ledger.of("near_rt") if o.sent_sim_s > plan.warmup_sim_s]
+        return {
+            "interactive p95, peak 5-min window": peak.text(),
+            "interactive p95, whole surge": p95_of(chats).text(),
+            "chat users who gave up (surge)": _share(sum(o.state == GAVE_UP for o in chats), len(chats)),
+            "chat refused by the gateway (surge)": _share(sum(o.state == ERROR for o in chats), len(chats))
+            + _codes_suffix([o for o in chats if o.state == ERROR]),
+            "near-RT p95 (whole response)": p95_of([o for o in near if o.state == OK]).text(),
+            "batch completed": _share(sum(o.state == OK for o in batch), plan.batch_count),
+            "batch failed": _codes([o for o in batch if o.state == ERROR]),
+            "time to drain (from 09:00)": _duration(self.drained_sim_s),
+            "aging preempts": _last_preempts(self.samples),
+        }
+
+
+def _share(count: int, total: int) -> str:
+    return f"{count:,} of {total:,} ({100.0 * count / total:.1f}%)" if total else "0"
+
+
+def _codes(failed: list[Outcome]) -> str:
+    if not failed:
+        return "0"
+    by_code: dict[str, int] = {}
+    for outcome in failed:
+        by_code[outcome.code] = by_code.get(outcome.code, 0) + 1
+    return ", ".join(f"{code} {count:,}" for code, count in sorted(by_code.items()))
+
+
+def _codes_suffix(failed: list[Outcome]) -> str:
+    return f": {_codes(failed)}" if failed else ""
+
+
+def _duration(sim_s: float | None) -> str:
+    if sim_s is None:
+        return "not drained"
+    minutes = round(sim_s / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _last_preempts(samples: list[Sample]) -> str:
+    for sample in reversed(samples):
+        if sample.view is not None:
+            return f"{sample.view.aging_preempts:,}"
+    return "?"
+
+
+def markdown_table(rows: list[dict[str, str]], columns: tuple[str, ...] = COLUMNS) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row.get(c, "") for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def headline_table(results: dict[str, SurgeResult]) -> str:
+    """Headline figures side by side, one column per policy."""
+    names = list(results)
+    heads = {name: result.headline() for name, result in results.items()}
+    first = heads[names[0]]
+    lines = ["| figure | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += ["| " + label + " | " + " | ".join(heads[n][label] for n in names) + " |" for label in first]
+    return "\n".join(lines)

@@ -1,0 +1,190 @@
+"""The replay's clients: chat (streaming, with patience), near-RT and the batch submitter.
+
+Each request leaves one ``Outcome``: when it was sent (simulated seconds since the replay
+started), how it ended, and for chat the time to first token in simulated seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass, field
+
+from gateway.surge import rawhttp
+from gateway.surge.plan import BATCH, CHAT, NEAR_RT, Prompts, Shape, SurgePlan
+
+OK, GAVE_UP, ERROR = "ok", "gave_up", "error"
+
+
+@dataclass
+class Outcome:
+    kind: str  # chat | near_rt | batch
+    sent_sim_s: float
+    state: str = "pending"  # ok | gave_up | error | pending
+    code: str = ""  # error code or HTTP status of a failure
+    ttft_sim_s: float | None = None  # chat: first token; others: whole response
+    done_sim_s: float | None = None
+
+
+@dataclass
+class Ledger:
+    """Everything the clients observed, appended as it happens."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    batch_sent: int = 0  # batch requests handed to the gateway so far (connections opened)
+
+    def of(self, kind: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.kind == kind]
+
+
+class Clock:
+    """Simulated seconds since the replay started, from the loop's monotonic clock."""
+
+    def __init__(self, plan: SurgePlan) -> None:
+        self.plan = plan
+        self.loop = asyncio.get_running_loop()
+        self.start_real_s = self.loop.time()
+
+    def now_sim_s(self) -> float:
+        return self.plan.sim_s(self.loop.time() - self.start_real_s)
+
+    async def sleep_until_sim(self, sim_s: float) -> None:
+        delay = self.start_real_s + self.plan.real_s(sim_s) - self.loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+def _body(plan: SurgePlan, prompts: Prompts, shape: Shape, rng: random.Random, *, stream: bool) -> dict:
+    body = {
+        "model": plan.model,
+        "messages": [{"role": "user", "content": prompts.text(rng.randint(*shape.prompt_tokens))}],
+        "max_tokens": rng.randint(*shape.max_tokens),
+    }
+    if stream:
+        body["stream"] = True
+    return body
+
+
+class Traffic:
+    def __init__(self, plan: SurgePlan, base_url: str, clock: Clock, ledger: Ledger) -> None:
+        self.plan = plan
+        self.clock = clock
+        self.ledger = ledger
+        self.prompts = Prompts(plan.seed)
+        self.tasks: set[asyncio.Task] = set()
+        self.pool = rawhttp.Pool(base_url)
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.pool.close()
+
+    def _request(self, key: str, body: dict, cls: str) -> bytes:
+        headers = {"Authorization": f"Bearer {key}", "X-Priority-Class": cls}
+        return rawhttp.request_bytes(self.pool.host, self.pool.port, "/v1/chat/completions",
+                                     json.dumps(body).encode(), headers)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # --- open-loop arrivals of chat and near-RT ------------------------------------------
+
+    async def arrivals(self, kind: str, rate_per_real_s: float, keys: list[str], stop: asyncio.Event,
+                       seed: int) -> None:
+        rng = random.Random(seed)
+        due_sim_s = 0.0
+        while not stop.is_set():
+            due_sim_s += self.plan.sim_s(rng.expovariate(rate_per_real_s))
+            await self.clock.sleep_until_sim(due_sim_s)
+            if stop.is_set():
+                return
+            key = rng.choice(keys)
+            if kind == "chat":
+                patience_sim_s = rng.uniform(*self.plan.patience_sim_s)
+                body = _body(self.plan, self.prompts, CHAT, rng, stream=True)
+                self._spawn(self._chat(key, body, patience_sim_s))
+            else:
+                body = _body(self.plan, self.prompts, NEAR_RT, rng, stream=False)
+                self._spawn(self._plain("near_rt", key, body, "NEAR_RT"))
+
+    async def _chat(self, key: str, body: dict, patience_sim_s: float) -> None:
+        """Streaming chat; the user leaves (closes the connection) after ``patience_sim_s``."""
+        outcome = Outcome("chat", self.clock.now_sim_s())
+        self.ledger.outcomes.append(outcome)
+        payload = self._request(key, body, "INTERACTIVE")
+        conn, reusable = None, False
+        try:
+            async with asyncio.timeout(self.plan.real_s(patience_sim_s)):
+                conn = await self.pool.take()
+                conn[1].write(payload)
+                head = await rawhttp.read_head(conn[0])
+                if head.status != 200:
+                    content = await rawhttp.read_body(conn[0], head)
+                    outcome.state, outcome.code = ERROR, rawhttp.error_code(head.status, content)
+                    reusable = head.keep_alive
+                    return
+                async for _ in rawhttp.iter_body(conn[0], head):
+                    if outcome.ttft_sim_s is None:
+                        outcome.ttft_sim_s = self.clock.now_sim_s() - outcome.sent_sim_s
+                reusable = head.keep_alive
+            outcome.state = OK
+        except TimeoutError:
+            if outcome.ttft_sim_s is None:
+                outcome.state, outcome.ttft_sim_s = GAVE_UP, patience_sim_s
+            else:
+                outcome.state = OK  # got its first token in time; the rest was cut short
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            outcome.state, outcome.code = ERROR, type(exc).__name__
+        finally:
+            outcome.done_sim_s = self.clock.now_sim_s()
+            if conn is not None:
+                self.pool.give_back(conn, reusable=reusable and outcome.state != GAVE_UP)
+
+    async def _plain(self, kind: str, key: str, body: dict, cls: str) -> None:
+        outcome = Outcome(kind, self.clock.now_sim_s())
+        self.ledger.outcomes.append(outcome)
+        payload = self._request(key, body, cls)
+        conn, reusable = None, False
+        try:
+            conn = await self.pool.take()
+            conn[1].write(payload)
+            head = await rawhttp.read_head(conn[0])
+            content = await rawhttp.read_body(conn[0], head)
+            reusable = head.keep_alive
+            if head.status == 200:
+                outcome.state = OK
+                outcome.ttft_sim_s = self.clock.now_sim_s() - outcome.sent_sim_s
+            else:
+                outcome.state, outcome.code = ERROR, rawhttp.error_code(head.status, content)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            outcome.state, outcome.code = ERROR, type(exc).__name__
+        finally:
+            outcome.done_sim_s = self.clock.now_sim_s()
+            if conn is not None:
+                self.pool.give_back(conn, reusable=reusable)
+
+    # --- the batch ------------------------------------------------------------------------
+
+    async def batch(self, key: str) -> None:
+        """All ``batch_count`` requests at once; at most ``max_open_batch`` connections are open,
+        the rest wait in this process for one (they reach the gateway's queue as others finish)."""
+        rng = random.Random(self.plan.seed + 7)
+        gate = asyncio.Semaphore(self.plan.max_open_batch)
+
+        async def one(body: dict) -> None:
+            async with gate:
+                self.ledger.batch_sent += 1
+                await self._plain("batch", key, body, "BATCH")
+
+        loop = asyncio.get_running_loop()
+        pending = []
+        start_sim_s = self.clock.now_sim_s()
+        gap_sim_s = self.plan.batch_spread_sim_s / self.plan.batch_count
+        for index in range(self.plan.batch_count):
+            pending.append(loop.create_task(one(_body(self.plan, self.prompts, BATCH, rng, stream=False))))
+            if index % 50 == 49:  # evenly over the spread (and never blocking the loop for long)
+                await self.clock.sleep_until_sim(start_sim_s + (index + 1) * gap_sim_s)
+        await asyncio.gather(*pending)
