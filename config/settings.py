@@ -83,6 +83,8 @@ def _database() -> dict:
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(VAR_DIR / "fairgate.sqlite3"),
+            # Keep connections: opening one per ORM call costs more than the query.
+            "CONN_MAX_AGE": None,
             # WAL, a busy timeout and immediate transactions: no "database is locked" under load.
             "OPTIONS": {
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",

@@ -10,8 +10,9 @@
 
 Exactly one of ``settle``/``release`` follows every ``hold`` that returned; the gateway runs
 them shielded from cancellation, so a client disconnect never leaks a hold. Each is one short
-transaction in a worker thread (``parallel``: holds of different requests overlap their
-database round trips instead of queueing on one thread). ``FAIRGATE_BILLING=0`` turns the seam
+transaction in a worker thread. On PostgreSQL billing calls run in the thread pool, so holds of
+different requests overlap their round trips; SQLite has one writer, where parallel writers only
+wait on its lock, so there they queue on one thread. ``FAIRGATE_BILLING=0`` turns the seam
 into no-ops (used by the benchmark that measures billing's cost).
 """
 from __future__ import annotations
@@ -30,6 +31,10 @@ from gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
 BUDGET_RULE = "budget"
+
+
+def _parallel() -> bool:
+    return not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tok
     held = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
         return held
-    return await db_call(_hold_sync, parallel=True)(held)
+    return await db_call(_hold_sync, parallel=_parallel())(held)
 
 
 async def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
@@ -80,7 +85,7 @@ async def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens:
     if not settings.FAIRGATE_BILLING:
         return None
     try:
-        return await db_call(charge_settle, parallel=True)(
+        return await db_call(charge_settle, parallel=_parallel())(
             request_id=held.request_id, backend_name=backend, prompt_tokens=prompt_tokens,
             completion_tokens=output_tokens)
     except BillingError:
@@ -92,4 +97,4 @@ async def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens:
 async def release(held: Hold, *, reason: str) -> None:
     if not settings.FAIRGATE_BILLING:
         return
-    await db_call(hold_release, parallel=True)(request_id=held.request_id, reason=reason)
+    await db_call(hold_release, parallel=_parallel())(request_id=held.request_id, reason=reason)
