@@ -6,6 +6,7 @@ revoked key or a deactivated tenant stops working within that time.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ class _KeyRow:
 
 
 _cache: dict[str, tuple[_KeyRow | None, float]] = {}
+_inflight: dict[str, asyncio.Task] = {}
 _CACHE_MAX = 10_000
 
 
@@ -53,16 +55,27 @@ def _load(prefix: str) -> _KeyRow | None:
     return _KeyRow(key.secret_hash, caller)
 
 
-async def _lookup(prefix: str) -> _KeyRow | None:
+async def _refresh(prefix: str) -> _KeyRow | None:
     now_s = time.monotonic()
-    hit = _cache.get(prefix)
-    if hit is not None and hit[1] > now_s:
-        return hit[0]
     row = await db_call(_load)(prefix)
     if len(_cache) >= _CACHE_MAX:
         _cache.clear()
     _cache[prefix] = (row, now_s + settings.FAIRGATE_AUTH_CACHE_MS / 1000)
     return row
+
+
+async def _lookup(prefix: str) -> _KeyRow | None:
+    hit = _cache.get(prefix)
+    if hit is not None and hit[1] > time.monotonic():
+        return hit[0]
+    # One database lookup per key at a time: when a busy key's entry expires, the requests that
+    # arrive meanwhile wait for that lookup instead of queueing one each on the database thread.
+    loop = asyncio.get_running_loop()
+    pending = _inflight.get(prefix)
+    if pending is None or pending.get_loop() is not loop:
+        pending = _inflight[prefix] = loop.create_task(_refresh(prefix))
+        pending.add_done_callback(lambda done: _inflight.pop(prefix, None) if _inflight.get(prefix) is done else None)
+    return await asyncio.shield(pending)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -88,3 +101,4 @@ async def authenticate(authorization: str | None) -> Caller:
 
 def cache_clear() -> None:
     _cache.clear()
+    _inflight.clear()

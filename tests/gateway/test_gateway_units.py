@@ -175,3 +175,30 @@ def test_dispatcher_requeue_after_429_and_circuit_opening(settings):
         await d.close()
 
     asyncio.run(scenario())
+
+
+def test_concurrent_lookups_of_an_expired_key_share_one_database_query(monkeypatch):
+    import asyncio
+    import time
+
+    from gateway import auth
+    from gateway.keys import key_generate
+
+    full_key, prefix, secret_hash = key_generate()
+    calls = []
+
+    def slow_load(p):
+        calls.append(p)
+        time.sleep(0.05)
+        return auth._KeyRow(secret_hash, auth.Caller("t", 1, False, (), "BATCH", p))
+
+    monkeypatch.setattr(auth, "_load", slow_load)
+    auth.cache_clear()
+
+    async def many():
+        return await asyncio.gather(*(auth.authenticate(f"Bearer {full_key}") for _ in range(50)))
+
+    callers = asyncio.run(many())
+    assert {c.tenant for c in callers} == {"t"}
+    assert calls == [prefix]
+    auth.cache_clear()
