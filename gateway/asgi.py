@@ -8,6 +8,7 @@ The view chain is then fully async, so Django cancels a view whose client discon
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 from django.core.exceptions import RequestAborted
@@ -111,6 +112,10 @@ class Lifespan:
                     from console.live.publisher import console_live_start
 
                     console_live_start()  # the console's live pushes, beside the dispatcher; ends with it
+                    # Everything loaded so far (Django, the app, the tokenizer) lives as long as the
+                    # process: move it out of the collector's way, so full collections stay short.
+                    gc.collect()
+                    gc.freeze()
                 except Exception as exc:
                     log.exception("the dispatcher did not start")
                     await send({"type": "lifespan.startup.failed", "message": f"dispatcher: {exc}"})
