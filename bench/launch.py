@@ -28,8 +28,8 @@ import json
 from django.core.management import call_command
 from gateway.services import apikey_create
 call_command("migrate", verbosity=0)
-call_command("scheduler_config", "load", {yaml!r}, actor="bench", stdout=open("/dev/null", "w"))
-keys = {{name: apikey_create(tenant_slug=t, default_class=c, actor="bench")[1] for name, (t, c) in {keys!r}.items()}}
+call_command("scheduler_config", "load", {yaml!r}, actor="setup", stdout=open("/dev/null", "w"))
+keys = {{name: apikey_create(tenant_slug=t, default_class=c, actor="setup")[1] for name, (t, c) in {keys!r}.items()}}
 print("KEYS=" + json.dumps(keys))
 """
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,24 +18,9 @@ from pathlib import Path
 import httpx
 import openai
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from bench.launch import REPO_ROOT, SETUP_CODE, free_port  # the same set-up as the live benchmarks
+
 STARTUP_LIMIT_S = 30.0
-
-SETUP_CODE = """
-import json
-from django.core.management import call_command
-from gateway.services import apikey_create
-call_command("migrate", verbosity=0)
-call_command("scheduler_config", "load", {yaml!r}, actor="test", stdout=open("/dev/null", "w"))
-keys = {{name: apikey_create(tenant_slug=t, default_class=c, actor="test")[1] for name, (t, c) in {keys!r}.items()}}
-print("KEYS=" + json.dumps(keys))
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
