@@ -69,8 +69,9 @@ class Server:
             self.process.wait(timeout=10)
 
 
-def _wait_ready(server: Server, path: str) -> None:
-    deadline_s = time.monotonic() + READY_LIMIT_S
+def wait_ready(server, path: str, *, limit_s: float = READY_LIMIT_S) -> None:
+    """Until ``server.url + path`` answers 200; ``server`` has name, url, process, log() and stop()."""
+    deadline_s = time.monotonic() + limit_s
     while True:
         if server.process.poll() is not None:
             raise RuntimeError(f"{server.name} exited:\n{server.log()[-4000:]}")
@@ -81,7 +82,7 @@ def _wait_ready(server: Server, path: str) -> None:
             pass
         if time.monotonic() > deadline_s:
             server.stop()
-            raise RuntimeError(f"{server.name} was not ready within {READY_LIMIT_S:.0f} s:\n{server.log()[-4000:]}")
+            raise RuntimeError(f"{server.name} was not ready within {limit_s:.0f} s:\n{server.log()[-4000:]}")
         time.sleep(0.1)
 
 
@@ -96,7 +97,7 @@ def start_sim(var_dir: Path, name: str = "sim", **options: object) -> Server:
     with log_path.open("w") as log_file:
         process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
     server = Server(name, f"http://127.0.0.1:{port}", process, log_path)
-    _wait_ready(server, "/healthz")
+    wait_ready(server, "/healthz")
     return server
 
 
@@ -134,5 +135,5 @@ def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]
         process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT,
                                    env=env, stdout=log_file, stderr=subprocess.STDOUT)
     server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made)
-    _wait_ready(server, "/readyz")
+    wait_ready(server, "/readyz")
     return server

@@ -3,18 +3,7 @@
 from django.contrib import admin
 
 from billing.models import Budget, BudgetAlert, LedgerEntry, TenantBilling
-from scheduling.admin import AuditedAdmin
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+from scheduling.admin import AuditedAdmin, ReadOnlyAdmin
 
 
 @admin.register(TenantBilling)

@@ -94,12 +94,8 @@ class BackendAdmin(AuditedAdmin):
     search_fields = ("name", "url")
 
 
-@admin.register(AuditLog)
-class AuditLogAdmin(admin.ModelAdmin):
-    list_display = ("at", "actor", "action", "entity", "key", "field", "old", "new")
-    list_filter = ("action", "entity")
-    search_fields = ("actor", "key", "field")
-    date_hierarchy = "at"
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """For history (audit rows, ledger entries, budgets): viewable, never added, changed or deleted."""
 
     def has_add_permission(self, request):
         return False
@@ -109,3 +105,11 @@ class AuditLogAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(AuditLog)
+class AuditLogAdmin(ReadOnlyAdmin):
+    list_display = ("at", "actor", "action", "entity", "key", "field", "old", "new")
+    list_filter = ("action", "entity")
+    search_fields = ("actor", "key", "field")
+    date_hierarchy = "at"

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from bench.launch import REPO_ROOT, SETUP_CODE, free_port  # the same set-up as the live benchmarks
+from bench.launch import REPO_ROOT, SETUP_CODE, free_port, wait_ready  # the same set-up as the live benchmarks
 
 STARTUP_LIMIT_S = 30.0
 
@@ -31,6 +31,7 @@ class Gateway:
     process: subprocess.Popen
     log_path: Path
     extra: dict = field(default_factory=dict)
+    name: str = "the gateway"
 
     def manage(self, *args: str) -> str:
         done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.env,
@@ -135,24 +136,8 @@ def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]
     process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT, env=env,
                                stdout=log_path.open("w"), stderr=subprocess.STDOUT)
     gateway = Gateway(f"http://127.0.0.1:{port}", env, made, process, log_path)
-    _wait_ready(gateway)
+    wait_ready(gateway, "/readyz", limit_s=STARTUP_LIMIT_S)
     return gateway
-
-
-def _wait_ready(gateway: Gateway) -> None:
-    deadline_s = time.monotonic() + STARTUP_LIMIT_S
-    while True:
-        if gateway.process.poll() is not None:
-            raise RuntimeError(f"the gateway exited:\n{gateway.log()}")
-        try:
-            if httpx.get(f"{gateway.url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline_s:
-            gateway.stop()
-            raise RuntimeError(f"the gateway was not ready in time:\n{gateway.log()}")
-        time.sleep(0.1)
 
 
 def wait_until(predicate, *, limit_s: float = 10.0, step_s: float = 0.02, what: str = "condition"):
