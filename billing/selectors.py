@@ -98,13 +98,9 @@ def ledger_mismatches() -> list[Mismatch]:
     return found
 
 
-def user_sees_all_tenants(user) -> bool:
-    return bool(user.is_superuser or getattr(user, "role", None) in ("finance", "admin"))
-
-
 def tenants_visible(*, user) -> QuerySet[Tenant]:
     """Finance and admin users see every tenant; anyone else only their own (or none)."""
-    if user_sees_all_tenants(user):
+    if getattr(user, "sees_all_tenants", False):  # anonymous users have no such attribute
         return Tenant.objects.all()
     if getattr(user, "tenant_id", None) is None:
         return Tenant.objects.none()

@@ -29,10 +29,6 @@ def is_admin(user) -> bool:
     return role_of(user) == ADMIN
 
 
-def sees_finance(user) -> bool:
-    return role_of(user) in (FINANCE, ADMIN)
-
-
 def home_path(user) -> str:
     """Where /console/ sends a user: admins to operations, finance to finance, members to their queue."""
     role = role_of(user)

@@ -50,6 +50,11 @@ class User(AbstractUser):
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="users")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
 
+    @property
+    def sees_all_tenants(self) -> bool:
+        """Finance and admins (and superusers) see every tenant's charges; members only their own."""
+        return self.is_superuser or self.role in (self.Role.FINANCE, self.Role.ADMIN)
+
 
 class ApiKey(models.Model):
     """The secret is shown once at creation; only its SHA-256 digest is stored."""

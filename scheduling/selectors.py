@@ -24,11 +24,6 @@ from scheduling.engine.model import (
 from scheduling.models import AgingSegment, Backend, DowngradeRule, NetworkGroup, PriceVersion, PriorityClass, SchedulerPolicy
 
 
-def price_current(*, priority_class: PriorityClass, at=None) -> PriceVersion | None:
-    at = at or timezone.now()
-    return priority_class.prices.filter(effective_at__lte=at).order_by("-effective_at", "-pk").first()
-
-
 def classes_with_price(*, at=None, active_only: bool = True):
     at = at or timezone.now()
     latest = PriceVersion.objects.filter(priority_class=OuterRef("pk"), effective_at__lte=at).order_by(
