@@ -1,18 +1,13 @@
-"""Budget rows: found or created lazily, moved by exact 6-place deltas, never below zero.
+"""Budget rows: found or created lazily, locked in primary-key order, never below zero.
 
-On the hot path rows move by single UPDATE statements (built here, run by billing.writes) in
-primary-key order (the year row is created before its month rows), with no other locks: a hold
-is a conditional UPDATE per row (`... WHERE limit IS NULL OR limit >= spent + held +
-amount`), which locks the row and re-checks the condition on the latest committed values, so
-concurrent holds at a budget's edge never take it below zero. The limit is read from the tenant
-(or its monthly cap) in the same statement, so a changed budget applies to the next hold.
-Adjustments lock their rows with SELECT ... FOR UPDATE in the same order and compute new values
-in Python. On SQLite ROUND(…, 6) keeps the float arithmetic on the exact 6-place value, and
-IMMEDIATE transactions serialise writers.
+Holds, settlements and releases lock and move their rows in billing.booking; adjustments lock
+them here (`budgets_lock`, the same order) and move them with `budget_move`. The limit a hold
+is checked against is read from the tenant (or its monthly cap) under the lock, so a changed
+budget applies to the next hold; the row keeps a copy of it for reports.
 
 Which rows a tenant's hold goes to (its year budget and, with a monthly cap, the month's) is
-cached per fiscal period (billing.cache); the UPDATE names the tenant too, so a stale id moves
-nothing and the caller retries with fresh ids.
+cached per fiscal period (billing.cache); booking checks the locked rows still belong to the
+tenant and re-reads the ids if not.
 """
 from __future__ import annotations
 
@@ -25,10 +20,9 @@ from django.db import IntegrityError, transaction
 from gateway.models import Tenant
 
 from billing.cache import TtlCache
-from billing.errors import BudgetExhausted, UnknownTenant
+from billing.errors import UnknownTenant
 from billing.models import Budget, TenantBilling
 from billing.periods import Period, month_period_at, year_period_at
-from billing.writes import Move
 
 ALERT_THRESHOLDS_PCT = (80, 100)
 
@@ -158,41 +152,3 @@ def budget_scope(*, tenant_slug: str, at: datetime, refresh: bool = False) -> Bu
     """The tenant's budget rows at `at`, created if need be (cached per fiscal period)."""
     key = (tenant_slug, year_period_at(at).starts_at, month_period_at(at).starts_at)
     return _scopes.get(key, lambda: _load_scope(tenant_slug, at), refresh=refresh)
-
-
-def _limit_now_sql(ref: BudgetRef) -> str:
-    """The row's limit as configured right now: the tenant's annual budget or its monthly cap."""
-    if ref.kind == Budget.Kind.YEAR:
-        return f"(SELECT annual_budget FROM {Tenant._meta.db_table} WHERE id = %(tenant_id)s)"
-    return f"(SELECT monthly_cap FROM {TenantBilling._meta.db_table} WHERE tenant_id = %(tenant_id)s)"
-
-
-def hold_moves(scope: BudgetScope, *, amount: Decimal, unless: tuple[str, dict] | None = None) -> list[Move]:
-    """The conditional UPDATEs of a hold, one per row in primary-key order: add `amount` to `held`
-    only where it fits under the limit configured now (and refresh the row's copy of that limit).
-    `unless` (an SQL condition and its params), checked by the first one, refuses the hold when
-    an assumption the caller cached no longer holds."""
-    moves = []
-    for ref in scope.refs:
-        condition, condition_params = unless if unless and not moves else ("1 = 0", {})
-        limit_now = _limit_now_sql(ref)
-        sql = (
-            f'UPDATE {Budget._meta.db_table} SET held = ROUND(held + %(amount)s, 6), "limit" = {limit_now} '
-            f"WHERE id = %(budget_id)s AND tenant_id = %(tenant_id)s "
-            f"AND ({limit_now} IS NULL OR {limit_now} >= ROUND(spent + held + %(amount)s, 6)) AND NOT ({condition})"
-        )
-        params = {"amount": amount, "budget_id": ref.pk, "tenant_id": ref.tenant_id, **condition_params}
-        moves.append(Move(sql, params))
-    return moves
-
-
-def budget_exhausted(ref: BudgetRef, *, amount: Decimal, currency: str) -> BudgetExhausted:
-    """The refusal, naming the budget and what remains under the limit configured now."""
-    budget = Budget.objects.select_related("tenant__billing").get(pk=ref.pk)
-    if budget.kind == Budget.Kind.YEAR:
-        budget.limit = budget.tenant.annual_budget
-    else:
-        settings_row = billing_of(budget.tenant)
-        budget.limit = None if settings_row is None else settings_row.monthly_cap
-    remaining = budget.remaining  # None only if the limit was lifted meanwhile: the caller's race
-    return BudgetExhausted(budget.label, max(remaining or Decimal(0), Decimal(0)), amount, currency)

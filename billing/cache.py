@@ -6,9 +6,9 @@ below bump a generation counter, and an entry loaded under an older generation i
 (also when its load raced with the change). Callers that find a cached value contradicted by the
 database ask again with `refresh=True`.
 
-What must be exact is not trusted to these caches: budget limits and balances are read by the
-hold's conditional UPDATE itself (billing.budgets), which also re-checks that the price version
-picked from the cache is still the one in force (billing.pricing.newer_price_sql).
+What must be exact is not trusted to these caches: budget limits and balances are read under the
+budget rows' lock by billing.booking, which also re-checks that the price version picked from
+the cache is still the one in force.
 """
 from __future__ import annotations
 

@@ -5,16 +5,14 @@ charge is rounded, so a charge never carries two roundings.
 
 Prices and backends are read through billing.cache. A class's whole version history is cached
 and the version is picked by the admission time `at`, so a change scheduled for later applies
-from its effective time; a change that takes effect now is seen at once in this process and is
-re-checked by the hold's own UPDATE for the others (`newer_price_sql`).
+from its effective time; a change that takes effect now is seen at once in this process, and
+booking re-reads the versions of a batch's classes under its lock for changes made elsewhere.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-
-from django.db import connection
 
 from scheduling.models import Backend, PriceVersion
 
@@ -79,16 +77,6 @@ def price_version_at(*, class_name: str, at: datetime, refresh: bool = False) ->
     if not refresh:  # perhaps created since the cache was filled
         return price_version_at(class_name=class_name, at=at, refresh=True)
     raise UnknownClass(f"class {class_name!r} has no price in force at {at.isoformat()}")
-
-
-def newer_price_sql(version: PriceInForce, *, at: datetime) -> tuple[str, dict]:
-    """SQL condition (and its params): some version other than `version` is in force at `at`."""
-    adapt = connection.ops.adapt_datetimefield_value
-    sql = f"""EXISTS (SELECT 1 FROM {PriceVersion._meta.db_table}
-         WHERE priority_class_id = %(price_class_id)s AND effective_at <= %(price_at)s
-           AND (effective_at > %(price_since)s OR (effective_at = %(price_since)s AND id > %(price_id)s)))"""
-    return sql, {"price_class_id": version.class_id, "price_at": adapt(at), "price_since": adapt(version.effective_at),
-                 "price_id": version.pk}
 
 
 def _load_backends() -> dict[str, BackendPrices]:

@@ -23,23 +23,15 @@ Kind = LedgerEntry.Kind
 EFFECTS = {Kind.HOLD: ("held", 1), Kind.RELEASE: ("held", -1), Kind.CHARGE: ("spent", 1), Kind.ADJUSTMENT: ("spent", 1)}
 
 
-def budget_fallback_class(
-    *, tenant_slug: str, class_name: str, model: str, prompt_tokens: int, max_output_tokens: int,
-    at: datetime | None = None,
-) -> str | None:
-    """For a tenant configured to fall back (TenantBilling.fallback_on_exhausted): the first class
-    below `class_name` (lower priority, lower price factor, allowed to the tenant), from the most
-    expensive down, whose hold fits the remaining budget(s) now. None: no fallback, refuse with 402.
-
-    A read without locks: the caller then calls budget_hold for the class returned, which checks
-    again under lock and may still raise BudgetExhausted.
-    """
-    at = at or timezone.now()
+def fallback_classes(*, tenant_slug: str, class_name: str, at: datetime) -> list[str]:
+    """For a tenant configured to fall back (TenantBilling.fallback_on_exhausted): the classes
+    below `class_name` (lower priority, lower price factor, allowed to the tenant) in the order
+    they are tried, the most expensive first. Empty: no fallback, refuse with 402."""
     tenant = tenant_get(tenant_slug=tenant_slug)
     row = billing_of(tenant)
     declared = PriorityClass.objects.filter(name=class_name).first()
     if row is None or not row.fallback_on_exhausted or declared is None:
-        return None
+        return []
     declared_factor = price_version_at(class_name=class_name, at=at).price_factor
     allowed = set(tenant.allowed_classes or [])
     candidates = sorted(
@@ -48,15 +40,26 @@ def budget_fallback_class(
          and (not allowed or c.name in allowed)),
         key=lambda c: (-c.price_factor, c.level),
     )
-    if not candidates:
+    return [c.name for c in candidates]
+
+
+def budget_fallback_class(
+    *, tenant_slug: str, class_name: str, model: str, prompt_tokens: int, max_output_tokens: int,
+    at: datetime | None = None,
+) -> str | None:
+    """The first of `fallback_classes` whose hold fits the remaining budget(s) now, or None.
+    A read without locks (what a hold with `fallback=True` decides under lock)."""
+    at = at or timezone.now()
+    names = fallback_classes(tenant_slug=tenant_slug, class_name=class_name, at=at)
+    if not names:
         return None
     base = upper_bound_base_cost(model=model, prompt_tokens=prompt_tokens, completion_tokens=max_output_tokens)
-    budgets = budgets_for(tenant=tenant, at=at)
+    budgets = budgets_for(tenant=tenant_get(tenant_slug=tenant_slug), at=at)
     remaining = [b.remaining for b in (budgets.year, budgets.month) if b is not None and b.remaining is not None]
-    for candidate in candidates:
-        amount = charge_of(base_cost=base, factor=candidate.price_factor)
+    for name in names:
+        amount = charge_of(base_cost=base, factor=price_version_at(class_name=name, at=at).price_factor)
         if all(r >= amount for r in remaining):
-            return candidate.name
+            return name
     return None
 
 

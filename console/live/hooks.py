@@ -1,8 +1,8 @@
 """Database events for the console, published only after the transaction that wrote them commits.
 
-Billing writes charges and alerts with ``Model.objects.create`` inside its own services; these
-receivers do no work of their own but register ``transaction.on_commit`` callbacks, so a
-rolled-back charge is never shown. In the serving process the callback hands the event to the
+Billing announces the ledger entries it booked once they have committed (``entries_booked``);
+alerts are created with ``Model.objects.create``, and their receiver registers a
+``transaction.on_commit`` callback, so a rolled-back alert is never shown. In the serving process the callback hands the event to the
 publisher (coalesced into its next tick); elsewhere (a Celery worker, a command) it sends it to
 the channel layer directly.
 """
@@ -16,6 +16,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models.signals import post_save
 
+from billing.booking import entries_booked
 from billing.models import BudgetAlert, LedgerEntry
 from console import selectors
 from console.live.groups import FINANCE_GROUP, tenant_group
@@ -43,10 +44,10 @@ def publish_committed(event: dict) -> None:
         log.exception("could not publish a console event")
 
 
-def _on_ledger_entry(sender, instance: LedgerEntry, created: bool, **kwargs) -> None:
-    if created and instance.kind == LedgerEntry.Kind.CHARGE:
-        event = {"kind": "charges", "tenant_id": instance.tenant_id, "row": selectors.charge_row(instance, "")}
-        transaction.on_commit(lambda: publish_committed(event))
+def _on_entries_booked(sender, entries: list, **kwargs) -> None:
+    for entry in entries:  # already committed
+        if entry.kind == LedgerEntry.Kind.CHARGE:
+            publish_committed({"kind": "charges", "tenant_id": entry.tenant_id, "row": selectors.charge_row(entry, "")})
 
 
 def _on_budget_alert(sender, instance: BudgetAlert, created: bool, **kwargs) -> None:
@@ -57,5 +58,5 @@ def _on_budget_alert(sender, instance: BudgetAlert, created: bool, **kwargs) -> 
 
 
 def connect() -> None:
-    post_save.connect(_on_ledger_entry, sender=LedgerEntry, dispatch_uid="console-ledger-charge")
+    entries_booked.connect(_on_entries_booked, dispatch_uid="console-ledger-charge")
     post_save.connect(_on_budget_alert, sender=BudgetAlert, dispatch_uid="console-budget-alert")

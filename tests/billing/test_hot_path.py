@@ -1,25 +1,24 @@
-"""The hot path's cost and its caches: how many queries a hold and a settlement take, and that
-what is cached never lets a stale price, limit or hold through.
+"""The hot path's cost and its caches: a batch of asks costs the statements of one ask, and what
+is cached never lets a stale price, limit or hold through.
 
-Query counts are taken after a warm-up hold has filled the caches, with the on-commit callbacks
-run (they remember the hold for its settlement). Inside the test's transaction each write is a
-savepoint: SAVEPOINT, UPDATE, INSERT, RELEASE on SQLite; SAVEPOINT, one statement, RELEASE on
-PostgreSQL. In autocommit, as in the gateway, PostgreSQL runs a hold or release as one statement
-and a settlement as BEGIN, one statement, COMMIT (the alerts it may record share its transaction).
+`book` runs a fixed set of statements per batch, whatever its size: lock the budget rows, read
+the requests' entries, re-read the batch's price versions (only when it holds), one multi-row
+INSERT, one UPDATE per moved budget row (executemany: one query as Django counts), plus
+SAVEPOINT/RELEASE inside the test's transaction (BEGIN/COMMIT in the gateway).
 """
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from decimal import Decimal as D
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from billing import cache
+from billing.booking import HoldAsk, ReleaseAsk, SettleAsk, book
 from billing.errors import BudgetExhausted, HoldNotFound
-from billing.inflight import held_get
+from billing.inflight import HeldEntry, held_get
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, holds_release_stale
@@ -27,48 +26,70 @@ from gateway.models import Tenant
 from scheduling.models import Backend, PriceVersion
 from tests.billing.helpers import hold, settle, year_budget
 
-IN_A_TRANSACTION = {"sqlite": 4, "postgresql": 3}
-AUTOCOMMIT_PG = {"hold": 1, "settle": 3, "release": 1}
+PER_BATCH = 7  # SAVEPOINT, lock, entries so far, price versions, INSERT, UPDATE, RELEASE
+ASKS = 200
 
 
-def _run_pairs(assert_max, limits: dict[str, int], committed=None) -> None:
-    committed = committed or (lambda: contextlib.nullcontext())
-    hold("warm-up")
-    with committed(), assert_max(limits["hold"]):
-        hold("r1")
-    with assert_max(limits["settle"]):
-        assert settle("r1") == D("1.12")
-    with committed(), assert_max(limits["hold"]):
-        hold("r2")
-    with assert_max(limits["release"]):
-        hold_release(request_id="r2", reason="cancelled")
+def _holds(prefix: str, n: int, *, tenant: str = "alpha") -> list[HoldAsk]:
+    now = timezone.now()
+    return [HoldAsk(request_id=f"{prefix}{i}", tenant_slug=tenant, class_name="INTERACTIVE", model="m",
+                    prompt_tokens=1000, max_output_tokens=500, at=now) for i in range(n)]
+
+
+@pytest.mark.django_db
+def test_a_batch_costs_the_statements_of_one_ask(world, django_assert_max_num_queries,
+                                                 django_capture_on_commit_callbacks):
+    hold("warm-up")  # fills the caches
+    with django_capture_on_commit_callbacks(execute=True), django_assert_max_num_queries(PER_BATCH):
+        held = book(_holds("r", ASKS))
+    assert all(isinstance(h, HeldEntry) for h in held)
+    now = timezone.now()
+    settles = [SettleAsk(request_id=f"r{i}", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)
+               for i in range(ASKS // 2)]
+    releases = [ReleaseAsk(request_id=f"r{i}", reason="cancelled", at=now) for i in range(ASKS // 2, ASKS)]
+    with django_assert_max_num_queries(PER_BATCH - 1):  # no holds: no price check
+        results = book(settles + releases)
+    assert results == [D("1.12")] * (ASKS // 2) + [True] * (ASKS // 2)
     budget = year_budget("alpha")
-    assert (budget.spent, budget.held) == (D("1.12"), D("3.2"))  # the warm-up is still held
+    assert (budget.spent, budget.held) == (D("1.12") * (ASKS // 2), D("3.2"))  # the warm-up is still held
     assert ledger_mismatches() == []
 
 
 @pytest.mark.django_db
-def test_hold_and_settle_take_one_short_transaction_each(world, django_assert_max_num_queries,
-                                                         django_capture_on_commit_callbacks):
-    limit = IN_A_TRANSACTION[connection.vendor]
-    _run_pairs(django_assert_max_num_queries, {"hold": limit, "settle": limit, "release": limit},
-               committed=lambda: django_capture_on_commit_callbacks(execute=True))
-
-
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_on_postgresql_in_autocommit_a_hold_is_one_statement(world, django_assert_max_num_queries):
-    _run_pairs(django_assert_max_num_queries, AUTOCOMMIT_PG)
+def test_a_batch_decides_in_order_and_refusals_do_not_fail_the_others(world):
+    Tenant.objects.filter(slug="alpha").update(annual_budget=D("10"))  # room for three holds of 3.2
+    asks = _holds("a", 5)
+    asks.insert(2, asks[0])  # a retried admission inside the batch: the first hold stands
+    results = book(asks + _holds("b", 2, tenant="beta"))
+    assert [type(r).__name__ for r in results] == ["HeldEntry"] * 4 + ["BudgetExhausted"] * 2 + ["HeldEntry"] * 2
+    assert results[2] == results[0]
+    assert results[4].remaining == D("0.4") and results[4].needed == D("3.2")
+    assert year_budget("alpha").held == D("9.6") and year_budget("beta").held == D("6.4")
+    assert LedgerEntry.objects.filter(kind="hold", tenant__slug="alpha").count() == 3
+    assert ledger_mismatches() == []
 
 
 @pytest.mark.django_db
-def test_a_monthly_cap_costs_one_more_update(world, django_assert_max_num_queries):
+def test_settle_and_release_of_one_request_in_one_batch_end_it_once(world):
+    hold("r1")
+    now = timezone.now()
+    results = book([SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now),
+                    ReleaseAsk(request_id="r1", reason="cancelled", at=now),
+                    SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)])
+    assert results == [D("1.12"), False, D("1.12")]
+    assert sorted(LedgerEntry.objects.filter(request_id="r1").values_list("kind", flat=True)) == [
+        "charge", "hold", "release"]
+    assert (year_budget("alpha").spent, year_budget("alpha").held) == (D("1.12"), D("0"))
+
+
+@pytest.mark.django_db
+def test_a_monthly_cap_moves_both_rows_in_the_same_statements(world, django_assert_max_num_queries):
     TenantBilling.objects.create(tenant=world["alpha"], monthly_cap=D("100"))
     hold("warm-up")
-    with django_assert_max_num_queries(5):  # SAVEPOINT, UPDATE year, UPDATE month, INSERT, RELEASE
-        hold("r1")
+    with django_assert_max_num_queries(PER_BATCH):
+        book(_holds("r", 10))
     month = Budget.objects.get(tenant__slug="alpha", kind="month")
-    assert month.held == year_budget("alpha").held == D("6.4")
+    assert month.held == year_budget("alpha").held == D("35.2")
 
 
 @pytest.mark.django_db

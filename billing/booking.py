@@ -1,0 +1,458 @@
+"""Every budget move of the request path goes through `book`: a batch of holds, settlements and
+releases applied in ONE short transaction, with one multi-row INSERT into the ledger.
+
+The gateway collects what its requests ask for while the previous batch is being written and
+books it all at once (group commit, gateway.charging), so under load a transaction serves many
+requests; an idle gateway books each ask on its own at once. `billing.services` books single
+asks through the same code, so there is one set of rules.
+
+Inside the transaction, in this order:
+
+1. The budget rows of the batch are locked in primary-key order (``SELECT ... FOR UPDATE`` on
+   PostgreSQL; SQLite's IMMEDIATE transaction locks the database) and read with the limit
+   configured right now (the tenant's annual budget or monthly cap). Every writer of a request
+   (hold, settlement, release, the stale-hold sweep, an adjustment) takes its rows' locks first,
+   in that order, so writers never deadlock and step 2 cannot race.
+2. The ledger's entries of the batch's requests are read: a retried hold, a second settlement or
+   a release after a settlement is decided from what is already booked (applied once).
+3. The price versions of the batch's classes are re-read: a hold priced from the in-process cache
+   is re-priced if another process made a newer version take effect before its admission.
+4. The asks are decided in order against the locked balances: a hold fits only if every row it
+   moves keeps ``spent + held <= limit``, so concurrent holds at a budget's edge never overspend.
+5. One INSERT appends the entries; one UPDATE per moved row writes its new balance; 80 %/100 %
+   crossings are recorded as alerts.
+
+After commit, holds are remembered in this process (billing.inflight) and `entries_booked` is
+sent (the console's live feed listens).
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from decimal import Decimal
+from typing import Union
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Case, F, When
+from django.dispatch import Signal
+
+from scheduling.models import PriceVersion
+
+from billing.alerts import alerts_record
+from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
+from billing.errors import BillingError, BudgetExhausted, HoldNotFound
+from billing.inflight import HeldEntry, held_forget, held_get, held_remember
+from billing.models import Budget, LedgerEntry
+from billing.money import ZERO, money
+from billing.pricing import backend_prices, charge_of, price_version_at, upper_bound_base_cost
+
+log = logging.getLogger("fairgate.billing")
+Kind = LedgerEntry.Kind
+STALE_REASON = "stale"  # released by the sweep: a late settlement still charges what was consumed
+MAX_BATCH = 256  # asks per transaction (3 entries × 18 columns each stays far below bind limits)
+
+# Sent after commit with every entry a batch appended: entries_booked.send(sender=None, entries=[Booked, ...]).
+entries_booked = Signal()
+
+
+@dataclass(frozen=True)
+class HoldAsk:
+    request_id: str
+    tenant_slug: str
+    class_name: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    at: datetime
+    fallback: bool = False  # may fall back to a cheaper class if the tenant is configured to
+
+
+@dataclass(frozen=True)
+class SettleAsk:
+    request_id: str
+    backend_name: str
+    prompt_tokens: int
+    completion_tokens: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class ReleaseAsk:
+    request_id: str
+    reason: str
+    at: datetime
+
+
+Ask = Union[HoldAsk, SettleAsk, ReleaseAsk]
+
+
+@dataclass(frozen=True)
+class Booked:
+    """One ledger entry as appended (the columns of LedgerEntry but its id)."""
+
+    kind: str
+    at: datetime
+    tenant_id: int
+    budget_id: int
+    month_budget_id: int | None
+    request_id: str
+    class_name: str
+    price_version_id: int | None
+    model: str
+    amount: Decimal
+    factor: Decimal
+    backend_name: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    base_cost: Decimal = ZERO
+    overrun: Decimal = ZERO
+    reason: str = ""
+    author: str = ""
+
+
+COLUMNS = tuple(f.name for f in fields(Booked))
+assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields if not f.primary_key}
+
+
+def _booked(held: HeldEntry, *, kind: str, amount: Decimal, at: datetime, **extra) -> Booked:
+    return Booked(kind=kind, at=at, tenant_id=held.tenant_id, budget_id=held.budget_id,
+                  month_budget_id=held.month_budget_id, request_id=held.request_id, class_name=held.class_name,
+                  price_version_id=held.price_version_id, model=held.model, amount=amount, factor=held.factor, **extra)
+
+
+# --- preparing: everything that needs no lock (cached prices, budget ids, the in-flight hold) ------
+
+@dataclass
+class _Priced:
+    """A hold priced for one class."""
+
+    held: HeldEntry
+    base: Decimal
+    version_class_id: int
+    version_since: datetime
+
+
+@dataclass
+class _Plan:
+    ask: Ask
+    priced: _Priced | None = None  # holds
+    held: HeldEntry | None = None  # settlements and releases: the hold they end
+    charge: Decimal = ZERO  # settlements
+    base: Decimal = ZERO  # settlements
+    result: object = None
+    entries: list[Booked] = field(default_factory=list)
+
+
+def _check_tokens(*counts: int) -> None:
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in counts):
+        raise BillingError(f"token counts are non-negative integers, not {counts}")
+
+
+def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool = False) -> _Priced:
+    version = price_version_at(class_name=class_name, at=ask.at, refresh=refresh)
+    base = upper_bound_base_cost(model=ask.model, prompt_tokens=ask.prompt_tokens,
+                                 completion_tokens=ask.max_output_tokens, refresh=refresh)
+    held = HeldEntry(request_id=ask.request_id, tenant_id=scope.tenant_id, budget_id=scope.year_id,
+                     month_budget_id=scope.month_id, class_name=class_name, price_version_id=version.pk,
+                     model=ask.model, factor=version.price_factor,
+                     amount=charge_of(base_cost=base, factor=version.price_factor))
+    return _Priced(held, base, version.class_id, version.effective_at)
+
+
+def _prepare(ask: Ask, *, refresh: bool) -> _Plan:
+    plan = _Plan(ask)
+    if not ask.request_id:
+        raise BillingError("a billing ask needs a request id")
+    if isinstance(ask, HoldAsk):
+        _check_tokens(ask.prompt_tokens, ask.max_output_tokens)
+        scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at, refresh=refresh)
+        plan.priced = _price(ask, ask.class_name, scope, refresh=refresh)
+        return plan
+    if isinstance(ask, ReleaseAsk) and not ask.reason:
+        raise BillingError("a release needs a reason")
+    plan.held = held_get(ask.request_id)
+    if isinstance(ask, ReleaseAsk) and plan.held is None:
+        plan.result = False  # refused before anything was held
+    if isinstance(ask, SettleAsk):
+        _check_tokens(ask.prompt_tokens, ask.completion_tokens)
+        if plan.held is None:
+            raise HoldNotFound(f"request {ask.request_id!r} has no hold")
+        plan.base = backend_prices(backend_name=ask.backend_name).base_cost(
+            prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens)
+        plan.charge = charge_of(base_cost=plan.base, factor=plan.held.factor)
+    return plan
+
+
+# --- inside the transaction ------------------------------------------------------------------------
+
+@dataclass
+class _Row:
+    """A locked budget row: balances as they move through the batch."""
+
+    pk: int
+    tenant_id: int
+    limit: Decimal | None  # configured now
+    stored_limit: Decimal | None
+    spent: Decimal
+    held: Decimal
+    old_spent: Decimal = ZERO
+    old_held: Decimal = ZERO
+
+    def fits(self, amount: Decimal) -> bool:
+        return self.limit is None or self.limit >= self.spent + self.held + amount
+
+    @property
+    def dirty(self) -> bool:
+        return (self.spent, self.held, self.stored_limit) != (self.old_spent, self.old_held, self.limit)
+
+
+class _ScopeStale(Exception):
+    """A cached budget id no longer names the tenant's row (a flushed test database): re-read."""
+
+
+def _lock(ids: set[int]) -> dict[int, _Row]:
+    limit_now = Case(When(kind=Budget.Kind.YEAR, then=F("tenant__annual_budget")),
+                     default=F("tenant__billing__monthly_cap"))
+    rows = (Budget.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
+            .annotate(limit_now=limit_now).values_list("pk", "tenant_id", "limit_now", "limit", "spent", "held"))
+    locked = {}
+    for pk, tenant_id, limit, stored, spent, held in rows:
+        limit = None if limit is None else money(limit)
+        locked[pk] = _Row(pk, tenant_id, limit, stored, spent, held, spent, held)
+    return locked
+
+
+def _booked_so_far(plans: list[_Plan]) -> tuple[dict[tuple[str, str], tuple[Decimal, str]], dict[str, HeldEntry]]:
+    """The batch's requests' entries already in the ledger: (request, kind) -> (amount, reason),
+    and their holds."""
+    ids = {p.ask.request_id for p in plans}
+    rows = LedgerEntry.objects.filter(request_id__in=ids, kind__in=[Kind.HOLD, Kind.CHARGE, Kind.RELEASE])
+    done, holds = {}, {}
+    for row in rows.values("kind", "reason", *HeldEntry.__dataclass_fields__):
+        done[row["request_id"], row["kind"]] = (row["amount"], row["reason"])
+        if row["kind"] == Kind.HOLD:
+            holds[row["request_id"]] = HeldEntry(**{k: row[k] for k in HeldEntry.__dataclass_fields__})
+    return done, holds
+
+
+def _reprice_superseded(plans: list[_Plan]) -> None:
+    """A hold priced from the cache is re-priced if a newer version took effect before its admission."""
+    holds = [p for p in plans if p.priced is not None]
+    if not holds:
+        return
+    latest_at = max(p.ask.at for p in holds)
+    since = min(p.priced.version_since for p in holds)
+    versions = PriceVersion.objects.filter(
+        priority_class_id__in={p.priced.version_class_id for p in holds}, effective_at__gte=since,
+        effective_at__lte=latest_at).values_list("pk", "priority_class_id", "effective_at")
+    by_class = defaultdict(list)
+    for pk, class_id, effective_at in versions:
+        by_class[class_id].append((effective_at, pk))
+    for plan in holds:
+        mine = (plan.priced.version_since, plan.priced.held.price_version_id)
+        if any(v > mine and v[0] <= plan.ask.at for v in by_class[plan.priced.version_class_id]):
+            scope = budget_scope(tenant_slug=plan.ask.tenant_slug, at=plan.ask.at)
+            plan.priced = _price(plan.ask, plan.priced.held.class_name, scope, refresh=True)
+
+
+def _refusal(row: _Row, amount: Decimal) -> BudgetExhausted:
+    label = Budget.objects.select_related("tenant").get(pk=row.pk).label
+    remaining = ZERO if row.limit is None else max(row.limit - row.spent - row.held, ZERO)
+    return BudgetExhausted(label, remaining, amount, settings.FAIRGATE_CURRENCY)
+
+
+def _fallbacks(plan: _Plan) -> list[_Priced]:
+    from billing.selectors import fallback_classes
+
+    ask = plan.ask
+    names = fallback_classes(tenant_slug=ask.tenant_slug, class_name=ask.class_name, at=ask.at)
+    scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at)
+    return [_price(ask, name, scope) for name in names]
+
+
+def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: dict[str, HeldEntry]) -> None:
+    ask = plan.ask
+    if ask.request_id in holds:  # a retried admission: the first hold stands
+        plan.result = holds[ask.request_id]
+        return
+    candidates = [plan.priced]
+    refused = None
+    while candidates:
+        priced = candidates.pop(0)
+        moved = [rows[pk] for pk in priced.held.budget_ids]
+        blocking = next((row for row in moved if not row.fits(priced.held.amount)), None)
+        if blocking is None:
+            for row in moved:
+                row.held += priced.held.amount
+            plan.result = holds[ask.request_id] = priced.held
+            plan.entries.append(_booked(priced.held, kind=Kind.HOLD, amount=priced.held.amount, at=ask.at,
+                                        prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens,
+                                        base_cost=money(priced.base)))
+            return
+        if refused is None:
+            refused = _refusal(blocking, priced.held.amount)
+            candidates = _fallbacks(plan) if ask.fallback else []
+    plan.result = refused
+
+
+def _decide_end(plan: _Plan, rows: dict[int, _Row], done: dict) -> None:
+    """A settlement or a release of a hold."""
+    ask, held = plan.ask, plan.held
+    rid = ask.request_id
+    charged, released = done.get((rid, Kind.CHARGE)), done.get((rid, Kind.RELEASE))
+    moved = [rows[pk] for pk in held.budget_ids]
+    if isinstance(ask, ReleaseAsk):
+        plan.result = charged is None and released is None
+        if plan.result:
+            plan.entries.append(_booked(held, kind=Kind.RELEASE, amount=held.amount, at=ask.at, reason=ask.reason))
+            for row in moved:
+                row.held -= held.amount
+            done[rid, Kind.RELEASE] = (held.amount, ask.reason)
+        return
+    if charged is not None:  # a retried settlement charges once
+        plan.result = charged[0]
+        return
+    if released is not None and released[1] != STALE_REASON:
+        log.warning("settlement of %s ignored: released (%s) before", rid, released[1])
+        plan.result = ZERO
+        return
+    if released is None:
+        plan.entries.append(_booked(held, kind=Kind.RELEASE, amount=held.amount, at=ask.at, reason="settled"))
+        for row in moved:
+            row.held -= held.amount
+        done[rid, Kind.RELEASE] = (held.amount, "settled")
+    overrun = max(plan.charge - held.amount, ZERO)
+    plan.entries.append(_booked(held, kind=Kind.CHARGE, amount=plan.charge, at=ask.at,
+                                backend_name=ask.backend_name, prompt_tokens=ask.prompt_tokens,
+                                completion_tokens=ask.completion_tokens, base_cost=money(plan.base),
+                                overrun=overrun))
+    for row in moved:
+        row.spent += plan.charge
+    done[rid, Kind.CHARGE] = (plan.charge, "")
+    plan.result = plan.charge
+    if overrun:
+        log.warning("request %s overran its hold: charged %s, held %s", rid, plan.charge, held.amount)
+
+
+def _insert(entries: list[Booked]) -> None:
+    quote = connection.ops.quote_name
+    adapt_at = connection.ops.adapt_datetimefield_value
+    row = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+    sql = f"INSERT INTO {LedgerEntry._meta.db_table} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
+    params = []
+    for entry in entries:
+        params.extend(adapt_at(entry.at) if name == "at" else getattr(entry, name) for name in COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(sql + ", ".join([row] * len(entries)), params)
+
+
+def _write_rows(rows: list[_Row]) -> None:
+    sql = f'UPDATE {Budget._meta.db_table} SET spent = %s, held = %s, "limit" = %s WHERE id = %s'
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [(money(r.spent), money(r.held), r.limit, r.pk) for r in rows])
+
+
+def _alert(rows: list[_Row]) -> None:
+    for row in rows:
+        crossed = thresholds_crossed(limit=row.limit, old_spent=row.old_spent, new_spent=row.spent)
+        if crossed:
+            alerts_record(budget=Budget.objects.select_related("tenant").get(pk=row.pk), thresholds_pct=crossed)
+
+
+def _apply(plans: list[_Plan]) -> None:
+    ids = {pk for p in plans for pk in (p.priced.held if p.priced else p.held).budget_ids}
+    with transaction.atomic():
+        rows = _lock(ids)
+        if any(rows.get(pk) is None or rows[pk].tenant_id != p.priced.held.tenant_id
+               for p in plans if p.priced for pk in p.priced.held.budget_ids):
+            raise _ScopeStale
+        done, holds = _booked_so_far(plans)
+        _reprice_superseded(plans)
+        for plan in plans:
+            if isinstance(plan.ask, HoldAsk):
+                _decide_hold(plan, rows, holds)
+            else:
+                _decide_end(plan, rows, done)
+        entries = [e for p in plans for e in p.entries]
+        if entries:
+            _insert(entries)
+        moved = [r for r in rows.values() if r.dirty]
+        if moved:
+            _write_rows(moved)
+            _alert(moved)
+        transaction.on_commit(lambda: _committed(plans, entries))
+
+
+def _committed(plans: list[_Plan], entries: list[Booked]) -> None:
+    for plan in plans:
+        if isinstance(plan.ask, HoldAsk):
+            if isinstance(plan.result, HeldEntry):
+                held_remember(plan.result)
+        else:
+            held_forget(plan.ask.request_id)
+    if entries:
+        entries_booked.send(sender=None, entries=entries)
+
+
+def _book_prepared(plans: list[_Plan]) -> None:
+    try:
+        _apply(plans)
+    except _ScopeStale:
+        for plan in plans:
+            if plan.priced is not None:
+                ask = plan.ask
+                plan.priced = _price(ask, ask.class_name, budget_scope(tenant_slug=ask.tenant_slug, at=ask.at,
+                                                                       refresh=True))
+        for plan in plans:
+            plan.entries, plan.result = [], None
+        _apply(plans)
+
+
+def book(asks: list[Ask]) -> list[object]:
+    """Apply the asks in one transaction; one result per ask, in order: for a hold its HeldEntry
+    (its class may be a cheaper fallback) or the BudgetExhausted/BillingError refusing it; for a
+    settlement the charge; for a release whether it released anything. A refused ask never
+    fails the others; a batch the database refuses is booked again ask by ask."""
+    results: list[object] = [None] * len(asks)
+    plans, where = [], []
+    for index, ask in enumerate(asks):
+        try:
+            plan = _prepare(ask, refresh=False)
+        except BillingError as refused:
+            results[index] = refused
+            continue
+        if plan.result is None:
+            plans.append(plan)
+            where.append(index)
+        else:
+            results[index] = plan.result
+    for start in range(0, len(plans), MAX_BATCH):
+        chunk = plans[start:start + MAX_BATCH]
+        try:
+            _book_prepared(chunk)
+        except DatabaseError:
+            if len(chunk) == 1:
+                raise
+            log.exception("a billing batch of %s failed; booking its asks one by one", len(chunk))
+            for plan in chunk:
+                plan.entries, plan.result = [], None
+                try:
+                    _book_prepared([plan])
+                except (DatabaseError, BillingError) as failed:
+                    plan.result = failed
+    for index, plan in zip(where, plans):
+        results[index] = plan.result
+    return results
+
+
+def book_one(ask: Ask) -> object:
+    """`book` for a single ask: returns its result, raises its refusal."""
+    result = book([ask])[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
