@@ -28,7 +28,6 @@ sent (the console's live feed listens).
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
@@ -36,16 +35,16 @@ from typing import Union
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Case, F, When
 from django.dispatch import Signal
 
+from gateway.models import Tenant
 from scheduling.models import PriceVersion
 
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
 from billing.errors import BillingError, BudgetExhausted, HoldNotFound
 from billing.inflight import HeldEntry, held_forget, held_get, held_remember
-from billing.models import Budget, LedgerEntry
+from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.money import ZERO, money
 from billing.pricing import backend_prices, charge_of, price_version_at, upper_bound_base_cost
 
@@ -213,47 +212,77 @@ class _ScopeStale(Exception):
     """A cached budget id no longer names the tenant's row (a flushed test database): re-read."""
 
 
+BUDGET = Budget._meta.db_table
+LEDGER = LedgerEntry._meta.db_table
+TENANT = Tenant._meta.db_table
+TENANT_BILLING = TenantBilling._meta.db_table
+PRICE_VERSION = PriceVersion._meta.db_table
+
+
+def _in(values) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def _money(value) -> Decimal | None:
+    """A money column as the driver returns it: PostgreSQL a Decimal, SQLite an int or the
+    nearest float (exact to 6 places below 10^9)."""
+    if value is None:
+        return None
+    return money(Decimal(repr(value)) if isinstance(value, float) else Decimal(value))
+
+
 def _lock(ids: set[int]) -> dict[int, _Row]:
-    limit_now = Case(When(kind=Budget.Kind.YEAR, then=F("tenant__annual_budget")),
-                     default=F("tenant__billing__monthly_cap"))
-    rows = (Budget.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk")
-            .annotate(limit_now=limit_now).values_list("pk", "tenant_id", "limit_now", "limit", "spent", "held"))
+    """Lock the rows in primary-key order and read them with the limit configured now."""
+    for_update = " FOR UPDATE OF b" if connection.features.has_select_for_update_of else ""
+    sql = (f'SELECT b.id, b.tenant_id, CASE WHEN b.kind = %s THEN t.annual_budget ELSE tb.monthly_cap END, '
+           f'b."limit", b.spent, b.held FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
+           f"LEFT JOIN {TENANT_BILLING} tb ON tb.tenant_id = b.tenant_id "
+           f"WHERE b.id IN ({_in(ids)}) ORDER BY b.id{for_update}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [Budget.Kind.YEAR, *sorted(ids)])
+        rows = cursor.fetchall()
     locked = {}
     for pk, tenant_id, limit, stored, spent, held in rows:
-        limit = None if limit is None else money(limit)
-        locked[pk] = _Row(pk, tenant_id, limit, stored, spent, held, spent, held)
+        spent, held = _money(spent), _money(held)
+        locked[pk] = _Row(pk, tenant_id, _money(limit), _money(stored), spent, held, spent, held)
     return locked
 
 
 def _booked_so_far(plans: list[_Plan]) -> tuple[dict[tuple[str, str], tuple[Decimal, str]], dict[str, HeldEntry]]:
     """The batch's requests' entries already in the ledger: (request, kind) -> (amount, reason),
     and their holds."""
-    ids = {p.ask.request_id for p in plans}
-    rows = LedgerEntry.objects.filter(request_id__in=ids, kind__in=[Kind.HOLD, Kind.CHARGE, Kind.RELEASE])
+    ids = list({p.ask.request_id for p in plans})
+    sql = (f"SELECT request_id, kind, amount, reason FROM {LEDGER} "
+           f"WHERE request_id IN ({_in(ids)}) AND NOT (kind = 'adjustment')")  # as the unique partial index says
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ids)
+        rows = cursor.fetchall()
     done, holds = {}, {}
-    for row in rows.values("kind", "reason", *HeldEntry.__dataclass_fields__):
-        done[row["request_id"], row["kind"]] = (row["amount"], row["reason"])
-        if row["kind"] == Kind.HOLD:
-            holds[row["request_id"]] = HeldEntry(**{k: row[k] for k in HeldEntry.__dataclass_fields__})
+    for request_id, kind, amount, reason in rows:
+        done[request_id, kind] = (_money(amount), reason)
+        if kind == Kind.HOLD:
+            holds[request_id] = held_get(request_id)  # a retried admission (rare): the memo or the ledger
     return done, holds
 
 
 def _reprice_superseded(plans: list[_Plan]) -> None:
-    """A hold priced from the cache is re-priced if a newer version took effect before its admission."""
+    """A hold priced from the cache is re-priced if a newer version of its class took effect
+    before its admission (a change made in another process)."""
     holds = [p for p in plans if p.priced is not None]
     if not holds:
         return
-    latest_at = max(p.ask.at for p in holds)
-    since = min(p.priced.version_since for p in holds)
-    versions = PriceVersion.objects.filter(
-        priority_class_id__in={p.priced.version_class_id for p in holds}, effective_at__gte=since,
-        effective_at__lte=latest_at).values_list("pk", "priority_class_id", "effective_at")
-    by_class = defaultdict(list)
-    for pk, class_id, effective_at in versions:
-        by_class[class_id].append((effective_at, pk))
+    adapt = connection.ops.adapt_datetimefield_value
+    newer, params = [], []
+    for class_id, since, pk in {(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id)
+                                for p in holds}:
+        newer.append("(priority_class_id = %s AND (effective_at > %s OR (effective_at = %s AND id > %s)))")
+        params += [class_id, adapt(since), adapt(since), pk]
+    sql = f"SELECT DISTINCT priority_class_id FROM {PRICE_VERSION} WHERE effective_at <= %s AND ({' OR '.join(newer)})"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [adapt(max(p.ask.at for p in holds)), *params])
+        superseded = {class_id for (class_id,) in cursor.fetchall()}
     for plan in holds:
-        mine = (plan.priced.version_since, plan.priced.held.price_version_id)
-        if any(v > mine and v[0] <= plan.ask.at for v in by_class[plan.priced.version_class_id]):
+        if plan.priced.version_class_id in superseded:
             scope = budget_scope(tenant_slug=plan.ask.tenant_slug, at=plan.ask.at)
             plan.priced = _price(plan.ask, plan.priced.held.class_name, scope, refresh=True)
 

@@ -24,37 +24,38 @@ from console.live.groups import FINANCE_GROUP, tenant_group
 log = logging.getLogger(__name__)
 
 
-def publish_committed(event: dict) -> None:
-    """``{"kind", "tenant_id", "row"}`` → the tenant's viewers (and finance), after commit."""
+def publish_committed(events: list[dict]) -> None:
+    """``[{"kind", "tenant_id", "row"}, ...]`` → the tenants' viewers (and finance), after commit."""
     from console.live.publisher import publisher_running
 
     publisher = publisher_running()
     try:
         if publisher is not None:
-            publisher.notify_threadsafe(event)
+            publisher.notify_threadsafe(events)
             return
         layer = get_channel_layer()
         if layer is None:
             return
-        text = json.dumps({"type": "update", event["kind"]: [event["row"]]}, default=str)
-        async_to_sync(layer.group_send)(tenant_group(event["tenant_id"]), {"type": "tenant.update", "text": text})
-        finance = json.dumps({"type": "finance", "tenants": [event.get("slug") or str(event["tenant_id"])]})
-        async_to_sync(layer.group_send)(FINANCE_GROUP, {"type": "finance.update", "text": finance})
+        for event in events:
+            text = json.dumps({"type": "update", event["kind"]: [event["row"]]}, default=str)
+            async_to_sync(layer.group_send)(tenant_group(event["tenant_id"]), {"type": "tenant.update", "text": text})
+            finance = json.dumps({"type": "finance", "tenants": [event.get("slug") or str(event["tenant_id"])]})
+            async_to_sync(layer.group_send)(FINANCE_GROUP, {"type": "finance.update", "text": finance})
     except Exception:  # the write has committed; a lost live event must not fail it
         log.exception("could not publish a console event")
 
 
 def _on_entries_booked(sender, entries: list, **kwargs) -> None:
-    for entry in entries:  # already committed
-        if entry.kind == LedgerEntry.Kind.CHARGE:
-            publish_committed({"kind": "charges", "tenant_id": entry.tenant_id, "row": selectors.charge_row(entry, "")})
+    """Billing's booked entries (already committed): the charges go to the live console."""
+    publish_committed([{"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")}
+                       for e in entries if e.kind == LedgerEntry.Kind.CHARGE])
 
 
 def _on_budget_alert(sender, instance: BudgetAlert, created: bool, **kwargs) -> None:
     if created:
         tenant_id = instance.budget.tenant_id
         event = {"kind": "alerts", "tenant_id": tenant_id, "row": selectors.alert_row(instance)}
-        transaction.on_commit(lambda: publish_committed(event))
+        transaction.on_commit(lambda: publish_committed([event]))
 
 
 def connect() -> None:

@@ -66,10 +66,14 @@ class Publisher:
 
     # --- input ---------------------------------------------------------------------------
 
-    def notify_threadsafe(self, event: dict) -> None:
-        """From any thread (after a commit): ``{"kind": "charges"|"alerts", "tenant_id", "row"}``."""
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.add_event, event)
+    def notify_threadsafe(self, events: list[dict]) -> None:
+        """From any thread (after a commit): ``[{"kind": "charges"|"alerts", "tenant_id", "row"}, ...]``."""
+        if events and self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.add_events, events)
+
+    def add_events(self, events: list[dict]) -> None:
+        for event in events:
+            self.add_event(event)
 
     def add_event(self, event: dict) -> None:
         tenant_id = event["tenant_id"]
