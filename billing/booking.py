@@ -42,7 +42,7 @@ from scheduling.models import PriceVersion
 
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
-from billing.errors import BillingError, BudgetExhausted, HoldNotFound
+from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdUsed
 from billing.inflight import HeldEntry, held_forget, held_get, held_remember
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.money import ZERO, money
@@ -302,10 +302,14 @@ def _fallbacks(plan: _Plan) -> list[_Priced]:
     return [_price(ask, name, scope) for name in names]
 
 
-def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: dict[str, HeldEntry]) -> None:
+def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: dict[str, HeldEntry], done: dict) -> None:
     ask = plan.ask
-    if ask.request_id in holds:  # a retried admission: the first hold stands
-        plan.result = holds[ask.request_id]
+    rid = ask.request_id
+    if (rid, Kind.CHARGE) in done or (rid, Kind.RELEASE) in done:  # not a retry: the id is spent
+        plan.result = RequestIdUsed(f"request id {rid!r} was used by a request that has ended")
+        return
+    if rid in holds:  # a retried admission: the first hold stands
+        plan.result = holds[rid]
         return
     candidates = [plan.priced]
     refused = None
@@ -402,7 +406,7 @@ def _apply(plans: list[_Plan]) -> None:
         _reprice_superseded(plans)
         for plan in plans:
             if isinstance(plan.ask, HoldAsk):
-                _decide_hold(plan, rows, holds)
+                _decide_hold(plan, rows, holds, done)
             else:
                 _decide_end(plan, rows, done)
         entries = [e for p in plans for e in p.entries]

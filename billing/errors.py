@@ -40,3 +40,7 @@ class UnknownBackend(BillingError, LookupError):
 
 class HoldNotFound(BillingError, LookupError):
     """Settlement of a request that was never held."""
+
+
+class RequestIdUsed(BillingError):
+    """A hold for a request id whose earlier request has already ended (charged or released)."""

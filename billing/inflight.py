@@ -59,13 +59,20 @@ def held_clear() -> None:
         _memo.clear()
 
 
+def held_get_cached(request_id: str) -> HeldEntry | None:
+    """The request's hold if this process holds it in flight (no query)."""
+    with _lock:
+        return _memo.get(request_id)
+
+
 def held_get(request_id: str) -> HeldEntry | None:
     """The request's hold, from the memo or else from the ledger; None if it was never held."""
     with _lock:
         found = _memo.get(request_id)
     if found is not None:
         return found
-    row = LedgerEntry.objects.filter(request_id=request_id, kind=LedgerEntry.Kind.HOLD).values(*FIELDS).first()
+    rows = LedgerEntry.objects.of_requests([request_id]).values("kind", *FIELDS)
+    row = next((r for r in rows if r.pop("kind") == LedgerEntry.Kind.HOLD), None)
     return None if row is None else HeldEntry(**row)
 
 

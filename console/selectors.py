@@ -8,6 +8,7 @@ from typing import Iterable
 
 from django.conf import settings
 
+from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
 from billing.reports import budget_burn
 from gateway.models import ApiKey, DowngradeEvent, Tenant
@@ -46,7 +47,8 @@ def charges_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
 
 def charge_of(*, tenant: Tenant, request_id: str) -> dict | None:
     ids = [request_id, f"{tenant.slug}/{request_id}"]
-    entry = LedgerEntry.objects.filter(tenant=tenant, kind=LedgerEntry.Kind.CHARGE, request_id__in=ids).first()
+    entries = LedgerEntry.objects.of_requests(ids).filter(tenant=tenant)
+    entry = next((e for e in entries if e.kind == LedgerEntry.Kind.CHARGE), None)
     return None if entry is None else charge_row(entry, tenant.slug)
 
 
@@ -56,8 +58,14 @@ def hold_amounts(*, tenant_id: int, slug: str, request_ids: Iterable[str]) -> di
     for rid in request_ids:
         wanted[rid] = rid
         wanted[f"{slug}/{rid}"] = rid
-    rows = LedgerEntry.objects.filter(tenant_id=tenant_id, kind=LedgerEntry.Kind.HOLD, request_id__in=list(wanted))
-    return {wanted[rid]: str(amount) for rid, amount in rows.values_list("request_id", "amount")}
+    held = {rid: held_get_cached(rid) for rid in wanted}  # this process's requests in flight: no query
+    missing = [rid for rid, entry in held.items() if entry is None]
+    found = {rid: str(entry.amount) for rid, entry in held.items() if entry is not None and entry.tenant_id == tenant_id}
+    if missing:
+        rows = LedgerEntry.objects.of_requests(missing).filter(tenant_id=tenant_id)
+        found.update((rid, str(amount)) for rid, kind, amount in rows.values_list("request_id", "kind", "amount")
+                     if kind == LedgerEntry.Kind.HOLD)
+    return {wanted[rid]: amount for rid, amount in found.items()}
 
 
 def downgrade_row(event: DowngradeEvent) -> dict:

@@ -33,9 +33,9 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from billing.booking import Ask, HoldAsk, ReleaseAsk, SettleAsk, book
-from billing.errors import BillingError, BudgetExhausted
+from billing.errors import BillingError, BudgetExhausted, RequestIdUsed
 from billing.inflight import HeldEntry
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, invalid_request
 
 log = logging.getLogger(__name__)
 BUDGET_RULE = "budget"
@@ -141,6 +141,9 @@ async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tok
         raise
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
+    except RequestIdUsed:
+        public_id = request_id.split("/", 1)[-1]
+        raise invalid_request(f"X-Request-Id '{public_id}' was used by an earlier request; send a new one.") from None
     return replace(asked, cls=held.class_name, amount=held.amount, fallback=held.class_name != cls)
 
 

@@ -180,3 +180,14 @@ def test_a_late_settlement_after_the_stale_sweep_charges_once(world):
     budget = year_budget("alpha")
     assert (budget.spent, budget.held) == (D("1.12"), D("0"))
     assert ledger_mismatches() == []
+
+
+@pytest.mark.django_db
+def test_a_hold_for_a_request_id_that_has_ended_is_refused(world):
+    from billing.errors import RequestIdUsed
+
+    hold("r1")
+    hold_release(request_id="r1", reason="cancelled")
+    with pytest.raises(RequestIdUsed):
+        hold("r1")
+    assert year_budget("alpha").held == D("0")

@@ -90,3 +90,11 @@ def test_a_request_refused_by_the_queue_is_not_charged(billed):
                                                    extra_headers={"X-Priority-Class": "PLATINUM",
                                                                   "X-Request-Id": "bill-4"})
     assert ledger(billed, "rich", "bill-4") == []
+
+
+def test_a_request_id_reused_after_its_request_ended_is_refused_and_not_served_free(billed):
+    ask(billed, "rich", "bill-5")
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(billed, "rich", "bill-5")
+    assert "bill-5" in info.value.message and "earlier request" in info.value.message
+    assert [kind for kind, _, _ in ledger(billed, "rich", "bill-5")] == ["hold", "release", "charge"]
