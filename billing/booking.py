@@ -27,6 +27,7 @@ sent (the console's live feed listens).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -249,19 +250,24 @@ def _lock(ids: set[int]) -> dict[int, _Row]:
 
 
 def _booked_so_far(plans: list[_Plan]) -> tuple[dict[tuple[str, str], tuple[Decimal, str]], dict[str, HeldEntry]]:
-    """The batch's requests' entries already in the ledger: (request, kind) -> (amount, reason),
-    and their holds."""
+    """What the ledger already has of the batch's requests: their charges and releases,
+    (request, kind) -> (amount, reason), and the holds of the requests asking for one (a retried
+    admission). Holds of requests ending now are not read: the common case reads no row."""
     ids = list({p.ask.request_id for p in plans})
+    holding = list({p.ask.request_id for p in plans if p.priced is not None})
+    holds_too = f" OR request_id IN ({_in(holding)})" if holding else ""
     sql = (f"SELECT request_id, kind, amount, reason FROM {LEDGER} "
-           f"WHERE request_id IN ({_in(ids)}) AND NOT (kind = 'adjustment')")  # as the unique partial index says
+           f"WHERE request_id IN ({_in(ids)}) AND NOT (kind = 'adjustment') "  # as the unique partial index says
+           f"AND (kind <> %s{holds_too})")
     with connection.cursor() as cursor:
-        cursor.execute(sql, ids)
+        cursor.execute(sql, [*ids, Kind.HOLD, *holding])
         rows = cursor.fetchall()
     done, holds = {}, {}
     for request_id, kind, amount, reason in rows:
-        done[request_id, kind] = (_money(amount), reason)
         if kind == Kind.HOLD:
-            holds[request_id] = held_get(request_id)  # a retried admission (rare): the memo or the ledger
+            holds[request_id] = held_get(request_id)  # the memo or the ledger
+        else:
+            done[request_id, kind] = (_money(amount), reason)
     return done, holds
 
 
@@ -370,16 +376,25 @@ def _decide_end(plan: _Plan, rows: dict[int, _Row], done: dict) -> None:
         log.warning("request %s overran its hold: charged %s, held %s", rid, plan.charge, held.amount)
 
 
-def _insert(entries: list[Booked]) -> None:
-    quote = connection.ops.quote_name
-    adapt_at = connection.ops.adapt_datetimefield_value
+INSERT_ROWS = 32  # rows per INSERT statement: a handful of statement texts, each parsed once and cached
+
+
+@functools.lru_cache(maxsize=INSERT_ROWS * 2)
+def _insert_sql(vendor: str, rows: int) -> str:
+    columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
     row = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
-    sql = f"INSERT INTO {LedgerEntry._meta.db_table} ({', '.join(quote(c) for c in COLUMNS)}) VALUES "
-    params = []
-    for entry in entries:
-        params.extend(adapt_at(entry.at) if name == "at" else getattr(entry, name) for name in COLUMNS)
+    return f"INSERT INTO {LEDGER} ({columns}) VALUES " + ", ".join([row] * rows)
+
+
+def _insert(entries: list[Booked]) -> None:
+    adapt_at = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
-        cursor.execute(sql + ", ".join([row] * len(entries)), params)
+        for start in range(0, len(entries), INSERT_ROWS):
+            chunk = entries[start:start + INSERT_ROWS]
+            params = []
+            for entry in chunk:
+                params.extend(adapt_at(entry.at) if name == "at" else getattr(entry, name) for name in COLUMNS)
+            cursor.execute(_insert_sql(connection.vendor, len(chunk)), params)
 
 
 def _write_rows(rows: list[_Row]) -> None:

@@ -53,19 +53,23 @@ def charge_of(*, tenant: Tenant, request_id: str) -> dict | None:
 
 
 def hold_amounts(*, tenant_id: int, slug: str, request_ids: Iterable[str]) -> dict[str, str]:
-    """Held (largest possible) charge per live request: the 'estimated charge' of the queue table."""
-    wanted = {}
+    """Held (largest possible) charge per live request: the 'estimated charge' of the queue table.
+    This process's requests in flight come from its memo of holds; only the others are read."""
+    if not settings.FAIRGATE_BILLING:
+        return {}
+    found, missing = {}, {}
     for rid in request_ids:
-        wanted[rid] = rid
-        wanted[f"{slug}/{rid}"] = rid
-    held = {rid: held_get_cached(rid) for rid in wanted}  # this process's requests in flight: no query
-    missing = [rid for rid, entry in held.items() if entry is None]
-    found = {rid: str(entry.amount) for rid, entry in held.items() if entry is not None and entry.tenant_id == tenant_id}
+        engine_id = f"{slug}/{rid}"  # the gateway's ledger id of a request
+        entry = held_get_cached(engine_id)
+        if entry is not None and entry.tenant_id == tenant_id:
+            found[rid] = str(entry.amount)
+        else:
+            missing[engine_id] = missing[rid] = rid
     if missing:
         rows = LedgerEntry.objects.of_requests(missing).filter(tenant_id=tenant_id)
-        found.update((rid, str(amount)) for rid, kind, amount in rows.values_list("request_id", "kind", "amount")
-                     if kind == LedgerEntry.Kind.HOLD)
-    return {wanted[rid]: amount for rid, amount in found.items()}
+        found.update((missing[ledger_id], str(amount)) for ledger_id, kind, amount
+                     in rows.values_list("request_id", "kind", "amount") if kind == LedgerEntry.Kind.HOLD)
+    return found
 
 
 def downgrade_row(event: DowngradeEvent) -> dict:

@@ -35,6 +35,7 @@ from django.utils import timezone
 from billing.booking import Ask, HoldAsk, ReleaseAsk, SettleAsk, book
 from billing.errors import BillingError, BudgetExhausted, RequestIdUsed
 from billing.inflight import HeldEntry
+from gateway import metrics
 from gateway.errors import GatewayError, invalid_request
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,6 @@ class Booker:
         self._writing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing")
-        self.batches = 0
-        self.asks = 0
 
     def submit(self, ask: Ask) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -82,13 +81,14 @@ class Booker:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                started_s = loop.time()
                 try:
                     results = await loop.run_in_executor(self._thread, _book_in_thread, [ask for ask, _ in batch])
                 except BaseException as failed:  # the whole batch: every caller gets the error
                     log.exception("billing batch of %s failed", len(batch))
                     results = [failed] * len(batch)
-                self.batches += 1
-                self.asks += len(batch)
+                metrics.BILLING_BATCH_SECONDS.observe(loop.time() - started_s)
+                metrics.BILLING_BATCH_ASKS.observe(len(batch))
                 for (_, future), result in zip(batch, results):
                     if future.done():
                         continue

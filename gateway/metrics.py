@@ -19,6 +19,11 @@ UPSTREAM_ERRORS = Counter("fairgate_upstream_errors", "Upstream failures, by bac
                           ["backend", "kind"], registry=REGISTRY)
 WAIT = Histogram("fairgate_queue_wait_seconds", "Time from admission to dispatch, by class.", ["cls"],
                  buckets=WAIT_BUCKETS_S, registry=REGISTRY)
+BILLING_BATCH_ASKS = Histogram("fairgate_billing_batch_asks", "Holds, settlements and releases booked per transaction.",
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=REGISTRY)
+BILLING_BATCH_SECONDS = Histogram("fairgate_billing_batch_seconds", "Time to book one batch (its transaction).",
+                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+                                  registry=REGISTRY)
 COMPLETED = Counter("fairgate_requests_completed", "Requests served, by class.", ["cls"], registry=REGISTRY)
 
 

@@ -3,8 +3,8 @@ is cached never lets a stale price, limit or hold through.
 
 `book` runs a fixed set of statements per batch, whatever its size: lock the budget rows, read
 the requests' entries, re-read the batch's price versions (only when it holds), one multi-row
-INSERT, one UPDATE per moved budget row (executemany: one query as Django counts), plus
-SAVEPOINT/RELEASE inside the test's transaction (BEGIN/COMMIT in the gateway).
+INSERT per INSERT_ROWS entries, one UPDATE per moved budget row (executemany: one query as Django
+counts), plus SAVEPOINT/RELEASE inside the test's transaction (BEGIN/COMMIT in the gateway).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import cache
-from billing.booking import HoldAsk, ReleaseAsk, SettleAsk, book
+from billing.booking import INSERT_ROWS, HoldAsk, ReleaseAsk, SettleAsk, book
 from billing.errors import BudgetExhausted, HoldNotFound
 from billing.inflight import HeldEntry, held_get
 from billing.models import Budget, LedgerEntry, TenantBilling
@@ -26,8 +26,12 @@ from gateway.models import Tenant
 from scheduling.models import Backend, PriceVersion
 from tests.billing.helpers import hold, settle, year_budget
 
-PER_BATCH = 7  # SAVEPOINT, lock, entries so far, price versions, INSERT, UPDATE, RELEASE
+PER_BATCH = 6  # SAVEPOINT, lock, entries so far, price versions, UPDATE, RELEASE; plus the INSERTs:
 ASKS = 200
+
+
+def inserts(entries: int) -> int:
+    return -(-entries // INSERT_ROWS)
 
 
 def _holds(prefix: str, n: int, *, tenant: str = "alpha") -> list[HoldAsk]:
@@ -40,14 +44,15 @@ def _holds(prefix: str, n: int, *, tenant: str = "alpha") -> list[HoldAsk]:
 def test_a_batch_costs_the_statements_of_one_ask(world, django_assert_max_num_queries,
                                                  django_capture_on_commit_callbacks):
     hold("warm-up")  # fills the caches
-    with django_capture_on_commit_callbacks(execute=True), django_assert_max_num_queries(PER_BATCH):
+    with django_capture_on_commit_callbacks(execute=True), \
+            django_assert_max_num_queries(PER_BATCH + inserts(ASKS)):
         held = book(_holds("r", ASKS))
     assert all(isinstance(h, HeldEntry) for h in held)
     now = timezone.now()
     settles = [SettleAsk(request_id=f"r{i}", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)
                for i in range(ASKS // 2)]
     releases = [ReleaseAsk(request_id=f"r{i}", reason="cancelled", at=now) for i in range(ASKS // 2, ASKS)]
-    with django_assert_max_num_queries(PER_BATCH - 1):  # no holds: no price check
+    with django_assert_max_num_queries(PER_BATCH - 1 + inserts(3 * ASKS // 2)):  # no holds: no price check
         results = book(settles + releases)
     assert results == [D("1.12")] * (ASKS // 2) + [True] * (ASKS // 2)
     budget = year_budget("alpha")
@@ -86,7 +91,7 @@ def test_settle_and_release_of_one_request_in_one_batch_end_it_once(world):
 def test_a_monthly_cap_moves_both_rows_in_the_same_statements(world, django_assert_max_num_queries):
     TenantBilling.objects.create(tenant=world["alpha"], monthly_cap=D("100"))
     hold("warm-up")
-    with django_assert_max_num_queries(PER_BATCH):
+    with django_assert_max_num_queries(PER_BATCH + 1):
         book(_holds("r", 10))
     month = Budget.objects.get(tenant__slug="alpha", kind="month")
     assert month.held == year_budget("alpha").held == D("35.2")
