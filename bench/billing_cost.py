@@ -1,4 +1,6 @@
-"""What billing costs per request: one budget_hold + one charge_settle, in microseconds.
+"""What billing costs per request: one budget_hold + one charge_settle, in microseconds, booked
+alone (each its own transaction, as an idle gateway books them) and in batches (as a busy
+gateway's group commit books them: `--batch` holds in one transaction, then their settlements).
 
     .venv/bin/python bench/billing_cost.py                 # the database of the environment
     .venv/bin/python bench/billing_cost.py --all           # SQLite file and PostgreSQL, side by side
@@ -62,6 +64,23 @@ def _pair(n: int) -> tuple[float, float]:
     return (t1 - t0) * 1e6, (t2 - t1) * 1e6
 
 
+def _batched(rounds: int, size: int) -> float:
+    """Microseconds per request (hold + settle) booked `size` at a time."""
+    from django.utils import timezone
+
+    from billing.booking import HoldAsk, SettleAsk, book
+
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        now = timezone.now()
+        ids = [f"batch{r}-{i}" for i in range(size)]
+        book([HoldAsk(request_id=rid, tenant_slug="bench", class_name="INTERACTIVE", model="m", prompt_tokens=800,
+                      max_output_tokens=512, at=now) for rid in ids])
+        book([SettleAsk(request_id=rid, backend_name="gpu-b", prompt_tokens=800, completion_tokens=300, at=now)
+              for rid in ids])
+    return (time.perf_counter() - t0) / (rounds * size) * 1e6
+
+
 def _queries() -> dict[str, int]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -86,7 +105,7 @@ def _reference_query_us(rounds: int) -> float:
     return (time.perf_counter() - t0) / rounds * 1e6
 
 
-def measure(pairs: int, warmup: int) -> dict:
+def measure(pairs: int, warmup: int, batch: int) -> dict:
     _setup_django()
     from django.db import connection
 
@@ -101,6 +120,7 @@ def measure(pairs: int, warmup: int) -> dict:
             _pair(-1 - n)
         samples = [_pair(n) for n in range(pairs)]
         queries = _queries()
+        batched_us = _batched(max(1, pairs // batch), batch)
         reference_us = _reference_query_us(pairs)
     finally:
         connection.creation.destroy_test_db(test_name, verbosity=0)
@@ -111,7 +131,8 @@ def measure(pairs: int, warmup: int) -> dict:
         "pair_us_median": round(statistics.median(pair_us)), "pair_us_mean": round(statistics.fmean(pair_us)),
         "pair_us_p95": round(statistics.quantiles(pair_us, n=20)[18]),
         "hold_us_median": round(statistics.median(holds)), "settle_us_median": round(statistics.median(settles)),
-        "queries": queries, "one_orm_read_us": round(reference_us),
+        "queries": queries, "batch": batch, "batched_pair_us": round(batched_us),
+        "one_orm_read_us": round(reference_us),
         "pair_in_orm_reads": round(statistics.median(pair_us) / reference_us, 1),
     }
 
@@ -120,17 +141,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=32, help="asks per transaction in the batched run")
     parser.add_argument("--all", action="store_true", help="run on SQLite and on PostgreSQL (--postgres-url)")
     parser.add_argument("--postgres-url", default=POSTGRES_URL)
     args = parser.parse_args()
     if not args.all:
-        print(json.dumps(measure(args.pairs, args.warmup)))
+        print(json.dumps(measure(args.pairs, args.warmup, args.batch)))
         return
     for url in ("", args.postgres_url):
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         if url:
             env["DATABASE_URL"] = url
-        subprocess.run([sys.executable, __file__, "--pairs", str(args.pairs), "--warmup", str(args.warmup)],
+        subprocess.run([sys.executable, __file__, "--pairs", str(args.pairs), "--warmup", str(args.warmup),
+                        "--batch", str(args.batch)],
                        env=env, check=True)
 
 

@@ -1,7 +1,8 @@
 """ORM calls from the gateway's async code: one helper, so connection hygiene lives in one place.
 
 The gateway's request cycle sends no request_started/finished signals (see gateway.asgi), so
-each call recycles stale or expired connections itself, as a long-running worker must.
+each call recycles stale or expired connections itself, as a long-running worker must. (Billing
+has a thread of its own: gateway.charging.)
 """
 from __future__ import annotations
 
@@ -15,17 +16,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def db_call(fn: Callable[P, T], *, parallel: bool = False) -> Callable[P, Awaitable[T]]:
-    """``await db_call(fn)(...)``: run ``fn`` in a worker thread with a usable connection.
-
-    By default in the one thread-sensitive worker; ``parallel=True`` uses the thread pool, so
-    independent short transactions (billing holds of different requests) overlap their
-    database round trips; each pool thread keeps its own connection.
-    """
+def db_call(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
+    """``await db_call(fn)(...)``: run ``fn`` in the one thread-sensitive worker with a usable connection."""
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         close_old_connections()
         return fn(*args, **kwargs)
 
-    return sync_to_async(run, thread_sensitive=not parallel)
+    return sync_to_async(run, thread_sensitive=True)
