@@ -6,7 +6,7 @@ gateway's group commit books them: `--batch` holds in one transaction, then thei
     .venv/bin/python bench/billing_cost.py --all           # SQLite file and PostgreSQL, side by side
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/fairgate .venv/bin/python bench/billing_cost.py
 
-Runs on a throwaway test database (created and dropped here), single thread, sequential pairs,
+Billing alone (the console's live feed is disconnected). Runs on a throwaway test database (created and dropped here), single thread, sequential pairs,
 after a warm-up. Also counts the queries of each call and times one trivial ORM read as a yardstick
 (these machines are noisy: compare `pair_in_orm_reads` across runs). One JSON line per database.
 """
@@ -114,6 +114,11 @@ def measure(pairs: int, warmup: int, batch: int) -> dict:
     else:
         connection.settings_dict["TEST"]["NAME"] = "test_fairgate_bench_billing"
     test_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    from billing.booking import entries_booked
+
+    # Billing's own cost: without a running console publisher, the live feed would send every
+    # charge to the channel layer from here, which the serving process never does.
+    entries_booked.disconnect(dispatch_uid="console-ledger-charge")
     try:
         _world()
         for n in range(warmup):

@@ -36,10 +36,15 @@ def publish_committed(events: list[dict]) -> None:
         layer = get_channel_layer()
         if layer is None:
             return
-        for event in events:
-            text = json.dumps({"type": "update", event["kind"]: [event["row"]]}, default=str)
-            async_to_sync(layer.group_send)(tenant_group(event["tenant_id"]), {"type": "tenant.update", "text": text})
-            finance = json.dumps({"type": "finance", "tenants": [event.get("slug") or str(event["tenant_id"])]})
+        by_tenant: dict[int, dict[str, list]] = {}
+        for event in events:  # one message per tenant, one for finance
+            by_tenant.setdefault(event["tenant_id"], {}).setdefault(event["kind"], []).append(event["row"])
+        for tenant_id, rows in by_tenant.items():
+            text = json.dumps({"type": "update", **rows}, default=str)
+            async_to_sync(layer.group_send)(tenant_group(tenant_id), {"type": "tenant.update", "text": text})
+        tenants = sorted({e.get("slug") or str(e["tenant_id"]) for e in events})
+        if tenants:
+            finance = json.dumps({"type": "finance", "tenants": tenants})
             async_to_sync(layer.group_send)(FINANCE_GROUP, {"type": "finance.update", "text": finance})
     except Exception:  # the write has committed; a lost live event must not fail it
         log.exception("could not publish a console event")

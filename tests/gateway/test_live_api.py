@@ -142,8 +142,10 @@ def test_duplicate_live_request_id_is_400(gw):
         client.chat.completions.create(model="m-slow", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"})
     assert "already in use" in err.value.message
     first.join()
-    # once it has ended, the id may be used again
-    client.chat.completions.create(model="m-main", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"})
+    # once it has ended, its id stays spent: the ledger charges each request id once
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m-main", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"})
+    assert "used by an earlier request" in err.value.message
 
 
 def test_health_readiness_openapi_and_metrics(gw):
