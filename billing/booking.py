@@ -162,14 +162,14 @@ def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool =
     return _Priced(held, base, version.class_id, version.effective_at)
 
 
-def _prepare(ask: Ask, *, refresh: bool) -> _Plan:
+def _prepare(ask: Ask) -> _Plan:
     plan = _Plan(ask)
     if not ask.request_id:
         raise BillingError("a billing ask needs a request id")
     if isinstance(ask, HoldAsk):
         _check_tokens(ask.prompt_tokens, ask.max_output_tokens)
-        scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at, refresh=refresh)
-        plan.priced = _price(ask, ask.class_name, scope, refresh=refresh)
+        scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at)
+        plan.priced = _price(ask, ask.class_name, scope)
         return plan
     if isinstance(ask, ReleaseAsk) and not ask.reason:
         raise BillingError("a release needs a reason")
@@ -454,9 +454,7 @@ def _book_prepared(plans: list[_Plan]) -> None:
                 ask = plan.ask
                 plan.priced = _price(ask, ask.class_name, budget_scope(tenant_slug=ask.tenant_slug, at=ask.at,
                                                                        refresh=True))
-        for plan in plans:
-            plan.entries, plan.result = [], None
-        _apply(plans)
+        _apply(plans)  # raised before deciding anything
 
 
 def book(asks: list[Ask]) -> list[object]:
@@ -468,7 +466,7 @@ def book(asks: list[Ask]) -> list[object]:
     plans, where = [], []
     for index, ask in enumerate(asks):
         try:
-            plan = _prepare(ask, refresh=False)
+            plan = _prepare(ask)
         except BillingError as refused:
             results[index] = refused
             continue
