@@ -22,7 +22,7 @@ from gateway.models import Tenant
 from billing.cache import TtlCache
 from billing.errors import UnknownTenant
 from billing.models import Budget, TenantBilling
-from billing.periods import Period, month_period_at, year_period_at
+from billing.periods import Period, month_period_at, period_key, year_period_at
 
 ALERT_THRESHOLDS_PCT = (80, 100)
 
@@ -150,5 +150,5 @@ def _load_scope(tenant_slug: str, at: datetime) -> BudgetScope:
 
 def budget_scope(*, tenant_slug: str, at: datetime, refresh: bool = False) -> BudgetScope:
     """The tenant's budget rows at `at`, created if need be (cached per fiscal period)."""
-    key = (tenant_slug, year_period_at(at).starts_at, month_period_at(at).starts_at)
+    key = (tenant_slug, period_key(at))
     return _scopes.get(key, lambda: _load_scope(tenant_slug, at), refresh=refresh)

@@ -5,6 +5,7 @@ from 1 April 2025 to 1 April 2026, end exclusive). Boundaries are aware datetime
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -61,3 +62,17 @@ def month_period_at(at: datetime) -> Period:
         starts_at=datetime(local.year, local.month, 1, tzinfo=tz),
         ends_at=datetime(next_year, next_month, 1, tzinfo=tz),
     )
+
+
+def period_key(at: datetime) -> tuple:
+    """What names `at`'s fiscal month and year under the current settings, cheaply: the month's
+    start is memoised per minute (no time zone's offset has a finer step, so a minute never
+    straddles a local midnight)."""
+    tz_name, start_month = settings.FAIRGATE_FISCAL_TZ, _start_month()
+    return tz_name, start_month, _month_start(at.replace(second=0, microsecond=0), tz_name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _month_start(minute: datetime, tz_name: str) -> datetime:
+    """`tz_name` (the setting month_period_at reads) is part of the memo's key."""
+    return month_period_at(minute).starts_at
