@@ -21,6 +21,9 @@ class BudgetExhausted(BillingError):
             f"Budget {budget_label} has {remaining}{unit} remaining; this request needs a hold of {needed}{unit}."
         )
 
+    def __reduce__(self):  # crosses from the billing worker process to the gateway
+        return type(self), (self.budget_label, self.remaining, self.needed, self.currency)
+
 
 class UnknownTenant(BillingError, LookupError):
     pass

@@ -101,6 +101,7 @@ class Lifespan:
         if scope["type"] != "lifespan":
             await self.app(scope, receive, send)
             return
+        from gateway import charging
         from gateway.runtime import dispatcher_get, dispatcher_stop
 
         while True:
@@ -108,6 +109,7 @@ class Lifespan:
             if message["type"] == "lifespan.startup":
                 try:
                     await dispatcher_get()
+                    await charging.start()  # the billing worker process
                     resolve("/v1/models")  # import the URLconf and views now, not on the first request
                     from console.live.publisher import console_live_start
 
@@ -124,6 +126,7 @@ class Lifespan:
             elif message["type"] == "lifespan.shutdown":
                 try:
                     await dispatcher_stop()
+                    await charging.stop()
                 finally:
                     await send({"type": "lifespan.shutdown.complete"})
                 return

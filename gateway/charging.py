@@ -12,9 +12,9 @@ Exactly one of ``settle``/``release`` follows every ``hold`` that returned; the 
 them shielded from cancellation, so a client disconnect never leaks a hold (nor does a client
 that leaves while its hold is being booked: the hold is released once booked).
 
-Group commit: every ask goes to one ``Booker`` per process. While a batch is being written in
-the booker's own thread (``billing.booking.book``: one transaction), new asks wait in a list;
-when it ends they all go in the next one. An idle gateway therefore books an ask at once, on
+Group commit: every ask goes to one ``Booker`` per gateway process. While a batch is being
+written by the billing worker, a process of its own (``billing.booking.book``: one
+transaction), new asks wait in a list; when it ends they all go in the next one. An idle gateway therefore books an ask at once, on
 its own; a busy one books hundreds per transaction, which is what keeps billing cheap at
 high rates. Every caller still waits for its own ask to commit: a 402 or an ``X-Charge`` is
 never given for a booking that could still be lost. ``FAIRGATE_BILLING=0`` turns the seam into
@@ -24,22 +24,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import close_old_connections
 from django.utils import timezone
 
-from billing.booking import Ask, HoldAsk, ReleaseAsk, SettleAsk, book
+from billing.booking import Ask, HoldAsk, ReleaseAsk, SettleAsk
 from billing.errors import BillingError, BudgetExhausted, RequestIdUsed
-from billing.inflight import HeldEntry
-from gateway import metrics
+from billing.inflight import HeldEntry, held_forget, held_remember
+from console.live.hooks import publish_committed
+from gateway import billing_worker, metrics
 from gateway.errors import GatewayError, invalid_request
 
 log = logging.getLogger(__name__)
 BUDGET_RULE = "budget"
+# Batches out to the worker at once: the next one waits in the pipe while one is booked, so the
+# worker need not wait for the busy event loop to read an answer before it gets more work.
+MAX_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -57,52 +59,104 @@ class Hold:
 
 
 class Booker:
-    """Collects asks on the event loop and books them in batches in one worker thread."""
+    """Collects asks on the event loop and books them in batches in the billing worker: a process
+    of its own (spawned, one Django connection), so booking never competes with the event loop
+    for the GIL. Holds and ends are mirrored in this process's memo of holds (billing.inflight,
+    which the console's queue table reads); console events the worker produced are published here."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[Ask, asyncio.Future]] = []
-        self._writing = False
+        self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing")
+        self._worker: billing_worker.Worker | None = None
+        self._worker_ready: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        """Start the worker now (Django's start-up in it takes a second), not on the first batch."""
+        await self._started()
+
+    async def _started(self) -> billing_worker.Worker:
+        if self._worker is not None and self._worker.dead:
+            await self._forget(self._worker)
+        if self._worker is None:
+            self._worker = billing_worker.Worker()
+            self._worker_ready = asyncio.ensure_future(self._worker.started())
+        worker = self._worker
+        try:
+            await self._worker_ready  # no wait once it has started
+        except BaseException:
+            await self._forget(worker)
+            raise
+        return worker
+
+    async def _forget(self, worker: billing_worker.Worker) -> None:
+        if self._worker is worker:
+            self._worker = None
+            await worker.stop()
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            await self._forget(self._worker)
 
     def submit(self, ask: Ask) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (tests): what the old one left cannot be answered
-            self._loop, self._pending, self._writing = loop, [], False
+            self._loop, self._pending, self._in_flight = loop, [], 0
         future = loop.create_future()
         self._pending.append((ask, future))
-        if not self._writing:
-            self._writing = True
-            loop.create_task(self._drain())
+        self._send()
         return future
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _send(self) -> None:
+        """Everything waiting goes as one batch, unless MAX_IN_FLIGHT batches are out already."""
+        if self._pending and self._in_flight < MAX_IN_FLIGHT:
+            batch, self._pending = self._pending, []
+            self._in_flight += 1
+            self._loop.create_task(self._run(batch))
+
+    async def _run(self, batch: list[tuple[Ask, asyncio.Future]]) -> None:
         try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                started_s = loop.time()
-                try:
-                    results = await loop.run_in_executor(self._thread, _book_in_thread, [ask for ask, _ in batch])
-                except BaseException as failed:  # the whole batch: every caller gets the error
-                    log.exception("billing batch of %s failed", len(batch))
-                    results = [failed] * len(batch)
-                metrics.BILLING_BATCH_SECONDS.observe(loop.time() - started_s)
-                metrics.BILLING_BATCH_ASKS.observe(len(batch))
-                for (_, future), result in zip(batch, results):
-                    if future.done():
-                        continue
-                    if isinstance(result, BaseException):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
+            results = await self._book([ask for ask, _ in batch])
+        except BaseException as failed:  # the whole batch: every caller gets the error
+            log.exception("billing batch of %s failed", len(batch))
+            results = [failed] * len(batch)
         finally:
-            self._writing = False
+            self._in_flight -= 1
+            self._send()
+        for (ask, future), result in zip(batch, results):
+            if future.cancelled():  # the caller left: a hold booked for it is given back
+                if isinstance(ask, HoldAsk) and isinstance(result, HeldEntry):
+                    self.submit(ReleaseAsk(request_id=ask.request_id, reason="cancelled", at=timezone.now()))
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
-
-def _book_in_thread(asks: list[Ask]) -> list[object]:
-    close_old_connections()  # the thread's connection: recycle a stale or expired one
-    return book(asks)
+    async def _book(self, asks: list[Ask]) -> list[object]:
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
+        for attempt in range(2):
+            worker = await self._started()
+            try:
+                results, events = await worker.call(asks)
+                break
+            except billing_worker.WorkerDied:  # booking is idempotent: a new worker books it again
+                log.error("the billing worker ended; booking the batch again in a new one")
+                await self._forget(worker)
+                if attempt:
+                    raise
+        metrics.BILLING_BATCH_SECONDS.observe(loop.time() - started_s)
+        metrics.BILLING_BATCH_ASKS.observe(len(asks))
+        if events:
+            publish_committed(events)
+        for ask, result in zip(asks, results):
+            if isinstance(ask, HoldAsk):
+                if isinstance(result, HeldEntry):
+                    held_remember(result)
+            else:
+                held_forget(ask.request_id)
+        return results
 
 
 _booker: Booker | None = None
@@ -115,15 +169,18 @@ def booker() -> Booker:
     return _booker
 
 
+async def start() -> None:
+    if settings.FAIRGATE_BILLING:
+        await booker().start()
+
+
+async def stop() -> None:
+    if _booker is not None:
+        await _booker.stop()
+
+
 def _budget_error(exc: BudgetExhausted) -> GatewayError:
     return GatewayError(402, "budget_exhausted", f"{exc} Ask finance to raise it, or use a cheaper class.")
-
-
-def _release_if_held(future: asyncio.Future) -> None:
-    """The client left while its hold was being booked: give the hold back."""
-    if not future.cancelled() and future.exception() is None:
-        held: HeldEntry = future.result()
-        booker().submit(ReleaseAsk(request_id=held.request_id, reason="cancelled", at=timezone.now()))
 
 
 async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
@@ -135,10 +192,7 @@ async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tok
                                      prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens,
                                      at=timezone.now(), fallback=True))
     try:
-        held: HeldEntry = await asyncio.shield(future)
-    except asyncio.CancelledError:
-        future.add_done_callback(_release_if_held)
-        raise
+        held: HeldEntry = await future  # a client that leaves cancels it: the Booker releases the hold
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
     except RequestIdUsed:

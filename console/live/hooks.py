@@ -24,10 +24,23 @@ from console.live.groups import FINANCE_GROUP, tenant_group
 log = logging.getLogger(__name__)
 
 
+_collected: list[dict] | None = None
+
+
+def collect_events(into: list[dict]) -> None:
+    """In a helper process of the gateway (its billing worker): keep the events in `into`, for the
+    gateway to publish (gateway.charging)."""
+    global _collected
+    _collected = into
+
+
 def publish_committed(events: list[dict]) -> None:
     """``[{"kind", "tenant_id", "row"}, ...]`` → the tenants' viewers (and finance), after commit."""
     from console.live.publisher import publisher_running
 
+    if _collected is not None:
+        _collected.extend(events)
+        return
     publisher = publisher_running()
     try:
         if publisher is not None:

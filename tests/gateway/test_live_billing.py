@@ -3,13 +3,16 @@ for requests that were not served. Real `serve`, simulated backend, official ope
 from __future__ import annotations
 
 import json
+import os
+import signal
 from decimal import Decimal
+from pathlib import Path
 
 import openai
 import pytest
 
 from gateway.simbackend import SimConfig, start_in_thread
-from tests.gateway.livestack import start_gateway
+from tests.gateway.livestack import start_gateway, wait_until
 
 pytestmark = pytest.mark.live
 
@@ -98,3 +101,24 @@ def test_a_request_id_reused_after_its_request_ended_is_refused_and_not_served_f
         ask(billed, "rich", "bill-5")
     assert "bill-5" in info.value.message and "earlier request" in info.value.message
     assert [kind for kind, _, _ in ledger(billed, "rich", "bill-5")] == ["hold", "release", "charge"]
+
+
+def _billing_worker_pid(gateway) -> int:
+    """The gateway's one spawned child (multiprocessing's resource tracker is another child)."""
+    pid = gateway.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    spawned = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(spawned) == 1, children
+    return spawned[0]
+
+
+def test_billing_is_booked_by_a_worker_process_that_is_replaced_if_it_dies(billed):
+    ask(billed, "rich", "bill-6")
+    worker = _billing_worker_pid(billed)
+    os.kill(worker, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{worker}").exists() or b"Z" in Path(f"/proc/{worker}/stat").read_bytes()
+               .split(b")")[-1][:3], what="the billing worker gone")
+    raw = ask(billed, "rich", "bill-7")  # the next batch starts a new worker
+    assert Decimal(raw.headers["X-Charge"]) > 0
+    assert _billing_worker_pid(billed) != worker
+    assert [kind for kind, _, _ in ledger(billed, "rich", "bill-7")] == ["hold", "release", "charge"]
