@@ -54,9 +54,9 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system) the process has used so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU seconds (user + system) the process and its live children (the gateway's billing
+        worker) have used so far (Linux /proc)."""
+        return _cpu_s(self.process.pid)
 
     def stop(self) -> None:
         if self.process.poll() is not None:
@@ -67,6 +67,15 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:  # ended meanwhile
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
 
 
 def wait_ready(server, path: str, *, limit_s: float = READY_LIMIT_S) -> None:

@@ -2,7 +2,7 @@
 
 The gateway's request cycle sends no request_started/finished signals (see gateway.asgi), so
 each call recycles stale or expired connections itself, as a long-running worker must. (Billing
-has a thread of its own: gateway.charging.)
+books in a process of its own: gateway.billing_worker.)
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import re
-import uuid
+import secrets
+import time
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -31,10 +32,16 @@ def request_body(request: HttpRequest) -> bytes:
                            f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes.") from None
 
 
+def new_request_id() -> str:
+    """``req_`` + 32 hex digits: the time in ms, then 80 random bits. Ids made in time order keep
+    the ledger's index on request ids appending at its end instead of writing all over it."""
+    return f"req_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+
+
 def _public_id(request: HttpRequest) -> str:
     given = request.headers.get("X-Request-Id")
     if given is None:
-        return "req_" + uuid.uuid4().hex
+        return new_request_id()
     if not REQUEST_ID_RE.fullmatch(given):
         raise invalid_request("X-Request-Id must be 1-128 characters of letters, digits and . _ : @ + = ~ -.")
     return given

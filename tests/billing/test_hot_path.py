@@ -196,3 +196,14 @@ def test_a_hold_for_a_request_id_that_has_ended_is_refused(world):
     with pytest.raises(RequestIdUsed):
         hold("r1")
     assert year_budget("alpha").held == D("0")
+
+
+def test_billing_refusals_cross_a_process_boundary_intact():
+    import pickle
+
+    from billing.errors import BudgetExhausted
+
+    refused = BudgetExhausted("alpha FY2026", D("0.4"), D("3.2"), "USD")
+    back = pickle.loads(pickle.dumps(refused))
+    assert (type(back), back.budget_label, back.remaining, back.needed, back.currency, str(back)) == (
+        BudgetExhausted, "alpha FY2026", D("0.4"), D("3.2"), "USD", str(refused))
