@@ -15,14 +15,25 @@ import pickle
 import threading
 import time
 from collections import deque
+from typing import Callable, Union
 
 READY = b"ready"
+Answer = Callable[[Union[bytes, BaseException]], None]
 START_TIMEOUT_S = 60.0
 
 
 class WorkerDied(RuntimeError):
     """The billing worker ended before answering. Whether the batch committed is unknown, and need
     not be: booking is idempotent per request id, so the batch is booked again by a new worker."""
+
+
+def _settle(future: asyncio.Future, answer: bytes | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(answer, BaseException):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
 
 
 class Worker:
@@ -36,34 +47,40 @@ class Worker:
                                        daemon=True)
         self.process.start()
         child.close()
-        self._waiting: deque[asyncio.Future] = deque()  # one per message still to come back
+        self._waiting: deque[Answer] = deque()  # one per message still to come back
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead = False
 
     async def started(self) -> None:
         """Wait until Django is set up in the worker (about a second)."""
-        if await asyncio.wait_for(self._next(), START_TIMEOUT_S) != READY:
+        future = asyncio.get_running_loop().create_future()
+        self._expect(lambda answer: _settle(future, answer))
+        if await asyncio.wait_for(future, START_TIMEOUT_S) != READY:
             raise WorkerDied("the billing worker did not start")
 
     async def call(self, asks: list) -> tuple[list[object], list[dict]]:
         """One batch: billing.booking.book's results and the console events it produced."""
+        future = asyncio.get_running_loop().create_future()
+        self.send(asks, lambda answer: _settle(future, answer))
+        return pickle.loads(await future)
+
+    def send(self, asks: list, on_answer: Answer) -> None:
+        """`call` without the wait: `on_answer` gets the pickled answer, or WorkerDied, straight
+        from the event loop's reader (no future or task in between)."""
         if self.dead:
-            raise WorkerDied("the billing worker has ended")
-        answer = self._next()
+            on_answer(WorkerDied("the billing worker has ended"))
+            return
+        self._expect(on_answer)
         try:
             self.conn.send_bytes(pickle.dumps(asks, pickle.HIGHEST_PROTOCOL))
         except OSError as exc:
             self._died(exc)
-        return pickle.loads(await answer)
 
-    def _next(self) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
+    def _expect(self, on_answer: Answer) -> None:
         if self._loop is None:
-            self._loop = loop
-            loop.add_reader(self.conn.fileno(), self._readable)
-        future = loop.create_future()
-        self._waiting.append(future)
-        return future
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.conn.fileno(), self._readable)
+        self._waiting.append(on_answer)
 
     def _readable(self) -> None:
         try:
@@ -71,9 +88,7 @@ class Worker:
         except (EOFError, OSError) as exc:
             self._died(exc)
             return
-        future = self._waiting.popleft()
-        if not future.done():
-            future.set_result(message)
+        self._waiting.popleft()(message)
 
     def _died(self, exc: BaseException) -> None:
         """The pipe broke: every answer still to come fails."""
@@ -81,9 +96,7 @@ class Worker:
         self._unread()
         died = WorkerDied(f"the billing worker ended: {exc!r}")
         while self._waiting:
-            future = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(died)
+            self._waiting.popleft()(died)
 
     def _unread(self) -> None:
         if self._loop is not None and not self.conn.closed:
