@@ -37,8 +37,7 @@ def _settle(future: asyncio.Future, answer: bytes | BaseException) -> None:
 
 
 class Worker:
-    """Batches go to the worker in order and their answers come back in that order, so a batch
-    may be sent while the one before it is still being booked."""
+    """Batches go to the worker in order and their answers come back in that order."""
 
     def __init__(self) -> None:
         context = multiprocessing.get_context("spawn")
