@@ -53,7 +53,7 @@ class Exchange:
         self.headers = headers  # Fairgate's response headers (id, class, downgrade)
         self.billed = False
         self.orphaned = False
-        self.settlement: asyncio.Task | None = None  # the settle task; its result is the charge
+        self.settlement: asyncio.Future | None = None  # the charge, once booked
 
     # --- ending --------------------------------------------------------------------------
 
@@ -73,11 +73,10 @@ class Exchange:
             return
         self.billed = True
         if served:
-            self.settlement = spawn(charging.settle(self.held, backend=entry.backend or "",
-                                                    prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                                                    partial=partial))
+            self.settlement = charging.settle(self.held, backend=entry.backend or "", prompt_tokens=prompt_tokens,
+                                              output_tokens=output_tokens, partial=partial)
         else:
-            spawn(charging.release(self.held, reason=outcome))
+            charging.release(self.held, reason=outcome)
 
     def response_headers(self) -> dict[str, str]:
         return {**self.headers, "X-Priority-Class": self.entry.cls, "X-Queue-Wait-Ms": str(self.entry.waited_ms)}
@@ -169,8 +168,8 @@ class Exchange:
         response = HttpResponse(content, status=upstream.status_code,
                                 content_type=upstream.headers.get("content-type", "application/json"))
         response["Content-Length"] = str(len(content))
-        if self.settlement is not None:  # shielded: a client leaving now does not undo the charge
-            charge = await asyncio.shield(self.settlement)
+        if self.settlement is not None:  # a client leaving now stops only this wait, not the booking
+            charge = await self.settlement
             if charge is not None:
                 response["X-Charge"] = str(charge)
                 response["X-Charge-Currency"] = settings.FAIRGATE_CURRENCY

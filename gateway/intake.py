@@ -14,7 +14,7 @@ from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError, invalid_request
-from gateway.exchange import Exchange, spawn
+from gateway.exchange import Exchange
 from gateway.payload import Payload, payload_estimate, payload_parse
 from gateway.runtime import dispatcher_get
 from scheduling.engine.model import Request
@@ -109,7 +109,7 @@ async def intake(request: HttpRequest, kind: str) -> Exchange:
     try:
         entry = d.admit(engine_request, public_id=public_id, declared_class=declared, rule=rule)
     except GatewayError as err:
-        spawn(charging.release(held, reason=err.code))
+        charging.release(held, reason=err.code)
         err.headers.update(headers)
         raise
     return Exchange(d, entry, payload, held, headers)

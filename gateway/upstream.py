@@ -63,6 +63,7 @@ class _Parsed:
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
+        self.parser = None  # the parser refers to us: drop the cycle, so both go by refcount, not the collector
 
 
 class _Connection:
