@@ -58,6 +58,10 @@ class Server:
         worker) have used so far (Linux /proc)."""
         return _cpu_s(self.process.pid)
 
+    def own_cpu_s(self) -> float:
+        """CPU seconds of the process itself (all its threads), without its children."""
+        return _cpu_s(self.process.pid, children=False)
+
     def stop(self) -> None:
         if self.process.poll() is not None:
             return
@@ -69,13 +73,13 @@ class Server:
             self.process.wait(timeout=10)
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int, children: bool = True) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if children else []
     except FileNotFoundError:  # ended meanwhile
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in kids)
 
 
 def wait_ready(server, path: str, *, limit_s: float = READY_LIMIT_S) -> None:

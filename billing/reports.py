@@ -80,8 +80,11 @@ def class_mix(*, tenants: QuerySet[Tenant], since: datetime | None = None, until
     return out
 
 
-def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, now: datetime | None = None) -> list[dict]:
-    """Per tenant, its fiscal-year budget: spent, held, remaining, projected spend at the current rate."""
+def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, now: datetime | None = None,
+                with_overrun: bool = True) -> list[dict]:
+    """Per tenant, its fiscal-year budget: spent, held, remaining, projected spend at the current rate,
+    and (``with_overrun``) what actual usage charged beyond the holds: a sum over the year's charges,
+    where the rest reads only the budget rows."""
     now = now or timezone.now()
     fiscal_year = fiscal_year if fiscal_year is not None else fiscal_year_of(now)
     period = year_period(fiscal_year)
@@ -92,7 +95,7 @@ def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, no
     overruns = dict(
         _charges(tenants=tenants, since=None, until=None).filter(budget__in=list(budgets.values()))
         .values("budget_id").annotate(total=MoneySum("overrun")).order_by().values_list("budget_id", "total")
-    )
+    ) if with_overrun else {}
     out = []
     for tenant in tenants.order_by("slug"):
         budget = budgets.get(tenant.pk)
@@ -107,7 +110,7 @@ def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, no
             "used_share": _ratio(spent, limit) if limit else None,
             "projected_spend": projected,
             "projected_remaining": None if limit is None else limit - projected,
-            "overrun": or_zero(overruns.get(budget.pk)) if budget else ZERO,
+            **({"overrun": or_zero(overruns.get(budget.pk)) if budget else ZERO} if with_overrun else {}),
         })
     return out
 

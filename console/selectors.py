@@ -27,8 +27,9 @@ def public_id(request_id: str, slug: str) -> str:
 
 
 def budget_of(*, tenant: Tenant) -> dict:
-    """The budget bar: billing's burn report for one tenant (spent, held, remaining, limit)."""
-    rows = budget_burn(tenants=Tenant.objects.filter(pk=tenant.pk))
+    """The budget bar: billing's burn report for one tenant (spent, held, remaining, limit), from
+    its budget row alone (the live console refreshes it every few seconds under traffic)."""
+    rows = budget_burn(tenants=Tenant.objects.filter(pk=tenant.pk), with_overrun=False)
     row = rows[0] if rows else {}
     return {"currency": settings.FAIRGATE_CURRENCY,
             **{k: _text(row.get(k)) for k in ("limit", "spent", "held", "remaining", "projected_spend")}}

@@ -102,7 +102,7 @@ def test_surge_command_replays_a_tiny_surge_and_prints_the_timeline(tmp_path: Pa
 @pytest.mark.live
 def test_overhead_benchmark_produces_its_tables(tmp_path: Path):
     stack = gateway_overhead.stack_start(tmp_path)
-    args = Namespace(phase_s=1.0, step_s=1.0, latency_rates=(20,), rates=(20,), rounds=1)
+    args = Namespace(phase_s=1.0, step_s=1.0, latency_rates=(20,), rates=(20,), rounds=1, connections=(4, 8))
     try:
         found = asyncio.run(gateway_overhead.measure(stack, args))
     finally:
@@ -111,6 +111,9 @@ def test_overhead_benchmark_produces_its_tables(tmp_path: Path):
     for phase in (direct, billing_on, billing_off):
         assert phase.ok_share > 0 and phase.p50_ms is not None and phase.p99_ms is not None
     assert billing_on.gateway_cpu_ms_per_request is not None
-    assert all(rate > 0 for rates in found["saturation"].values() for rate in rates)
+    for runs in found["saturation"].values():
+        assert [r.connections for r in runs] == [4, 8]
+        assert all(r.ok_per_s > 0 and 0 < r.busy < 2 for r in runs)
     text = gateway_overhead.render(found)
     assert "### Added latency" in text and "### Billing on vs off" in text and "| 20/s |" in text
+    assert "| 4 |" in text and "| 8 |" in text and "the peak over the concurrencies" in text

@@ -61,6 +61,19 @@ def test_burn_adds_up_to_the_ledger_and_projects_the_year(traffic):
     assert rows["gamma"]["spent"] == 0 and rows["gamma"]["remaining"] is None
 
 
+def test_burn_without_overrun_reads_the_budget_rows_only(traffic):
+    """The console's budget bar (refreshed every few seconds under traffic) must not sum the ledger."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    when = {"tenants": Tenant.objects.all(), "fiscal_year": 2025, "now": datetime(2025, 7, 2, 12, tzinfo=dt_timezone.utc)}
+    full = reports.budget_burn(**when)
+    with CaptureQueriesContext(connection) as queries:
+        lean = reports.budget_burn(**when, with_overrun=False)
+    assert lean == [{k: v for k, v in row.items() if k != "overrun"} for row in full]
+    assert not [q["sql"] for q in queries.captured_queries if LedgerEntry._meta.db_table in q["sql"]]
+
+
 def test_class_mix_shares_add_to_one_per_tenant_month(traffic):
     rows = reports.class_mix(tenants=Tenant.objects.filter(slug="alpha"))
     jan = {r["class"]: r for r in rows if r["month"] == "2025-01"}
