@@ -6,6 +6,10 @@ below bump a generation counter, and an entry loaded under an older generation i
 (also when its load raced with the change). Callers that find a cached value contradicted by the
 database ask again with `refresh=True`.
 
+A process with idle moments (the gateway's billing worker) reloads entries past half their life
+then, one at a time (`caches_refresh_one`), so the requests that would find them expired do not
+wait for the loads.
+
 What must be exact is not trusted to these caches: budget limits and balances are read under the
 budget rows' lock by billing.booking, which also re-checks that the price version picked from
 the cache is still the one in force.
@@ -22,6 +26,7 @@ T = TypeVar("T")
 _generation = 0
 _generation_lock = threading.Lock()
 _on_invalidate: list[Callable[[], None]] = []
+_caches: list["TtlCache"] = []
 
 
 def caches_invalidate() -> None:
@@ -51,6 +56,25 @@ class _Entry(Generic[T]):
     value: T
     generation: int
     loaded_at_s: float
+    load: Callable[[], T]
+
+
+def caches_refresh_one(older_than_s: float = CACHE_TTL_S / 2) -> bool:
+    """Reload the oldest entry of this process's caches that is at least `older_than_s` old and was
+    read since it was loaded (an idle process stops reloading); whether one was. An entry whose
+    load fails is dropped (the next `get` loads it, and fails, there)."""
+    now_s = time.monotonic()
+    oldest = min(((cache._entries[key].loaded_at_s, cache, key) for cache in _caches for key in list(cache._read)
+                  if key in cache._entries), default=None, key=lambda found: found[0])
+    if oldest is None or now_s - oldest[0] < older_than_s:
+        return False
+    _, cache, key = oldest
+    cache._read.discard(key)
+    try:
+        cache.get(key, cache._entries[key].load, refresh=True, read=False)
+    except Exception:
+        cache._entries.pop(key, None)
+    return True
 
 
 class TtlCache(Generic[T]):
@@ -59,20 +83,25 @@ class TtlCache(Generic[T]):
     def __init__(self, ttl_s: float = CACHE_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._entries: dict[Hashable, _Entry[T]] = {}
+        self._read: set[Hashable] = set()  # keys read since their entry was loaded
         on_invalidate(self.clear)  # the generation alone would do; this frees the memory
+        _caches.append(self)
 
-    def get(self, key: Hashable, load: Callable[[], T], *, refresh: bool = False) -> T:
+    def get(self, key: Hashable, load: Callable[[], T], *, refresh: bool = False, read: bool = True) -> T:
         now_s = time.monotonic()
+        if read:
+            self._read.add(key)
         entry = None if refresh else self._entries.get(key)
         if entry is not None and entry.generation == _generation and now_s - entry.loaded_at_s < self.ttl_s:
             return entry.value
         generation = _generation  # read before loading: a change during the load makes this entry stale
         value = load()
-        self._entries[key] = _Entry(value, generation, now_s)
+        self._entries[key] = _Entry(value, generation, now_s, load)
         return value
 
     def clear(self) -> None:
         self._entries.clear()
+        self._read.clear()
 
 
 def connect_invalidation() -> None:

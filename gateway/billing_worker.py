@@ -18,6 +18,8 @@ from collections import deque
 from typing import Callable, Union
 
 READY = b"ready"
+IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
+CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
 Answer = Callable[[Union[bytes, BaseException]], None]
 START_TIMEOUT_S = 60.0
 
@@ -122,12 +124,17 @@ def serve(conn, gateway_pid: int) -> None:
     import django
 
     django.setup()
+    from billing.cache import caches_refresh_one
     from console.live.hooks import collect_events
 
     collect_events(_events)
     threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
     conn.send_bytes(READY)
     while True:
+        if not conn.poll(IDLE_S):  # idle: reload what is ageing now, not when a request needs it
+            if not caches_refresh_one():
+                conn.poll(CACHE_CHECK_S)
+            continue
         try:
             asks = pickle.loads(conn.recv_bytes())
         except EOFError:  # the gateway stopped
