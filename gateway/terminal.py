@@ -1,4 +1,9 @@
-"""Finished requests, kept for GET /v1/queue/{id}: bounded in count and in age."""
+"""Finished requests, kept for GET /v1/queue/{id}: bounded in count and in age.
+
+Kept in two insertion-ordered dicts (record by key, time by key) rather than one of
+``(time, record)`` tuples: a tuple holding a dict stays tracked by the garbage collector
+forever, and at the default 100,000 records every full collection would walk them all
+(the records, keys and times themselves are untracked)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -8,23 +13,26 @@ class TerminalLog:
     def __init__(self, *, keep_ms: int, max_entries: int) -> None:
         self.keep_ms = keep_ms
         self.max_entries = max_entries
-        self._items: OrderedDict[tuple[str, str], tuple[int, dict]] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], dict] = OrderedDict()
+        self._added_ms: OrderedDict[tuple[str, str], int] = OrderedDict()  # same keys, same order
 
     def add(self, tenant: str, public_id: str, record: dict, *, now_ms: int) -> None:
         key = (tenant, public_id)
-        self._items.pop(key, None)
-        self._items[key] = (now_ms, record)
+        self._records.pop(key, None)
+        self._added_ms.pop(key, None)
+        self._records[key] = record
+        self._added_ms[key] = now_ms
         self._prune(now_ms)
 
     def get(self, tenant: str, public_id: str, *, now_ms: int) -> dict | None:
         self._prune(now_ms)
-        hit = self._items.get((tenant, public_id))
-        return None if hit is None else hit[1]
+        return self._records.get((tenant, public_id))
 
     def _prune(self, now_ms: int) -> None:
-        items = self._items
-        while items and (len(items) > self.max_entries or next(iter(items.values()))[0] <= now_ms - self.keep_ms):
-            items.popitem(last=False)
+        added_ms = self._added_ms
+        while added_ms and (len(added_ms) > self.max_entries or next(iter(added_ms.values())) <= now_ms - self.keep_ms):
+            key, _ = added_ms.popitem(last=False)
+            del self._records[key]
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._records)

@@ -110,6 +110,30 @@ def test_terminal_log_is_bounded_by_age_and_count():
     assert log.get("t", "c", now_ms=1020) is None  # older than an hour (here: 1 s)
 
 
+def test_terminal_log_re_adding_an_id_makes_it_newest():
+    log = TerminalLog(keep_ms=1000, max_entries=2)
+    log.add("t", "a", {"state": "completed"}, now_ms=0)
+    log.add("t", "b", {"state": "completed"}, now_ms=10)
+    log.add("t", "a", {"state": "cancelled"}, now_ms=20)
+    log.add("t", "c", {"state": "completed"}, now_ms=30)  # over the count: the oldest, b, goes
+    assert log.get("t", "b", now_ms=30) is None and log.get("t", "a", now_ms=30)["state"] == "cancelled"
+    assert len(log) == 2
+
+
+def test_terminal_log_records_are_invisible_to_the_garbage_collector():
+    """100,000 kept records must not lengthen every full collection: nothing per record is tracked."""
+    import gc
+
+    log = TerminalLog(keep_ms=10**9, max_entries=10**6)
+    gc.collect()
+    before = len(gc.get_objects())
+    for n in range(5000):
+        log.add("t", f"r{n}", {"id": f"r{n}", "state": "completed", "position": None, "waited_ms": n}, now_ms=n)
+    gc.collect()
+    added = len(gc.get_objects()) - before
+    assert added < 50, f"{added} objects tracked by the collector for 5,000 records"
+
+
 # --- the dispatcher on a real engine ---------------------------------------------------------
 
 def _config(slots: int = 1) -> SchedulerConfig:
