@@ -62,8 +62,10 @@ class GatewayASGIHandler(ASGIHandler):
             if not task.done():
                 task.cancel()
                 await asyncio.wait((task,))
-        if not responder.cancelled() and responder.exception() is not None:
-            raise responder.exception()
+        failures = [task.exception() for task in (listener, responder) if not task.cancelled()]  # all retrieved
+        for failure in failures:
+            if failure is not None:
+                raise failure
 
     async def _view(self, request, send) -> None:
         response = await self.run_get_response(request)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
 from django.http import HttpResponse
 
 from gateway.asgi import GatewayASGIHandler
@@ -96,6 +97,20 @@ def test_a_client_that_leaves_cancels_the_view_and_nothing_is_sent():
         client = _Client(left=True)
         await asyncio.wait_for(handler._respond(None, client.receive, client.send), 2)
         assert handler.views_ended == 1 and client.sent == []
+
+    asyncio.run(scenario())
+
+
+def test_a_broken_receive_cancels_the_view_and_its_error_is_raised():
+    async def scenario():
+        handler = _Handler(view_s=5.0)
+
+        async def receive():
+            raise OSError("connection reset")
+
+        with pytest.raises(OSError, match="connection reset"):
+            await asyncio.wait_for(handler._respond(None, receive, _Client().send), 2)
+        assert handler.views_ended == 1
 
     asyncio.run(scenario())
 
