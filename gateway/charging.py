@@ -19,8 +19,9 @@ Group commit: every ask goes to one ``Booker`` per gateway process. While a batc
 written by the billing worker, a process of its own (``billing.booking.book``: one
 transaction), new asks wait in a list; when it ends they all go in the next one. An idle gateway
 therefore books an ask at once, on its own; a busy one books many per transaction (about 15 at
-1,400 requests/s in the overhead benchmark), which is what keeps billing cheap at high rates. Every caller still waits for its own ask to commit: a 402 or an ``X-Charge`` is
-never given for a booking that could still be lost. ``FAIRGATE_BILLING=0`` turns the seam into
+1,400 requests/s in the overhead benchmark), which is what keeps billing cheap at high rates.
+Every caller still waits for its own ask to commit: a 402 or an ``X-Charge`` is never given for
+a booking that could still be lost. ``FAIRGATE_BILLING=0`` turns the seam into
 no-ops (used by the benchmark that measures billing's cost).
 """
 from __future__ import annotations
