@@ -61,19 +61,13 @@ class _Entry(Generic[T]):
 
 def caches_refresh_one(older_than_s: float = CACHE_TTL_S / 2) -> bool:
     """Reload the oldest entry of this process's caches that is at least `older_than_s` old and was
-    read since it was loaded (an idle process stops reloading); whether one was. An entry whose
-    load fails is dropped (the next `get` loads it, and fails, there)."""
-    now_s = time.monotonic()
-    oldest = min(((cache._entries[key].loaded_at_s, cache, key) for cache in _caches for key in list(cache._read)
-                  if key in cache._entries), default=None, key=lambda found: found[0])
-    if oldest is None or now_s - oldest[0] < older_than_s:
+    read since it was loaded (an idle process stops reloading); whether one was."""
+    oldest = min(((found[0], cache, found[1]) for cache in _caches if (found := cache.oldest_read()) is not None),
+                 default=None, key=lambda candidate: candidate[0])
+    if oldest is None or time.monotonic() - oldest[0] < older_than_s:
         return False
     _, cache, key = oldest
-    cache._read.discard(key)
-    try:
-        cache.get(key, cache._entries[key].load, refresh=True, read=False)
-    except Exception:
-        cache._entries.pop(key, None)
+    cache.reload(key)
     return True
 
 
@@ -98,6 +92,20 @@ class TtlCache(Generic[T]):
         value = load()
         self._entries[key] = _Entry(value, generation, now_s, load)
         return value
+
+    def oldest_read(self) -> tuple[float, Hashable] | None:
+        """(loaded at, key) of the oldest entry read since it was loaded."""
+        return min(((self._entries[key].loaded_at_s, key) for key in self._read if key in self._entries),
+                   default=None, key=lambda found: found[0])
+
+    def reload(self, key: Hashable) -> None:
+        """Load `key` again now (not a read). An entry whose load fails is dropped: the next `get`
+        loads it, and meets the failure, itself."""
+        self._read.discard(key)
+        try:
+            self.get(key, self._entries[key].load, refresh=True, read=False)
+        except Exception:
+            self._entries.pop(key, None)
 
     def clear(self) -> None:
         self._entries.clear()
