@@ -20,7 +20,7 @@ class BudgetAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ("at", "kind", "tenant", "request_id", "class_name", "amount", "overrun", "reason", "author")
+    list_display = ("at", "kind", "tenant", "request_id", "class_name", "amount", "unbilled", "reason", "author")
     list_filter = ("kind", "class_name", "tenant")
     search_fields = ("request_id", "reason", "author")
     date_hierarchy = "at"

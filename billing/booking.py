@@ -14,11 +14,15 @@ Inside the transaction, in this order:
    (hold, settlement, release, the stale-hold sweep, an adjustment) takes its rows' locks first,
    in that order, so writers never deadlock and step 2 cannot race.
 2. The ledger's entries of the batch's requests are read: a retried hold, a second settlement or
-   a release after a settlement is decided from what is already booked (applied once).
+   a release after a settlement is decided from what is already booked (applied once). An id
+   whose request ended unserved may be sent again: each attempt books under its own key
+   (``id``, ``id#2``, ...), and an id that was served is refused.
 3. The price versions of the batch's classes are re-read: a hold priced from the in-process cache
    is re-priced if another process made a newer version take effect before its admission.
 4. The asks are decided in order against the locked balances: a hold fits only if every row it
-   moves keeps ``spent + held <= limit``, so concurrent holds at a budget's edge never overspend.
+   moves keeps ``spent + held <= limit``, so concurrent holds at a budget's edge never overspend,
+   and a charge never exceeds its hold (the rest of what usage priced is recorded as unbilled),
+   so settling keeps ``spent + held <= limit`` too.
 5. One INSERT appends the entries; one UPDATE per moved row writes its new balance; 80 %/100 %
    crossings are recorded as alerts.
 
@@ -29,13 +33,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Union
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.dispatch import Signal
 
 from gateway.models import Tenant
@@ -43,7 +47,7 @@ from scheduling.models import PriceVersion
 
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
-from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdUsed
+from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdInUse, RequestIdUsed
 from billing.inflight import HeldEntry, held_forget, held_get, held_remember
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.money import ZERO, money
@@ -51,7 +55,10 @@ from billing.pricing import backend_prices, charge_of, price_version_at, upper_b
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
-STALE_REASON = "stale"  # released by the sweep: a late settlement still charges what was consumed
+STALE_REASON = "stale"  # released by the age sweep: a late settlement still charges what was consumed
+OWNER_GONE_REASON = "owner_gone"  # released because its gateway process died (billing.heartbeats)
+LATE_SETTLEMENT_REASONS = frozenset({STALE_REASON, OWNER_GONE_REASON})
+MAX_ATTEMPTS = 64  # requests one id may name: an id whose request ended unserved may be sent again
 MAX_BATCH = 256  # asks per transaction (3 entries × 18 columns each stays far below bind limits)
 
 # Sent after commit with every entry a batch appended: entries_booked.send(sender=None, entries=[Booked, ...]).
@@ -68,6 +75,7 @@ class HoldAsk:
     max_output_tokens: int
     at: datetime
     fallback: bool = False  # may fall back to a cheaper class if the tenant is configured to
+    owner: str = ""  # the gateway process asking (billing.heartbeats); empty: not a gateway's request
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,14 @@ Ask = Union[HoldAsk, SettleAsk, ReleaseAsk]
 
 
 @dataclass(frozen=True)
+class Charged:
+    """A settlement's result: what was charged, and what the usage priced beyond what could be."""
+
+    amount: Decimal
+    unbilled: Decimal = ZERO
+
+
+@dataclass(frozen=True)
 class Booked:
     """One ledger entry as appended (the columns of LedgerEntry but its id)."""
 
@@ -109,6 +125,8 @@ class Booked:
     completion_tokens: int = 0
     base_cost: Decimal = ZERO
     overrun: Decimal = ZERO
+    unbilled: Decimal = ZERO
+    owner: str = ""
     reason: str = ""
     author: str = ""
 
@@ -120,7 +138,8 @@ assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields if 
 def _booked(held: HeldEntry, *, kind: str, amount: Decimal, at: datetime, **extra) -> Booked:
     return Booked(kind=kind, at=at, tenant_id=held.tenant_id, budget_id=held.budget_id,
                   month_budget_id=held.month_budget_id, request_id=held.request_id, class_name=held.class_name,
-                  price_version_id=held.price_version_id, model=held.model, amount=amount, factor=held.factor, **extra)
+                  price_version_id=held.price_version_id, model=held.model, amount=amount, factor=held.factor,
+                  owner=held.owner, **extra)
 
 
 # --- preparing: everything that needs no lock (cached prices, budget ids, the in-flight hold) ------
@@ -158,7 +177,7 @@ def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool =
     held = HeldEntry(request_id=ask.request_id, tenant_id=scope.tenant_id, budget_id=scope.year_id,
                      month_budget_id=scope.month_id, class_name=class_name, price_version_id=version.pk,
                      model=ask.model, factor=version.price_factor,
-                     amount=charge_of(base_cost=base, factor=version.price_factor))
+                     amount=charge_of(base_cost=base, factor=version.price_factor), owner=ask.owner)
     return _Priced(held, base, version.class_id, version.effective_at)
 
 
@@ -249,12 +268,18 @@ def _lock(ids: set[int]) -> dict[int, _Row]:
     return locked
 
 
-def _booked_so_far(plans: list[_Plan]) -> tuple[dict[tuple[str, str], tuple[Decimal, str]], dict[str, HeldEntry]]:
-    """What the ledger already has of the batch's requests: their charges and releases,
-    (request, kind) -> (amount, reason), and the holds of the requests asking for one (a retried
-    admission). Holds of requests ending now are not read: the common case reads no row."""
-    ids = list({p.ask.request_id for p in plans})
-    holding = list({p.ask.request_id for p in plans if p.priced is not None})
+def attempt_key(request_id: str, attempt: int) -> str:
+    """The ledger's key of the ``attempt``-th request sent with one id: the id itself, then ``id#2``..."""
+    return request_id if attempt == 1 else f"{request_id}#{attempt}"
+
+
+Done = dict[tuple[str, str], tuple[Decimal, str]]
+Holds = dict[str, HeldEntry | None]  # None: in the ledger, not read yet
+
+
+def _read_entries(ids: list[str], holding: list[str], done: Done, holds: Holds) -> None:
+    """Adds the ledger's entries of ``ids`` to ``done`` ((request, kind) -> (amount, reason)),
+    and to ``holds`` the keys of ``holding`` that have a hold."""
     holds_too = f" OR request_id IN ({_in(holding)})" if holding else ""
     sql = (f"SELECT request_id, kind, amount, reason FROM {LEDGER} "
            f"WHERE request_id IN ({_in(ids)}) AND NOT (kind = 'adjustment') "  # as the unique partial index says
@@ -262,12 +287,26 @@ def _booked_so_far(plans: list[_Plan]) -> tuple[dict[tuple[str, str], tuple[Deci
     with connection.cursor() as cursor:
         cursor.execute(sql, [*ids, Kind.HOLD, *holding])
         rows = cursor.fetchall()
-    done, holds = {}, {}
     for request_id, kind, amount, reason in rows:
         if kind == Kind.HOLD:
-            holds[request_id] = held_get(request_id)  # the memo or the ledger
+            holds[request_id] = None
         else:
             done[request_id, kind] = (_money(amount), reason)
+
+
+def _booked_so_far(plans: list[_Plan]) -> tuple[Done, Holds]:
+    """What the ledger already has of the batch's requests: their charges and releases, and
+    which of the requests asking for a hold have one (a retried admission). Holds of requests
+    ending now are not read: the common case reads no row. An id whose request ended unserved
+    (released, never charged) is asked again: its further attempts are read too."""
+    done: Done = {}
+    holds: Holds = {}
+    holding = list({p.ask.request_id for p in plans if p.priced is not None})
+    _read_entries(list({p.ask.request_id for p in plans}), holding, done, holds)
+    again = [rid for rid in holding if (rid, Kind.RELEASE) in done and (rid, Kind.CHARGE) not in done]
+    if again:
+        attempts = [attempt_key(rid, n) for rid in again for n in range(2, MAX_ATTEMPTS + 1)]
+        _read_entries(attempts, attempts, done, holds)
     return done, holds
 
 
@@ -308,37 +347,67 @@ def _fallbacks(plan: _Plan) -> list[_Priced]:
     return [_price(ask, name, scope) for name in names]
 
 
-def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: dict[str, HeldEntry], done: dict) -> None:
+def _attempt(rid: str, done: Done, holds: Holds) -> str | BillingError:
+    """The key this hold books under: the first attempt of the id not yet held, or one held and
+    still open (a retried admission); refused once an attempt was charged."""
+    for n in range(1, MAX_ATTEMPTS + 1):
+        key = attempt_key(rid, n)
+        if (key, Kind.CHARGE) in done:
+            return RequestIdUsed(f"request id {rid!r} was used by a request that was served")
+        if key not in holds or (key, Kind.RELEASE) not in done:
+            return key
+    return RequestIdUsed(f"request id {rid!r} was sent {MAX_ATTEMPTS} times without being served; use a new one")
+
+
+def _open_hold(ask: HoldAsk, key: str, holds: Holds) -> HeldEntry | BillingError:
+    """An open hold under ``key``: the same process asking again (its billing worker was
+    replaced mid-batch) gets the hold it has; another process's request is live."""
+    held = holds[key] or held_get(key)
+    if held is None or held.owner != ask.owner:
+        return RequestIdInUse(f"request id {ask.request_id!r} is in use by a live request")
+    return held
+
+
+def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: Holds, done: Done) -> None:
     ask = plan.ask
-    rid = ask.request_id
-    if (rid, Kind.CHARGE) in done or (rid, Kind.RELEASE) in done:  # not a retry: the id is spent
-        plan.result = RequestIdUsed(f"request id {rid!r} was used by a request that has ended")
+    key = _attempt(ask.request_id, done, holds)
+    if isinstance(key, BillingError):
+        plan.result = key
         return
-    if rid in holds:  # a retried admission: the first hold stands
-        plan.result = holds[rid]
+    if key in holds:
+        plan.result = _open_hold(ask, key, holds)
         return
     candidates = [plan.priced]
     refused = None
     while candidates:
         priced = candidates.pop(0)
-        moved = [rows[pk] for pk in priced.held.budget_ids]
-        blocking = next((row for row in moved if not row.fits(priced.held.amount)), None)
+        held = replace(priced.held, request_id=key)
+        moved = [rows[pk] for pk in held.budget_ids]
+        blocking = next((row for row in moved if not row.fits(held.amount)), None)
         if blocking is None:
             for row in moved:
-                row.held += priced.held.amount
-            plan.result = holds[ask.request_id] = priced.held
-            plan.entries.append(_booked(priced.held, kind=Kind.HOLD, amount=priced.held.amount, at=ask.at,
+                row.held += held.amount
+            plan.result = holds[key] = held
+            plan.entries.append(_booked(held, kind=Kind.HOLD, amount=held.amount, at=ask.at,
                                         prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens,
                                         base_cost=money(priced.base)))
             return
         if refused is None:
-            refused = _refusal(blocking, priced.held.amount)
+            refused = _refusal(blocking, held.amount)
             candidates = _fallbacks(plan) if ask.fallback else []
     plan.result = refused
 
 
-def _decide_end(plan: _Plan, rows: dict[int, _Row], done: dict) -> None:
-    """A settlement or a release of a hold."""
+def _room(rows: list[_Row]) -> Decimal | None:
+    """What the budget rows still have (the least of them); None if none has a limit."""
+    rooms = [max(row.limit - row.spent - row.held, ZERO) for row in rows if row.limit is not None]
+    return min(rooms) if rooms else None
+
+
+def _decide_end(plan: _Plan, rows: dict[int, _Row], done: Done) -> None:
+    """A settlement or a release of a hold. A charge never exceeds its hold (nor, for a late
+    settlement after the hold went back to the budget, what the budget still has): what the
+    backend's usage priced beyond that is recorded as unbilled, so no budget is ever overspent."""
     ask, held = plan.ask, plan.held
     rid = ask.request_id
     charged, released = done.get((rid, Kind.CHARGE)), done.get((rid, Kind.RELEASE))
@@ -352,28 +421,33 @@ def _decide_end(plan: _Plan, rows: dict[int, _Row], done: dict) -> None:
             done[rid, Kind.RELEASE] = (held.amount, ask.reason)
         return
     if charged is not None:  # a retried settlement charges once
-        plan.result = charged[0]
+        plan.result = Charged(charged[0])
         return
-    if released is not None and released[1] != STALE_REASON:
+    if released is not None and released[1] not in LATE_SETTLEMENT_REASONS:
         log.warning("settlement of %s ignored: released (%s) before", rid, released[1])
-        plan.result = ZERO
+        plan.result = Charged(ZERO)
         return
     if released is None:
         plan.entries.append(_booked(held, kind=Kind.RELEASE, amount=held.amount, at=ask.at, reason="settled"))
         for row in moved:
             row.held -= held.amount
         done[rid, Kind.RELEASE] = (held.amount, "settled")
-    overrun = max(plan.charge - held.amount, ZERO)
-    plan.entries.append(_booked(held, kind=Kind.CHARGE, amount=plan.charge, at=ask.at,
+        ceiling: Decimal | None = held.amount
+    else:  # late: the hold went back to the budget when its process was taken for dead
+        ceiling = _room(moved)
+    charge = plan.charge if ceiling is None else min(plan.charge, ceiling)
+    unbilled = plan.charge - charge
+    plan.entries.append(_booked(held, kind=Kind.CHARGE, amount=charge, at=ask.at,
                                 backend_name=ask.backend_name, prompt_tokens=ask.prompt_tokens,
                                 completion_tokens=ask.completion_tokens, base_cost=money(plan.base),
-                                overrun=overrun))
+                                unbilled=unbilled))
     for row in moved:
-        row.spent += plan.charge
-    done[rid, Kind.CHARGE] = (plan.charge, "")
-    plan.result = plan.charge
-    if overrun:
-        log.warning("request %s overran its hold: charged %s, held %s", rid, plan.charge, held.amount)
+        row.spent += charge
+    done[rid, Kind.CHARGE] = (charge, "")
+    plan.result = Charged(charge, unbilled)
+    if unbilled:
+        log.warning("request %s: the backend's usage priced %s beyond what could be charged (%s); recorded as "
+                    "unbilled", rid, plan.charge, charge)
 
 
 INSERT_ROWS = 32  # rows per INSERT statement: a handful of statement texts, each parsed once and cached
@@ -479,6 +553,8 @@ def book(asks: list[Ask]) -> list[object]:
         chunk = plans[start:start + MAX_BATCH]
         try:
             _book_prepared(chunk)
+        except (OperationalError, InterfaceError):  # the database is out of reach: asking again one by one won't help
+            raise
         except DatabaseError:
             if len(chunk) == 1:
                 raise

@@ -46,4 +46,14 @@ class HoldNotFound(BillingError, LookupError):
 
 
 class RequestIdUsed(BillingError):
-    """A hold for a request id whose earlier request has already ended (charged or released)."""
+    """A hold for a request id whose earlier request was served (charged), or that was sent too
+    many times: an id whose request ended unserved may be sent again."""
+
+
+class RequestIdInUse(BillingError):
+    """A hold for a request id whose earlier request is still live in another gateway process."""
+
+
+class DatabaseUnavailable(BillingError):
+    """The database could not be reached (an OperationalError or InterfaceError): the ask may be
+    sent again, booking is idempotent per request id. The gateway answers 503 service_unavailable."""

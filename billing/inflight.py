@@ -31,6 +31,7 @@ class HeldEntry:
     model: str
     factor: Decimal
     amount: Decimal
+    owner: str = ""  # the gateway process that holds it (billing.heartbeats)
 
     @property
     def budget_ids(self) -> list[int]:

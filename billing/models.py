@@ -108,7 +108,8 @@ class LedgerEntry(models.Model):
     month_budget = models.ForeignKey(
         Budget, null=True, blank=True, on_delete=models.PROTECT, related_name="month_entries", db_index=False
     )
-    request_id = models.CharField(max_length=100, blank=True)
+    # tenant slug (64) + "/" + X-Request-Id (128) + an attempt's "#NN"
+    request_id = models.CharField(max_length=200, blank=True)
     class_name = models.CharField(max_length=32, blank=True)
     price_version = models.ForeignKey(
         "scheduling.PriceVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries",
@@ -121,7 +122,17 @@ class LedgerEntry(models.Model):
     base_cost = models.DecimalField(**MONEY, default=ZERO)
     factor = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"))
     amount = models.DecimalField(**MONEY)
-    overrun = models.DecimalField(**MONEY, default=ZERO, help_text="Charge beyond the hold (tokenizer underestimate).")
+    overrun = models.DecimalField(**MONEY, default=ZERO,
+                                  help_text="Charged beyond the hold (before holds bounded every charge: always 0 now).")
+    unbilled = models.DecimalField(
+        **MONEY, default=ZERO,
+        help_text="What the backend's usage priced beyond what could be charged: beyond the hold, or, for a late "
+                  "settlement after the hold was released, beyond what the budget still had.",
+    )
+    owner = models.CharField(
+        max_length=100, blank=True,
+        help_text="The gateway process whose request this is (billing.heartbeats); empty: booked outside one.",
+    )
     reason = models.CharField(max_length=500, blank=True)
     author = models.CharField(max_length=150, blank=True)
 
@@ -137,7 +148,12 @@ class LedgerEntry(models.Model):
                 name="billing_ledger_once_per_request_and_kind",
             ),
         ]
-        indexes = [models.Index(fields=["kind", "at"]), models.Index(fields=["tenant", "kind", "at"])]
+        indexes = [
+            models.Index(fields=["kind", "at"]),
+            models.Index(fields=["tenant", "kind", "at"]),
+            # the holds of a process that died (billing.heartbeats)
+            models.Index(fields=["owner"], condition=models.Q(kind="hold"), name="billing_ledger_hold_owner"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.amount} {self.tenant_id} {self.request_id}"
@@ -172,3 +188,26 @@ class BudgetAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.budget} crossed {self.threshold_pct}%"
+
+
+class GatewayProcess(models.Model):
+    """A gateway process's heartbeat (billing.heartbeats): holds name their process, and the holds
+    of one whose heartbeat stopped are released by whoever sweeps next."""
+
+    owner = models.CharField(max_length=100, primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True, help_text="Set by a clean stop.")
+    recovered_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its last beat after beats had failed (the database was out): no process "
+                                         "is taken for dead until every live one has had time to beat again.")
+    released_at = models.DateTimeField(null=True, blank=True,
+                                       help_text="Taken for dead: its open holds were released then.")
+
+    class Meta:
+        verbose_name_plural = "gateway processes"
+
+    def __str__(self) -> str:
+        return self.owner

@@ -38,7 +38,8 @@ def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal | None:
 
 def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None,
                      until: datetime | None = None) -> list[dict]:
-    """Tenant × class × month: requests, tokens, base cost, charge, effective multiplier, overrun."""
+    """Tenant × class × month: requests, tokens, base cost, charge, effective multiplier, overrun,
+    and unbilled (what usage priced beyond the holds, not charged)."""
     rows = (
         _charges(tenants=tenants, since=since, until=until)
         .annotate(month=TruncMonth("at", tzinfo=fiscal_tz()))
@@ -46,6 +47,7 @@ def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None
         .annotate(
             requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
             base_cost=MoneySum("base_cost"), charge=MoneySum("amount"), overrun=MoneySum("overrun"),
+            unbilled=MoneySum("unbilled"),
         )
         .order_by("tenant__slug", "month", "class_name")
     )
@@ -57,6 +59,7 @@ def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None
             "requests": row["requests"], "prompt_tokens": row["prompt_tokens"] or 0,
             "completion_tokens": row["completion_tokens"] or 0, "base_cost": base, "charge": charge,
             "effective_multiplier": _ratio(charge, base), "overrun": or_zero(row["overrun"]),
+            "unbilled": or_zero(row["unbilled"]),
         })
     return out
 

@@ -46,9 +46,10 @@ def budget_hold(
 def charge_settle(
     *, request_id: str, backend_name: str, prompt_tokens: int, completion_tokens: int, at: datetime | None = None,
 ) -> Decimal:
-    """Turn the hold into the actual charge at the admission price; release the hold. Applied once."""
+    """Turn the hold into the actual charge at the admission price, at most the hold; release the
+    hold. Applied once. Returns the charge."""
     return book_one(SettleAsk(request_id=request_id, backend_name=backend_name, prompt_tokens=prompt_tokens,
-                              completion_tokens=completion_tokens, at=at or timezone.now()))
+                              completion_tokens=completion_tokens, at=at or timezone.now())).amount
 
 
 def hold_release(*, request_id: str, reason: str) -> bool:

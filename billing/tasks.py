@@ -1,6 +1,10 @@
-"""Celery tasks: the stale-hold sweep and budget-alert delivery (eager in the embedded default).
+"""Celery tasks: the sweeps of crash leftovers and budget-alert delivery (eager in the embedded
+default).
 
-Schedule (celery beat, see the report): billing.tasks.holds_sweep every 5 minutes.
+Schedule (celery beat, ``CELERY_BEAT_SCHEDULE``): ``billing.holds_release_orphaned`` every
+``FAIRGATE_ORPHAN_SWEEP_S`` (the holds of gateway processes that died, billing.heartbeats; every
+live gateway's billing worker runs the same sweep, so holds are released even without beat),
+``billing.holds_sweep`` every 5 minutes (holds older than the stale age, whoever booked them).
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from celery import shared_task
 from django.conf import settings
 
 from billing.alerts import alert_deliver_now, alerts_pending_ids
+from billing.heartbeats import holds_release_orphaned as _holds_release_orphaned
 from billing.services import holds_release_stale
 
 DEFAULT_STALE_HOLD_S = 2 * 3600  # longer than the longest SLA (BATCH 30 min) plus a long generation
@@ -31,6 +36,12 @@ def holds_sweep() -> int:
     for alert_id in alerts_pending_ids():
         alert_deliver_now(alert_id=alert_id)
     return released
+
+
+@shared_task(name="billing.holds_release_orphaned", ignore_result=True)
+def holds_release_orphaned() -> int:
+    """Release the open holds of gateway processes that are dead for billing."""
+    return _holds_release_orphaned()
 
 
 def holds_release_at_startup(*, sole_process: bool) -> int:

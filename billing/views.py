@@ -137,7 +137,7 @@ class LedgerView(ReportView):
     csv_name = "ledger"
     COLUMNS = ("id", "kind", "at", "tenant__slug", "request_id", "class_name", "price_version_id", "model",
                "backend_name", "prompt_tokens", "completion_tokens", "base_cost", "factor", "amount", "overrun",
-               "reason", "author")
+               "unbilled", "owner", "reason", "author")
 
     def get(self, request):
         params = request.query_params

@@ -59,3 +59,22 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(choices)}")
     return value
+
+
+def env_output_limits(name: str) -> dict[str, tuple[int, int]]:
+    """``model=default/max`` pairs, comma-separated: model -> (default, maximum) output tokens."""
+    raw = os.environ.get(name, "")
+    limits: dict[str, tuple[int, int]] = {}
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        model, _, pair = item.rpartition("=")
+        default, _, maximum = pair.partition("/")
+        try:
+            values = int(default), int(maximum)
+        except ValueError:
+            values = (0, 0)
+        if not model or values[0] < 1 or values[1] < values[0]:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not model=DEFAULT/MAX with 1 <= DEFAULT <= MAX")
+        limits[model] = values
+    return limits

@@ -10,17 +10,30 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_choice, env_int, env_list, env_str
+from config.env import env_bool, env_choice, env_int, env_list, env_output_limits, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("FAIRGATE_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY") or ""
-if not SECRET_KEY:
-    if not DEBUG and env_bool("FAIRGATE_REQUIRE_SECRET_KEY", False):
-        raise ImproperlyConfigured("SECRET_KEY must be set")
-    SECRET_KEY = "fairgate-embedded-insecure-key-change-me"  # embedded default only
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment. Only the embedded default (DATABASE_URL unset or SQLite,
+    REDIS_URL unset) may fall back to the public key below: the key signs sessions and CSRF tokens,
+    so a production deployment running on it would accept forged ones."""
+    key = env_str("SECRET_KEY") or ""
+    if key:
+        return key
+    database_url = env_str("DATABASE_URL") or ""
+    if env_str("REDIS_URL") or (database_url and not database_url.startswith(("sqlite:", "spatialite:"))):
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DATABASE_URL/REDIS_URL point at production services "
+            "(the embedded default's built-in key is public)")
+    return "fairgate-embedded-insecure-key-change-me"  # embedded default only
+
+
+SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 
 FAIRGATE_CONFIG = env_str("FAIRGATE_CONFIG", str(BASE_DIR / "config" / "scheduler.example.yaml"))
@@ -106,8 +119,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
+    # redis-py 8 gives every connection a 5 s socket timeout by default; channels_redis's receive
+    # blocks in BZPOPMIN for up to 5 s (its brpop_timeout), so an idle consumer's read timed out and
+    # its WebSocket was closed. The read timeout must outlast that pop. (Celery's broker is not
+    # affected: kombu passes its own socket_timeout, None, to redis-py.)
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+        }
     }
     CELERY_BROKER_URL = REDIS_URL
     CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
@@ -116,11 +136,32 @@ else:
     CELERY_BROKER_URL = "memory://"
     CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
-CELERY_BEAT_SCHEDULE = {"billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0}}
 # Budget holds and charges on the request path (off only to measure billing's own cost).
 FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
+# Crash leftovers (billing/heartbeats.py): each gateway beats this often; one silent for longer
+# than the bound is dead for billing and its holds are released by the next sweep.
+FAIRGATE_HEARTBEAT_S = env_int("FAIRGATE_HEARTBEAT_S", 5, minimum=1)
+FAIRGATE_PROCESS_DEAD_AFTER_S = env_int("FAIRGATE_PROCESS_DEAD_AFTER_S", 30, minimum=2)
+FAIRGATE_ORPHAN_SWEEP_S = env_int("FAIRGATE_ORPHAN_SWEEP_S", 15, minimum=1)
+if FAIRGATE_PROCESS_DEAD_AFTER_S < 3 * FAIRGATE_HEARTBEAT_S:
+    raise ImproperlyConfigured("FAIRGATE_PROCESS_DEAD_AFTER_S must be at least 3 x FAIRGATE_HEARTBEAT_S")
 CELERY_TIMEZONE = "UTC"
+# Budget alerts (billing/alerts.py) go by e-mail through these, and to each tenant's webhook. Without
+# EMAIL_HOST mail is printed by the worker (console backend): set it in production.
+EMAIL_HOST = env_str("EMAIL_HOST", "") or ""
+EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                 else "django.core.mail.backends.console.EmailBackend")
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "") or ""
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or ""
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "fairgate@localhost") or "fairgate@localhost"
+CELERY_BEAT_SCHEDULE = {
+    "billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0},
+    "billing-holds-release-orphaned": {"task": "billing.holds_release_orphaned",
+                                       "schedule": float(FAIRGATE_ORPHAN_SWEEP_S)},
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -152,10 +193,21 @@ LOGGING = {
 # The OpenAI-compatible ingress (gateway/). Times in ms, sizes in bytes; see .env.example.
 # Source addresses whose X-Forwarded-For is believed (CIDRs); uvicorn's own proxy trust is off.
 FAIRGATE_TRUSTED_PROXIES = env_list("FAIRGATE_TRUSTED_PROXIES", [])
-# Expected output tokens when a request names no max_tokens (reserves TPM, sizes the hold).
+# Output limits (gateway/limits.py): a request without max_tokens is held at, and sent upstream
+# with, the default; one above the maximum is refused (400). Per model: "model=default/max,...".
 FAIRGATE_DEFAULT_MAX_TOKENS = env_int("FAIRGATE_DEFAULT_MAX_TOKENS", 512, minimum=1)
+FAIRGATE_MAX_OUTPUT_TOKENS = env_int("FAIRGATE_MAX_OUTPUT_TOKENS", 32_768, minimum=1)
+FAIRGATE_MODEL_OUTPUT_LIMITS = env_output_limits("FAIRGATE_MODEL_OUTPUT_LIMITS")
+FAIRGATE_MAX_N = env_int("FAIRGATE_MAX_N", 8, minimum=1)  # choices per request
+# Tokens held per image part: the prompt's byte length cannot bound what an image costs.
+FAIRGATE_IMAGE_TOKENS = env_int("FAIRGATE_IMAGE_TOKENS", 2_048, minimum=0)
 FAIRGATE_MAX_BODY_BYTES = env_int("FAIRGATE_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = FAIRGATE_MAX_BODY_BYTES
+# Slow clients (`manage.py serve`): a request's headers must be complete this long after the
+# connection opened (first request) or the request's first byte (later ones), else 408 and close;
+# on the API paths its whole body must then arrive within the body timeout, else 408 and close.
+FAIRGATE_HEADER_TIMEOUT_MS = env_int("FAIRGATE_HEADER_TIMEOUT_MS", 10_000, minimum=1)
+FAIRGATE_BODY_TIMEOUT_MS = env_int("FAIRGATE_BODY_TIMEOUT_MS", 30_000, minimum=1)
 FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS = env_int("FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS", 5_000, minimum=1)
 FAIRGATE_UPSTREAM_READ_TIMEOUT_MS = env_int("FAIRGATE_UPSTREAM_READ_TIMEOUT_MS", 300_000, minimum=1)
 # Attempts on another (or the same) backend after a connection error or a 5xx, before 502.

@@ -11,10 +11,14 @@ import asyncio
 import gc
 import logging
 
+from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpResponse
 from django.urls import resolve
+
+from gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
@@ -31,15 +35,20 @@ class GatewayASGIHandler(ASGIHandler):
     * no ``request_started``/``request_finished`` signals: their receivers are synchronous
       (two thread hops per request, a quarter of the gateway's CPU per request) and only
       recycle database connections, which ``gateway.db.db_call`` does before each ORM call;
-    * as in Django, a client that disconnects cancels the view's task.
+    * as in Django, a client that disconnects cancels the view's task;
+    * a body that is not all there within FAIRGATE_BODY_TIMEOUT_MS is answered 408 (slow clients).
     """
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             raise ValueError(f"the gateway handler serves HTTP only, not {scope['type']!r}")
         try:
-            body_file = await self.read_body(receive)
+            async with asyncio.timeout(settings.FAIRGATE_BODY_TIMEOUT_MS / 1000):  # for the whole body
+                body_file = await self.read_body(receive)
         except RequestAborted:
+            return
+        except TimeoutError:
+            await self.send_response(_body_late(), send)
             return
         try:
             request, error_response = self.create_request(scope, body_file)
@@ -80,6 +89,13 @@ class GatewayASGIHandler(ASGIHandler):
         self._exception_middleware = []
         get_response = self._get_response_async if is_async else self._get_response
         self._middleware_chain = convert_exception_to_response(get_response)
+
+
+def _body_late() -> HttpResponse:
+    """408 for a body that did not arrive within FAIRGATE_BODY_TIMEOUT_MS. The connection is closed
+    after it: the rest of the body may still be on its way, and would otherwise keep it open."""
+    message = f"The request body did not arrive within {settings.FAIRGATE_BODY_TIMEOUT_MS} ms."
+    return GatewayError(408, "request_timeout", message, headers={"Connection": "close"}).to_response()
 
 
 async def _disconnected(receive) -> None:

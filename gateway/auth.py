@@ -88,7 +88,9 @@ def bearer_token(header: str | None) -> str | None:
 
 
 async def authenticate(authorization: str | None) -> Caller:
-    """The caller of a request, or ``GatewayError(401 invalid_api_key)``."""
+    """The caller of a request, or ``GatewayError(401 invalid_api_key)``. A key that is not cached
+    is looked up in the database: while that is down, one of ``gateway.db.DATABASE_UNAVAILABLE``
+    is raised (503 service_unavailable), never a 401."""
     token = bearer_token(authorization)
     if token is None:
         raise _unauthorized("Missing API key: send 'Authorization: Bearer <your Fairgate key>'.")

@@ -4,24 +4,57 @@
 `Worker` is the gateway's side: it spawns the process and exchanges one pickled message each way
 per batch over a pipe, read by the event loop itself (no helper threads, which would compete for
 the GIL again). The functions below it run in the worker; the spawned process imports this module
-before Django is set up, so nothing here imports Django or an app at module level.
+before Django is set up, so nothing here imports Django, or a module that needs it, at module level
+(gateway.metrics is prometheus_client only).
+
+The pipe is one duplex socket. The worker uses it blocking, with ``Connection.send_bytes`` and
+``recv_bytes``: a message is framed as a 4-byte big-endian signed length and the payload (length
+-1, then an 8-byte unsigned length, for a message of 2 GiB or more). The gateway's end is
+non-blocking, and the gateway reads and writes that framing itself (`_header`, `_Frames`):
+
+- uvloop's ``add_reader`` (libuv's ``uv_poll_init``) makes the fd non-blocking anyway, and then
+  ``recv_bytes`` raises BlockingIOError when only part of an answer has arrived (one bigger than
+  the socket buffer, or one above 16 KiB, which ``send_bytes`` writes as header, then payload), and
+  ``send_bytes`` of a large batch raises it after a partial write, leaving half a frame in the
+  stream. So the gateway reads what has arrived on each readable event and answers whole frames
+  only, and writes what the socket takes, the rest when the loop says it is writable again.
+- Non-blocking on every event loop (set here, not left to the loop), so the loop never waits on
+  the worker: asyncio's own loop would otherwise block in a read until a large answer is whole.
+- One socket, not two one-way pipes with a blocking sending end: that send would block the event
+  loop while the worker books, and with more than one batch out (which `Worker.send` allows) and
+  batches and answers both bigger than the pipe buffers, gateway and worker could each wait to
+  write while neither reads.
+
+Only a broken pipe ends a worker: end of file, an error such as ECONNRESET or EPIPE (a worker
+killed with an answer unread, or before a batch was sent), or a corrupt frame header. Would-block
+never does.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import pickle
+import struct
 import threading
 import time
 from collections import deque
 from typing import Callable, Union
+
+from gateway import metrics
+
+log = logging.getLogger(__name__)
 
 READY = b"ready"
 IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
 CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
 Answer = Callable[[Union[bytes, BaseException]], None]
 START_TIMEOUT_S = 60.0
+READ_CHUNK = 64 * 1024  # bytes per read: os.read allocates this much for every read, small answers too
+_SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
+_LONG_SIZE = struct.Struct("!Q")  # after a size of -1
+_LONG_MARK = -1
 
 
 class WorkerDied(RuntimeError):
@@ -38,17 +71,80 @@ def _settle(future: asyncio.Future, answer: bytes | BaseException) -> None:
         future.set_result(answer)
 
 
+def _deliver(on_answer: Answer, answer: bytes | BaseException) -> None:
+    """One answer to its callback. A callback that fails is reported as the event loop reports
+    any callback's failure, and the answers after it still go to their own callbacks."""
+    try:
+        on_answer(answer)
+    except Exception as exc:
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "a billing worker answer's callback failed", "exception": exc})
+
+
+def _header(size: int) -> bytes:
+    """The frame header ``Connection.recv_bytes`` expects before ``size`` bytes of payload."""
+    if size <= 0x7FFFFFFF:
+        return _SIZE.pack(size)
+    return _SIZE.pack(_LONG_MARK) + _LONG_SIZE.pack(size)
+
+
+class _Frames:
+    """The bytes read from the worker so far, cut into the messages ``send_bytes`` framed."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def partial(self) -> bool:
+        """True while part of a message is still to come."""
+        return bool(self._buffer)
+
+    def whole(self) -> list[bytes]:
+        """The messages complete now, in order (taken out of the buffer)."""
+        messages = []
+        while (message := self._pop()) is not None:
+            messages.append(message)
+        return messages
+
+    def _pop(self) -> bytes | None:
+        buffer = self._buffer
+        if len(buffer) < _SIZE.size:
+            return None
+        (size,), start = _SIZE.unpack_from(buffer), _SIZE.size
+        if size == _LONG_MARK:
+            if len(buffer) < start + _LONG_SIZE.size:
+                return None
+            (size,), start = _LONG_SIZE.unpack_from(buffer, start), start + _LONG_SIZE.size
+        elif size < 0:
+            raise ValueError(f"a corrupt frame header (size {size})")
+        end = start + size
+        if len(buffer) < end:
+            return None
+        with memoryview(buffer) as view:
+            message = bytes(view[start:end])
+        del buffer[:end]
+        return message
+
+
 class Worker:
     """Batches go to the worker in order and their answers come back in that order."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "") -> None:
+        """``owner``: the gateway process the worker beats for (billing.heartbeats); empty: none."""
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, os.getpid()), name="fairgate-billing",
+        self.process = context.Process(target=serve, args=(child, os.getpid(), owner), name="fairgate-billing",
                                        daemon=True)
         self.process.start()
         child.close()
+        os.set_blocking(self.conn.fileno(), False)  # the worker's end stays blocking (a socket of its own)
         self._waiting: deque[Answer] = deque()  # one per message still to come back
+        self._frames = _Frames()  # what has arrived of the answers
+        self._outgoing = bytearray()  # framed batches the socket has not taken yet
+        self._writing = False  # waiting for the socket to be writable
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead = False
 
@@ -67,15 +163,16 @@ class Worker:
 
     def send(self, asks: list, on_answer: Answer) -> None:
         """`call` without the wait: `on_answer` gets the pickled answer, or WorkerDied, straight
-        from the event loop's reader (no future or task in between)."""
+        from the event loop's reader (no future or task in between). What the socket does not
+        take at once is written when it is writable again; the batch is never half sent."""
         if self.dead:
             on_answer(WorkerDied("the billing worker has ended"))
             return
         self._expect(on_answer)
-        try:
-            self.conn.send_bytes(pickle.dumps(asks, pickle.HIGHEST_PROTOCOL))
-        except OSError as exc:
-            self._died(exc)
+        payload = pickle.dumps(asks, pickle.HIGHEST_PROTOCOL)
+        self._outgoing += _header(len(payload))
+        self._outgoing += payload
+        self._flush()
 
     def _expect(self, on_answer: Answer) -> None:
         if self._loop is None:
@@ -83,29 +180,96 @@ class Worker:
             self._loop.add_reader(self.conn.fileno(), self._readable)
         self._waiting.append(on_answer)
 
+    # --- the event loop's callbacks ---
+
     def _readable(self) -> None:
+        """Reads what has arrived and answers each whole message; the end of the pipe ends the worker."""
+        if self.dead:
+            return
         try:
-            message = self.conn.recv_bytes()
-        except (EOFError, OSError) as exc:
+            ended = self._read_available()
+            messages = self._frames.whole()
+        except (OSError, ValueError) as exc:  # ECONNRESET and the like; a corrupt stream
             self._died(exc)
             return
-        self._waiting.popleft()(message)
+        for message in messages:
+            if self.dead:  # an answer's callback ended it (a send that failed)
+                return
+            _deliver(self._waiting.popleft(), message)
+        if ended:
+            self._died(EOFError("the pipe was closed" + (" mid-answer" if self._frames.partial else "")))
+
+    def _read_available(self) -> bool:
+        """Reads until the socket would block; True at end of file."""
+        fd = self.conn.fileno()
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return False
+            if not data:
+                return True
+            self._frames.feed(data)
+
+    def _flush(self) -> None:
+        """Writes what the socket takes now, and waits for it to be writable if more is left."""
+        if self.dead:
+            return
+        try:
+            self._write_available()
+        except OSError as exc:  # EPIPE, ECONNRESET: the worker is gone
+            self._died(exc)
+            return
+        self._watch_writable(bool(self._outgoing))
+
+    def _write_available(self) -> None:
+        fd = self.conn.fileno()
+        while self._outgoing:
+            try:
+                with memoryview(self._outgoing) as view:
+                    written = os.write(fd, view)
+            except BlockingIOError:
+                return
+            del self._outgoing[:written]
+
+    def _watch_writable(self, watch: bool) -> None:
+        if watch == self._writing:
+            return
+        if watch:
+            self._loop.add_writer(self.conn.fileno(), self._flush)
+        else:
+            self._loop.remove_writer(self.conn.fileno())
+        self._writing = watch
+
+    # --- the end ---
 
     def _died(self, exc: BaseException) -> None:
-        """The pipe broke: every answer still to come fails."""
+        """The pipe broke: every answer still to come fails (WARNING, counted)."""
+        if self.dead:
+            return
         self.dead = True
-        self._unread()
-        died = WorkerDied(f"the billing worker ended: {exc!r}")
+        self._unwatch()
+        self._outgoing.clear()
+        why = f"{exc!r}{self._exit_note()}"
+        log.warning("the billing worker (pid %s) ended: %s", self.process.pid, why)
+        metrics.BILLING_WORKER_REPLACEMENTS.inc()
+        died = WorkerDied(f"the billing worker ended: {why}")
         while self._waiting:
-            self._waiting.popleft()(died)
+            _deliver(self._waiting.popleft(), died)
 
-    def _unread(self) -> None:
+    def _exit_note(self) -> str:
+        code = self.process.exitcode  # None while it runs (or is not reaped yet)
+        return "" if code is None else f", exit code {code}"
+
+    def _unwatch(self) -> None:
         if self._loop is not None and not self.conn.closed:
             self._loop.remove_reader(self.conn.fileno())
+            self._loop.remove_writer(self.conn.fileno())
         self._loop = None
+        self._writing = False
 
     async def stop(self) -> None:
-        self._unread()
+        self._unwatch()
         self.conn.close()  # the worker sees EOF and exits
         await asyncio.get_running_loop().run_in_executor(None, self._join)
 
@@ -120,24 +284,34 @@ class Worker:
 _events: list[dict] = []  # console events of the batch being booked, handed back to the gateway
 
 
-def serve(conn, gateway_pid: int) -> None:
+def serve(conn, gateway_pid: int, owner: str = "") -> None:
+    """The worker's loop: book each batch; between batches beat for the gateway and sweep the
+    holds of dead ones (billing.heartbeats), and reload ageing caches."""
     import django
 
     django.setup()
     from billing.cache import caches_refresh_one
+    from billing.heartbeats import Housekeeper
     from console.live.hooks import collect_events
 
     collect_events(_events)
     threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
+    keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
+    if keeper is not None:
+        keeper.tick(time.monotonic())
     conn.send_bytes(READY)
     while True:
+        if keeper is not None:
+            keeper.tick(time.monotonic())
         if not conn.poll(IDLE_S):  # idle: reload what is ageing now, not when a request needs it
             if not caches_refresh_one():
                 conn.poll(CACHE_CHECK_S)
             continue
         try:
             asks = pickle.loads(conn.recv_bytes())
-        except EOFError:  # the gateway stopped
+        except (EOFError, OSError):  # the gateway stopped (OSError: with a batch half sent)
+            if keeper is not None:
+                keeper.stop()
             return
         conn.send_bytes(pickle.dumps(book_batch(asks), pickle.HIGHEST_PROTOCOL))
 
@@ -151,19 +325,48 @@ def _exit_with(gateway_pid: int) -> None:
 
 def book_batch(asks: list) -> tuple[list[object], list[dict]]:
     """billing.booking.book, plus the console events it produced. Refusals cross back as they
-    are (billing's errors pickle); any other error as a BillingError naming it."""
-    from django.db import close_old_connections
+    are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
+    answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
 
-    from billing.booking import book
-    from billing.errors import BillingError
+    A connection that broke while the worker was idle (the server restarted, a proxy dropped it)
+    shows only when the batch is sent on it: what failed on it is booked once more, on a new
+    connection (booking is idempotent per request id)."""
+    from django.db import InterfaceError, OperationalError, connection
 
-    close_old_connections()  # recycle a stale or expired connection
-    try:
-        results = book(asks)
-    except Exception as failed:  # the whole batch
-        results = [failed] * len(asks)
-    results = [r if not isinstance(r, BaseException) or isinstance(r, BillingError)
-               else BillingError(f"{type(r).__name__}: {r}") for r in results]
+    results, reused = _book(asks)
+    failed = [i for i, r in enumerate(results) if isinstance(r, (OperationalError, InterfaceError))]
+    if reused and failed and not connection.is_usable():
+        for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
+            results[i] = result
+    results = [_crossing(r) for r in results]
     events = list(_events)
     _events.clear()
     return results, events
+
+
+def _book(asks: list) -> tuple[list[object], bool]:
+    """billing.booking.book's results, and whether they were booked on a connection made before."""
+    from django.db import close_old_connections, connection
+
+    from billing.booking import book
+
+    reused = False
+    try:
+        close_old_connections()  # recycle an expired connection, or one that failed and does not answer
+        reused = connection.connection is not None
+        return book(asks), reused
+    except Exception as failed:  # the whole batch
+        return [failed] * len(asks), reused
+
+
+def _crossing(result: object) -> object:
+    """A result as it crosses back to the gateway."""
+    from django.db import InterfaceError, OperationalError
+
+    from billing.errors import BillingError, DatabaseUnavailable
+
+    if not isinstance(result, BaseException) or isinstance(result, BillingError):
+        return result
+    if isinstance(result, (OperationalError, InterfaceError)):
+        return DatabaseUnavailable(f"the database is out of reach: {result}")
+    return BillingError(f"{type(result).__name__}: {result}")

@@ -5,7 +5,8 @@
   hold names that class, and the gateway shows ``rule=budget``);
 * ``settle`` once, when the upstream finished, with the actual usage (for a stream the client
   abandoned: the tokens sent so far, ``partial=True``); returns a future of the charge, which
-  is set once the charge is booked;
+  is set once the charge is booked, or to None once a settlement that cannot be booked now
+  (the database is out) is journaled on disk to be booked later (gateway.unbooked);
 * ``release`` once, when the request ends without a charge (refused, queue timeout, cancelled
   while waiting, upstream failure).
 
@@ -35,12 +36,14 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils import timezone
 
-from billing.booking import Ask, HoldAsk, ReleaseAsk, SettleAsk
-from billing.errors import BudgetExhausted, RequestIdUsed
+from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
+from billing.errors import BudgetExhausted, RequestIdInUse, RequestIdUsed
+from billing.heartbeats import process_owner
 from billing.inflight import HeldEntry, held_forget, held_remember
 from console.live.hooks import publish_committed
 from gateway import billing_worker, metrics
 from gateway.errors import GatewayError, invalid_request
+from gateway.unbooked import Unbooked
 
 log = logging.getLogger(__name__)
 BUDGET_RULE = "budget"
@@ -51,7 +54,7 @@ class Hold:
     """What was held for one request. ``cls`` may be lower than asked (budget fallback)."""
 
     tenant: str
-    request_id: str  # the engine id (tenant/public id): unique across tenants
+    request_id: str  # the ledger's key: the engine id (tenant/public id), or its attempt (billing.booking)
     cls: str
     model: str
     prompt_tokens: int
@@ -72,16 +75,19 @@ class Booker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: billing_worker.Worker | None = None
         self._worker_ready: asyncio.Future | None = None
+        self.unbooked = Unbooked(lambda ask: self.submit(ask, answer=False))
 
     async def start(self) -> None:
-        """Start the worker now (Django's start-up in it takes a second), not on the first batch."""
+        """Start the worker now (Django's start-up in it takes a second), not on the first batch,
+        and book what dead processes on this host left in their journals."""
         await self._started()
+        self.unbooked.adopt_orphans()
 
     async def _started(self) -> billing_worker.Worker:
         if self._worker is not None and self._worker.dead:
             await self._forget(self._worker)
         if self._worker is None:
-            self._worker = billing_worker.Worker()
+            self._worker = billing_worker.Worker(owner=process_owner())
             self._worker_ready = asyncio.ensure_future(self._worker.started())
         worker = self._worker
         try:
@@ -99,6 +105,7 @@ class Booker:
     async def stop(self) -> None:
         if self._worker is not None:
             await self._forget(self._worker)
+        self.unbooked.close()
 
     def submit(self, ask: Ask, *, answer: bool = True) -> asyncio.Future | None:
         """Queues ``ask``; its future gives the result once booked. With ``answer=False`` no one
@@ -151,7 +158,7 @@ class Booker:
                 outcome = await worker.call(asks)
                 break
             except billing_worker.WorkerDied as died:
-                log.error("the billing worker ended; booking the batch again in a new one")
+                log.warning("%s; booking the batch again in a new one", died)  # died says why it ended
                 await self._forget(worker)
                 outcome = died
             except BaseException as failed:
@@ -178,15 +185,20 @@ class Booker:
                         held_remember(result)
                 else:
                     held_forget(ask.request_id)
-                if isinstance(ask, SettleAsk) and isinstance(result, BaseException):
-                    log.error("could not settle %s (%r); the stale-hold sweep will release it", ask.request_id, result)
-                    result = None  # served without X-Charge
+                if not isinstance(ask, HoldAsk):  # an end: booked, or kept until it is (gateway.unbooked)
+                    if isinstance(result, BaseException):
+                        self.unbooked.failed(ask, result)  # a settlement is on disk when this returns
+                        result = None if isinstance(ask, SettleAsk) else False  # served without X-Charge
+                    else:
+                        self.unbooked.booked(ask)
+                if isinstance(result, Charged) and result.unbilled:
+                    metrics.BILLING_UNBILLED.inc(float(result.unbilled))
                 if future is None:
                     if isinstance(result, BaseException):
                         log.error("could not book %s for %s: %r", type(ask).__name__, ask.request_id, result)
                 elif future.cancelled():  # the caller left: a hold booked for it is given back
                     if isinstance(ask, HoldAsk) and isinstance(result, HeldEntry):
-                        self.submit(ReleaseAsk(request_id=ask.request_id, reason="cancelled", at=timezone.now()),
+                        self.submit(ReleaseAsk(request_id=result.request_id, reason="cancelled", at=timezone.now()),
                                     answer=False)
                 elif isinstance(result, BaseException):
                     future.set_exception(result)
@@ -227,21 +239,26 @@ async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tok
         return asked
     future = booker().submit(HoldAsk(request_id=request_id, tenant_slug=tenant, class_name=cls, model=model,
                                      prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens,
-                                     at=timezone.now(), fallback=True))
+                                     at=timezone.now(), fallback=True, owner=process_owner()))
     try:
         held: HeldEntry = await future  # a client that leaves cancels it: the Booker releases the hold
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
     except RequestIdUsed:
         public_id = request_id.split("/", 1)[-1]
-        raise invalid_request(f"X-Request-Id '{public_id}' was used by an earlier request; send a new one.") from None
-    return replace(asked, cls=held.class_name, amount=held.amount, fallback=held.class_name != cls)
+        raise invalid_request(f"X-Request-Id '{public_id}' was used by an earlier request that was served; "
+                              "send a new one.") from None
+    except RequestIdInUse:
+        public_id = request_id.split("/", 1)[-1]
+        raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.") from None
+    return replace(asked, request_id=held.request_id, cls=held.class_name, amount=held.amount,
+                   fallback=held.class_name != cls)
 
 
 def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
            partial: bool = False) -> asyncio.Future | None:
-    """Sends the settlement now. The future gives the charge once it is booked, or None if it could
-    not be (logged; the stale-hold sweep releases the hold). Booked even if no one waits for it.
+    """Sends the settlement now. The future gives the ``Charged`` once it is booked, or None once
+    it is kept to be booked later (gateway.unbooked). Booked even if no one waits for it.
     ``partial``: a stream the client abandoned, charged for the tokens sent."""
     if not settings.FAIRGATE_BILLING:
         return None
@@ -250,6 +267,6 @@ def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
 
 
 def release(held: Hold, *, reason: str) -> None:
-    """Sends the release now; a failure is logged (the stale-hold sweep releases the hold then)."""
+    """Sends the release now; one that fails is retried while the process lives (gateway.unbooked)."""
     if settings.FAIRGATE_BILLING:
         booker().submit(ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now()), answer=False)

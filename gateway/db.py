@@ -1,27 +1,63 @@
 """ORM calls from the gateway's async code: one helper, so connection hygiene lives in one place.
 
 The gateway's request cycle sends no request_started/finished signals (see gateway.asgi), so
-each call recycles stale or expired connections itself, as a long-running worker must. (Billing
-books in a process of its own: gateway.billing_worker.)
+each call recycles stale or expired connections itself, as a long-running worker must:
+
+* before the call, Django's ``close_old_connections`` closes the connection if it outlived
+  ``CONN_MAX_AGE`` or failed since the last call and does not answer any more;
+* a connection that broke while idle (the server restarted, a proxy or a firewall dropped it)
+  shows only when a query is sent on it: the call then runs once more on a new connection. If
+  that fails too, the database is down, and the error is raised as it is.
+
+``DATABASE_UNAVAILABLE`` is what a database outage raises on the request path; gateway.views
+answers it with 503 service_unavailable. (Billing books in a process of its own,
+gateway.billing_worker; a database it cannot reach comes back as billing's DatabaseUnavailable.)
 """
 from __future__ import annotations
 
 import functools
+import logging
+import sys
 from typing import Awaitable, Callable, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+
+from billing.errors import DatabaseUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError, DatabaseUnavailable)
 
 
 def db_call(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
-    """``await db_call(fn)(...)``: run ``fn`` in the one thread-sensitive worker with a usable connection."""
+    """``await db_call(fn)(...)``: run ``fn`` in the one thread-sensitive worker with a usable
+    connection. ``fn`` runs twice when its first run failed on a connection that broke while idle,
+    so it must be a read or a write that may be repeated (the gateway's are: key and configuration
+    reads, the start-up release of leftover holds, downgrade events, which are re-sent after any
+    failure anyway)."""
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         close_old_connections()
+        reused = connection.connection is not None
+        try:
+            return fn(*args, **kwargs)
+        except (OperationalError, InterfaceError):
+            if not reused or connection.is_usable():  # not a stale connection: an outage, or another failure
+                raise
+            connection.close()
         return fn(*args, **kwargs)
 
     return sync_to_async(run, thread_sensitive=True)
+
+
+def log_failure(logger: logging.Logger, message: str, *args: object) -> None:
+    """In an ``except`` block of periodic work: a database outage as one WARNING line (it repeats
+    every tick while it lasts), anything else with its traceback."""
+    failed = sys.exc_info()[1]
+    if isinstance(failed, DATABASE_UNAVAILABLE):
+        first_line = str(failed).strip().splitlines()[0] if str(failed).strip() else type(failed).__name__
+        logger.warning(message + ": the database is out of reach (%s)", *args, first_line)
+    else:
+        logger.exception(message, *args)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from billing.tasks import holds_release_at_startup
 from gateway.circuit import Circuits
-from gateway.db import db_call
+from gateway.db import db_call, log_failure
 from gateway.errors import GatewayError, invalid_request
 from gateway.events import DowngradeLog
 from gateway.terminal import TerminalLog
@@ -172,7 +172,7 @@ class Dispatcher:
                         self.apply_config(config)
                 await self.downgrades.flush()
             except Exception:  # a failed poll must not stop the dispatcher
-                log.exception("configuration poll failed")
+                log_failure(log, "configuration poll failed")
             self.pump()
 
     # --- admission -----------------------------------------------------------------------

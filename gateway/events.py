@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from gateway.db import db_call
+from gateway.db import db_call, log_failure
 from gateway.models import DowngradeEvent
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class DowngradeLog:
         try:
             await db_call(_write)(batch)
         except Exception:  # the database may be briefly unavailable: keep the events for next time
-            log.exception("could not store %d downgrade events; retrying", len(batch))
+            log_failure(log, "could not store %d downgrade events; retrying", len(batch))
             self._pending = batch + self._pending
             return 0
         return len(batch)

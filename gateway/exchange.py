@@ -22,6 +22,7 @@ from gateway.upstream import UpstreamResponse
 from gateway.tokens import count_text
 
 log = logging.getLogger(__name__)
+DONE_EVENT = b"data: [DONE]"
 _background: set[asyncio.Task] = set()
 
 
@@ -53,7 +54,7 @@ class Exchange:
         self.headers = headers  # Fairgate's response headers (id, class, downgrade)
         self.billed = False
         self.orphaned = False
-        self.settlement: asyncio.Future | None = None  # the charge, once booked
+        self.settlement: asyncio.Future | None = None  # the Charged, once booked
 
     # --- ending --------------------------------------------------------------------------
 
@@ -169,9 +170,9 @@ class Exchange:
                                 content_type=upstream.headers.get("content-type", "application/json"))
         response["Content-Length"] = str(len(content))
         if self.settlement is not None:  # a client leaving now stops only this wait, not the booking
-            charge = await self.settlement
-            if charge is not None:
-                response["X-Charge"] = str(charge)
+            charged = await self.settlement
+            if charged is not None:
+                response["X-Charge"] = str(charged.amount)
                 response["X-Charge-Currency"] = settings.FAIRGATE_CURRENCY
         return _with_headers(response, relayed_headers(upstream.headers), self.response_headers())
 
@@ -202,6 +203,7 @@ class StreamBody:
         self.filter = SseFilter(forward_usage=exchange.payload.include_usage)
         self._chunks = None
         self._done = False
+        self._done_event = b""  # the stream's end, held back until its charge is booked
         self._loop = asyncio.get_running_loop()
 
     def __aiter__(self) -> "StreamBody":
@@ -214,12 +216,14 @@ class StreamBody:
             self._chunks = self.upstream.aiter_raw()
         try:
             while True:
-                out = self.filter.feed(await self._chunks.__anext__())
+                out = self._hold_back_done(self.filter.feed(await self._chunks.__anext__()))
                 if out:
                     return out
         except StopAsyncIteration:
-            tail = self.filter.flush()
+            tail = self._done_event + self.filter.flush()
             self.end("completed")
+            if self.exchange.settlement is not None:  # booked, or journaled to be: then the end
+                await self.exchange.settlement
             if tail:
                 return tail
             raise
@@ -232,6 +236,15 @@ class StreamBody:
         except BaseException:
             self.end("cancelled")
             raise
+
+    def _hold_back_done(self, out: bytes) -> bytes:
+        """Keeps ``data: [DONE]`` (and what follows) until the charge is booked: a client that has
+        the end of its stream was served, so its charge must not be lost if the process dies."""
+        at = out.find(DONE_EVENT)
+        if at < 0:
+            return out
+        self._done_event += out[at:]
+        return out[:at]
 
     def end(self, outcome: str) -> None:
         """Idempotent; sync (safe from a cancelled task): the slot is freed at once."""

@@ -15,6 +15,7 @@ from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError, invalid_request
 from gateway.exchange import Exchange
+from gateway.limits import output_limit, prompt_bound
 from gateway.payload import Payload, payload_estimate, payload_parse
 from gateway.runtime import dispatcher_get
 from scheduling.engine.model import Request
@@ -75,23 +76,34 @@ def _classify(d: Dispatcher, caller: Caller, declared: str, payload: Payload, sr
 
 
 async def intake(request: HttpRequest, kind: str) -> Exchange:
-    """Everything before the wait; raises GatewayError for a refused request."""
+    """Everything before the wait; raises GatewayError for a refused request, which carries the
+    request's X-Request-Id like every answer (only a malformed id cannot be echoed)."""
+    public_id = _public_id(request)
+    try:
+        return await _intake(request, kind, public_id)
+    except GatewayError as err:
+        err.headers.setdefault("X-Request-Id", public_id)
+        raise
+
+
+async def _intake(request: HttpRequest, kind: str, public_id: str) -> Exchange:
     caller = await authenticate(request.headers.get("Authorization"))
     payload = payload_parse(kind, request_body(request))
     d = await dispatcher_get()
     d.check_model(payload.model)
+    payload.output_limit = output_limit(payload)
     declared = _declared(request, caller, d)
-    public_id = _public_id(request)
     if d.is_live(caller.tenant, public_id):
         raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
     timeout_ms = _timeout_ms(request)
     await payload_estimate(payload)
+    payload.prompt_bound = prompt_bound(payload)
     src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
     cls, rule = _classify(d, caller, declared, payload, src_ip)
-    expected_output_tokens = (payload.max_tokens or settings.FAIRGATE_DEFAULT_MAX_TOKENS) * payload.n
+    expected_output_tokens = payload.output_limit * payload.n
     engine_id = f"{caller.tenant}/{public_id}"
     held = await charging.hold(tenant=caller.tenant, request_id=engine_id, cls=cls, model=payload.model,
-                               prompt_tokens=payload.prompt_tokens, max_output_tokens=expected_output_tokens)
+                               prompt_tokens=payload.prompt_bound, max_output_tokens=expected_output_tokens)
     if held.fallback:
         cls, rule = held.cls, charging.BUDGET_RULE
     now_ms = d.now_ms()

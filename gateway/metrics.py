@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 REGISTRY = CollectorRegistry(auto_describe=False)
@@ -24,7 +24,16 @@ BILLING_BATCH_ASKS = Histogram("fairgate_billing_batch_asks", "Holds, settlement
 BILLING_BATCH_SECONDS = Histogram("fairgate_billing_batch_seconds", "Time to book one batch (its transaction).",
                                   buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
                                   registry=REGISTRY)
+BILLING_WORKER_REPLACEMENTS = Counter("fairgate_billing_worker_replacements",
+                                      "Billing workers that ended unexpectedly (the next batch starts a new one).",
+                                      registry=REGISTRY)
 COMPLETED = Counter("fairgate_requests_completed", "Requests served, by class.", ["cls"], registry=REGISTRY)
+BILLING_UNBILLED = Counter("fairgate_billing_unbilled", "What backends' usage priced beyond what could be charged "
+                           "(beyond the hold), in the billing currency; the ledger's unbilled column has each.",
+                           registry=REGISTRY)
+BILLING_UNBOOKED = Gauge("fairgate_billing_unbooked", "Settlements and releases that could not be booked yet "
+                         "(the database is out): kept (settlements in the local journal) and retried.",
+                         registry=REGISTRY)
 
 
 class SchedulerCollector:

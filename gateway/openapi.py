@@ -14,14 +14,17 @@ _ERROR = {
         "param": {"type": ["string", "null"]}}}},
 }
 _ERRORS = {
-    "400": "invalid_request: malformed JSON, missing or wrong fields, unknown model or class",
+    "400": "invalid_request: malformed JSON, missing or wrong fields, unknown model or class, an output limit or n "
+           "above the maximum, an X-Request-Id already served",
     "401": "invalid_api_key: missing, unknown or revoked key",
     "402": "budget_exhausted: the tenant's budget cannot cover the request (x-should-retry: false)",
     "404": "not_found",
+    "408": "request_timeout: the request's headers or body did not arrive in time",
     "413": "request_too_large",
     "429": "queue_full: the class's queue is at its depth limit; retry after Retry-After seconds",
     "502": "upstream_error: the backend failed after retries",
-    "503": "no_backend: no enabled backend serves the model",
+    "503": "no_backend: no enabled backend serves the model; service_unavailable: the database is out of reach "
+           "(retry after Retry-After seconds)",
     "504": "queue_timeout: not dispatched before the deadline (x-should-retry: false); degrade, do not retry",
 }
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {

@@ -1,7 +1,8 @@
 """Parse and check an OpenAI request body; estimate its tokens.
 
-Only what the gateway needs is checked (model, messages/prompt, stream, max_tokens, n,
-stream_options); every other field goes to the backend as the client sent it.
+Only what the gateway needs is checked (model, messages/prompt, stream, max_tokens,
+max_completion_tokens, n, stream_options); every other field goes to the backend as the client
+sent it. The output limit goes upstream as the hold covers it (gateway.limits).
 """
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ class Payload:
     model: str
     stream: bool
     include_usage: bool
-    max_tokens: int | None
+    max_tokens: int | None  # the client's output limit per choice (the smaller of the two fields)
     n: int
-    prompt_tokens: int = 0
+    max_tokens_field: str = "max_tokens"  # the field the client named it with
+    prompt_tokens: int = 0  # cl100k_base estimate: scheduling
+    prompt_bound: int = 0  # upper bound in any tokenizer: the hold (gateway.limits)
+    output_limit: int = 0  # per choice, held and sent upstream (gateway.limits)
 
     @property
     def upstream_path(self) -> str:
@@ -97,12 +101,21 @@ def payload_parse(kind: str, raw: bytes) -> Payload:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid_request("'stream_options' must be an object.")
-    max_tokens = _optional_int(body, "max_tokens", minimum=1)
-    if kind == CHAT and max_tokens is None:
-        max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
+    max_tokens, field_name = _output_limit_asked(body, kind)
     n = _optional_int(body, "n", minimum=1) or 1
     include_usage = bool(stream and options and options.get("include_usage") is True)
-    return Payload(kind, body, raw, model, bool(stream), include_usage, max_tokens, n)
+    return Payload(kind, body, raw, model, bool(stream), include_usage, max_tokens, n, field_name)
+
+
+def _limit_fields(kind: str) -> tuple[str, ...]:
+    return ("max_tokens", "max_completion_tokens") if kind == CHAT else ("max_tokens",)
+
+
+def _output_limit_asked(body: dict, kind: str) -> tuple[int | None, str]:
+    """The smaller of the output limits the client named, and the field that named it."""
+    asked = [(value, name) for name in _limit_fields(kind)
+             if (value := _optional_int(body, name, minimum=1)) is not None]
+    return min(asked) if asked else (None, "max_tokens")
 
 
 def _estimate(payload: Payload) -> int:
@@ -120,12 +133,22 @@ async def payload_estimate(payload: Payload) -> int:
     return payload.prompt_tokens
 
 
+def _limits_sent(payload: Payload) -> dict[str, int]:
+    """The output-limit fields to send: the ones the client named (else ``max_tokens``), each at
+    the limit the hold covers."""
+    named = [name for name in _limit_fields(payload.kind) if payload.body.get(name) is not None]
+    return {name: payload.output_limit for name in named or ["max_tokens"]}
+
+
 def upstream_body(payload: Payload) -> bytes:
-    """The body for the backend: unchanged, except that a stream always asks for usage."""
-    if not payload.stream or payload.include_usage:
+    """The body for the backend: as the client sent it, except that the output limit is the one
+    held (``output_limit``, set by the gateway before this is called) and a stream always asks
+    for usage. Re-encoded only when one of those changes it."""
+    limits = _limits_sent(payload)
+    add_usage = payload.stream and not payload.include_usage
+    if not add_usage and all(payload.body.get(name) == value for name, value in limits.items()):
         return payload.raw
-    body = dict(payload.body)
-    options = dict(body.get("stream_options") or {})
-    options["include_usage"] = True
-    body["stream_options"] = options
+    body = {**payload.body, **limits}
+    if add_usage:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return json.dumps(body, separators=(",", ":")).encode()

@@ -14,15 +14,12 @@ import time
 
 from django.conf import settings
 
+from gateway.errors import UPSTREAM_ERROR
 from gateway.upstream import Headers, Pool, UpstreamError as UpstreamFailure, UpstreamResponse
 from scheduling.engine.model import BackendSpec
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-    "transfer-encoding", "upgrade", "proxy-connection",
-})
-# Not passed back to the client: framing (Django sets its own), and Fairgate's own headers.
-NOT_RELAYED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server", "x-request-id", "set-cookie"}
+# Headers of a backend's answer that its client may see (see relayed_headers).
+RELAYED = frozenset({"content-type", "openai-processing-ms", "openai-version"})
 DEFAULT_RETRY_AFTER_MS = 1000
 
 _pools: dict[tuple[str, int], Pool] = {}
@@ -70,7 +67,25 @@ def retry_after_ms(headers: Headers) -> int:
 
 
 def relayed_headers(headers: Headers) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers.multi_items() if k.lower() not in NOT_RELAYED]
+    """The backend's headers that are passed on to the client: an allow-list (``RELAYED``).
+
+    Passed on: ``content-type``, and what OpenAI's API sends about the answer itself
+    (``openai-processing-ms``, ``openai-version``), which OpenAI clients may log or show.
+
+    Not passed on, as everything else:
+
+    * hop-by-hop and framing headers (``connection``, ``transfer-encoding``, ``content-length``...):
+      they describe the gateway's connection to the backend; Django frames the client's answer;
+    * the backend's private details: ``x-sim-*`` of the simulator, ``server``, ``set-cookie``, and
+      ``openai-organization``/``openai-project`` (the gateway's upstream account);
+    * ``x-ratelimit-*``: the upstream account's limits and what every tenant together has left,
+      not the client's own (its limits are Fairgate's queues, whose 429s carry Retry-After);
+    * ``retry-after``/``retry-after-ms``/``x-should-retry``: the gateway absorbs the backend's
+      429s and 5xx by queueing the request again, so whether and when to retry is Fairgate's to
+      say (its own errors carry these headers);
+    * ``x-request-id``: the client's request id is Fairgate's (set with its other headers).
+    """
+    return [(k, v) for k, v in headers.multi_items() if k.lower() in RELAYED]
 
 
 def usage_of(content: bytes) -> tuple[int, int] | None:
@@ -159,5 +174,5 @@ def _data_of(event: bytes):
 
 
 def sse_error(message: str) -> bytes:
-    body = {"error": {"message": message, "type": "upstream_error", "code": "upstream_error"}}
+    body = {"error": {"message": message, "type": UPSTREAM_ERROR, "code": UPSTREAM_ERROR}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"

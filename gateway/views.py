@@ -1,7 +1,8 @@
 """The OpenAI-compatible endpoints and queue visibility: thin async views.
 
 Every view is key-authenticated (no sessions, no CSRF) and answers errors in the OpenAI shape
-through `GatewayError`; an unexpected exception becomes a plain 500 without a trace.
+through `GatewayError`, mapped in `api_view`: a database that cannot be reached becomes 503
+service_unavailable with Retry-After, any other unexpected exception a plain 500 without a trace.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from gateway import metrics
 from gateway.auth import authenticate
+from gateway.db import DATABASE_UNAVAILABLE
 from gateway.dispatcher import Dispatcher, Entry, describe
-from gateway.errors import GatewayError, not_found
+from gateway.errors import GatewayError, internal_error, not_found, service_unavailable
 from gateway.intake import intake
 from gateway.payload import CHAT, TEXT
 from gateway.runtime import dispatcher_get
@@ -31,8 +33,26 @@ def json_response(data, status: int = 200) -> HttpResponse:
     return response
 
 
+def logged(response: HttpResponse) -> HttpResponse:
+    """``response``, marked as logged already: Django's handler would log it again, every 4xx as a
+    WARNING and every 5xx as an ERROR (``django.utils.log.log_response`` skips a marked one)."""
+    response._has_been_logged = True
+    return response
+
+
+def error_response(request: HttpRequest, err: GatewayError, cause: BaseException | None = None) -> HttpResponse:
+    """``err`` as the response, counted and logged once at its level (expected outcomes at INFO);
+    ``cause`` is the exception it stands for, with its traceback from ERROR on."""
+    metrics.REJECTS.labels(err.code).inc()
+    detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+    log.log(err.log_level, "%s %s: %s %s%s", request.method, request.path, err.status, err.code, detail,
+            exc_info=cause if err.log_level >= logging.ERROR else None)
+    return logged(err.to_response())
+
+
 def api_view(*methods: str) -> Callable[[View], View]:
-    """Method check, GatewayError → its response, anything else → a 500 without details."""
+    """Method check, then the one mapping of failures to responses: GatewayError → its response,
+    a database outage → 503 service_unavailable, anything else → a 500 without details."""
 
     def wrap(view: View) -> View:
         @csrf_exempt
@@ -44,12 +64,11 @@ def api_view(*methods: str) -> Callable[[View], View]:
                                        headers={"Allow": ", ".join(methods)})
                 return await view(request, *args, **kwargs)
             except GatewayError as err:
-                metrics.REJECTS.labels(err.code).inc()
-                return err.to_response()
-            except Exception:
-                log.exception("unexpected error on %s %s", request.method, request.path)
-                metrics.REJECTS.labels("internal_error").inc()
-                return GatewayError(500, "internal_error", "The gateway failed unexpectedly; it has been logged.").to_response()
+                return error_response(request, err)
+            except DATABASE_UNAVAILABLE as exc:
+                return error_response(request, service_unavailable(), exc)
+            except Exception as exc:
+                return error_response(request, internal_error(), exc)
 
         return handler
 

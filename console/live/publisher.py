@@ -26,6 +26,7 @@ from console.live import db
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
 from console.live.snapshot import OpsView, queue_signature, shown_ids, tenant_queue, timeline_sample
 from console.live.timeline import Timeline
+from gateway.db import log_failure
 
 log = logging.getLogger(__name__)
 HOLD_CACHE_MAX = 200_000
@@ -99,7 +100,7 @@ class Publisher:
                 await self.tick(dispatcher, wall_ms())
                 self.tick_cost_ms = round((time.perf_counter() - started_s) * 1000, 1)
             except Exception:  # a failed tick must not end live updates
-                log.exception("console publisher tick failed")
+                log_failure(log, "console publisher tick failed")
 
     async def tick(self, d, now_wall_ms: int) -> None:
         if now_wall_ms >= self._next_downgrades_ms:

@@ -5,6 +5,7 @@ Run it with ``python -m gateway.simbackend --port 9100`` or ``python manage.py s
 
 from .app import SimBackendApp
 from .config import SimConfig, add_arguments
+from .gate import Gate
 from .server import RunningSim, run, start_in_thread
 
-__all__ = ["RunningSim", "SimBackendApp", "SimConfig", "add_arguments", "run", "start_in_thread"]
+__all__ = ["Gate", "RunningSim", "SimBackendApp", "SimConfig", "add_arguments", "run", "start_in_thread"]

@@ -1,7 +1,8 @@
 """The simulated GPU backend as a raw ASGI application (no framework, so it stays cheap).
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming and not),
-GET /v1/models, GET /healthz, GET /stats[?request_id=...], POST /stats/reset.
+GET /v1/models, GET /healthz, GET /stats[?request_id=...], POST /stats/reset,
+GET /gate and POST /gate {"action": "close"|"open"|"allow", "n": 1} (see gate.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
 
 from .config import SimConfig
+from .gate import Gate
 from .model import Capacity, Rejection, ServicePlan, SimStats, plan_service
 from .protocol import (
     CHAT,
@@ -55,6 +57,7 @@ class SimBackendApp:
         self.config = config
         self.capacity = Capacity(config)
         self.stats = SimStats()
+        self.gate = Gate()  # open: nothing is held unless a test closes it
         self.filler = Filler(config.seed)
         self._fail_rng = random.Random(config.seed)
         self._lease_ids = itertools.count(1)
@@ -88,6 +91,12 @@ class SimBackendApp:
             _require_method(method, "POST")
             self.stats.reset()
             await _send_body(send, 200, b'{"status":"reset"}')
+        elif path == "/gate":
+            if method == "POST":
+                self._control_gate(await _read_body(receive))
+            else:
+                _require_method(method, "GET")
+            await _send_body(send, 200, json.dumps(self.gate.state()).encode())
         else:
             raise SimError(404, "not_found", f"No route for {method} {path}.", "invalid_request_error")
 
@@ -107,8 +116,11 @@ class SimBackendApp:
             self.stats.bad_requests += 1
             raise
         self._maybe_fail()
-        completion_tokens = min(req.max_tokens or self.config.default_max_tokens, self.config.max_tokens_cap)
-        plan = plan_service(self.config, prompt_tokens=req.prompt_tokens, completion_tokens=completion_tokens)
+        config = self.config
+        completion_tokens = min(req.max_tokens or config.default_max_tokens, config.max_tokens_cap)
+        completion_tokens += config.extra_completion_tokens
+        prompt_tokens = math.ceil(req.prompt_tokens * config.prompt_token_factor)
+        plan = plan_service(config, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         lease_id = next(self._lease_ids)
         start_ms = _now_ms()
         rejection = self.capacity.try_admit(lease_id, plan, start_ms)
@@ -118,11 +130,31 @@ class SimBackendApp:
             return
         self.stats.record_admitted(self.capacity.in_flight)
         try:
-            job = _Job(self, req, plan, lease_id, zlib.crc32(raw_body), start_ms / 1000.0)
-            cancelled = await (job.stream(receive, send) if req.stream else job.respond(receive, send))
+            held = not self.gate.try_pass()  # the slot stays taken while held, as on a stuck GPU
+            if held and await _held_at(self.gate, receive):
+                cancelled = True
+            else:  # service time counts from when the gate let the request through
+                job = _Job(self, req, plan, lease_id, zlib.crc32(raw_body), (_now_ms() if held else start_ms) / 1000.0)
+                cancelled = await (job.stream(receive, send) if req.stream else job.respond(receive, send))
         finally:
             self.capacity.release(lease_id)
         self.stats.record_done(plan, cancelled=cancelled)
+
+    def _control_gate(self, raw_body: bytes) -> None:
+        try:
+            body = json.loads(raw_body or b"{}")
+            action, n = body.get("action"), body.get("n", 1)
+        except (ValueError, AttributeError):
+            action, n = None, None
+        if action == "close":
+            self.gate.close()
+        elif action == "open":
+            self.gate.open()
+        elif action == "allow" and isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            self.gate.allow(n)
+        else:
+            raise SimError(400, "invalid_gate_action",
+                           'Send {"action": "close"|"open"|"allow", "n": <int >= 0>}.', "invalid_request_error")
 
     def _parse(self, kind: str, raw_body: bytes) -> CompletionRequest:
         req = parse_request(kind, raw_body)
@@ -204,6 +236,23 @@ class _Job:
         pending.append(DONE_EVENT)
         await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
         return False
+
+
+async def _held_at(gate: Gate, receive: Receive) -> bool:
+    """Wait at the closed gate while watching for the client leaving; True if it left first."""
+    passage = asyncio.ensure_future(gate.passage())
+    left = asyncio.ensure_future(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait((passage, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        passage.cancel()
+        left.cancel()
+    return passage not in done  # let through: the job itself notices a client that left too
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _flush_then_wait(receive: Receive, send: Send, pending: list[bytes], due_s: float) -> bool:

@@ -32,6 +32,10 @@ class SimConfig:
     models: tuple[str, ...] = ()
     prefill_unit_tokens: int = 512
     window_ms: float = 60_000.0
+    # Misbehaviour a real backend shows: a tokenizer that counts more than the gateway's
+    # estimate, and output beyond the max_tokens asked for.
+    prompt_token_factor: float = 1.0
+    extra_completion_tokens: int = 0
 
     def __post_init__(self) -> None:
         _require(self.slots >= 1, "--slots must be at least 1")
@@ -45,6 +49,8 @@ class SimConfig:
         )
         _require(self.max_tokens_cap >= 1, "--max-tokens-cap must be at least 1")
         _require(self.default_max_tokens >= 1, "--default-max-tokens must be at least 1")
+        _require(self.prompt_token_factor > 0, "--prompt-token-factor must be positive")
+        _require(self.extra_completion_tokens >= 0, "--extra-completion-tokens must not be negative")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "SimConfig":
@@ -88,3 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--default-max-tokens", type=int, default=d.default_max_tokens)
     add("--max-tokens-cap", type=int, default=d.max_tokens_cap, help="upper bound on output")
     add("--models", default="", help="comma-separated model names to accept (default: any)")
+    add("--prompt-token-factor", type=float, default=d.prompt_token_factor,
+        help="report prompt tokens as this multiple of its own count (another tokenizer)")
+    add("--extra-completion-tokens", type=int, default=d.extra_completion_tokens,
+        help="produce this many tokens beyond max_tokens (a backend that ignores the limit)")

@@ -12,6 +12,7 @@ import uvicorn
 
 from .app import SimBackendApp
 from .config import SimConfig
+from .gate import Gate
 
 STARTUP_TIMEOUT_S = 10.0
 
@@ -47,7 +48,7 @@ def run(options: Mapping[str, Any]) -> None:
 
 @dataclass
 class RunningSim:
-    """A simulator serving in a background thread; ``stop()`` shuts it down."""
+    """A simulator serving in a background thread; ``stop()`` shuts it down, ``gate`` holds answers."""
 
     app: SimBackendApp
     server: uvicorn.Server
@@ -58,6 +59,11 @@ class RunningSim:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def gate(self) -> Gate:
+        """The gate before the answers (open by default); callable from this thread."""
+        return self.app.gate
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -47,8 +47,9 @@ def test_crossing_80_and_100_percent_alerts_once_each(world, webhook, mailoutbox
         ledger_adjust(tenant_slug="alpha", amount=D("10"), reason="seed", author="t")  # no new crossing
     assert list(BudgetAlert.objects.values_list("threshold_pct", flat=True)) == [80]
     with django_capture_on_commit_callbacks(execute=True):
-        hold("r1")
-        settle("r1", prompt=10**6)  # a big charge: crosses 100 %
+        ledger_adjust(tenant_slug="alpha", amount=D("186.8"), reason="seed", author="t")  # 3.2 left
+        hold("r1")  # exactly what is left
+        settle("r1", prompt=10**6)  # usage beyond the hold is charged up to the hold: crosses 100 %
     assert sorted(BudgetAlert.objects.values_list("threshold_pct", flat=True)) == [80, 100]
     assert [payload["threshold_pct"] for _, payload in webhook] == [80, 100]
     assert webhook[0][0] == "https://hooks.example/alpha" and webhook[0][1]["tenant"] == "alpha"

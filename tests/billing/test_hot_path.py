@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import cache
-from billing.booking import INSERT_ROWS, HoldAsk, ReleaseAsk, SettleAsk, book
+from billing.booking import INSERT_ROWS, Charged, HoldAsk, ReleaseAsk, SettleAsk, book
 from billing.errors import BudgetExhausted, HoldNotFound
 from billing.inflight import HeldEntry, held_get
 from billing.models import Budget, LedgerEntry, TenantBilling
@@ -54,7 +54,7 @@ def test_a_batch_costs_the_statements_of_one_ask(world, django_assert_max_num_qu
     releases = [ReleaseAsk(request_id=f"r{i}", reason="cancelled", at=now) for i in range(ASKS // 2, ASKS)]
     with django_assert_max_num_queries(PER_BATCH - 1 + inserts(3 * ASKS // 2)):  # no holds: no price check
         results = book(settles + releases)
-    assert results == [D("1.12")] * (ASKS // 2) + [True] * (ASKS // 2)
+    assert results == [Charged(D("1.12"))] * (ASKS // 2) + [True] * (ASKS // 2)
     budget = year_budget("alpha")
     assert (budget.spent, budget.held) == (D("1.12") * (ASKS // 2), D("3.2"))  # the warm-up is still held
     assert ledger_mismatches() == []
@@ -81,7 +81,7 @@ def test_settle_and_release_of_one_request_in_one_batch_end_it_once(world):
     results = book([SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now),
                     ReleaseAsk(request_id="r1", reason="cancelled", at=now),
                     SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)])
-    assert results == [D("1.12"), False, D("1.12")]
+    assert results == [Charged(D("1.12")), False, Charged(D("1.12"))]
     assert sorted(LedgerEntry.objects.filter(request_id="r1").values_list("kind", flat=True)) == [
         "charge", "hold", "release"]
     assert (year_budget("alpha").spent, year_budget("alpha").held) == (D("1.12"), D("0"))
@@ -188,14 +188,35 @@ def test_a_late_settlement_after_the_stale_sweep_charges_once(world):
 
 
 @pytest.mark.django_db
-def test_a_hold_for_a_request_id_that_has_ended_is_refused(world):
+def test_an_id_whose_request_ended_unserved_may_be_sent_again_and_a_served_one_is_refused(world):
     from billing.errors import RequestIdUsed
 
-    hold("r1")
-    hold_release(request_id="r1", reason="cancelled")
-    with pytest.raises(RequestIdUsed):
+    first = hold("r1")
+    hold_release(request_id="r1", reason="queue_full")  # refused: the client retries with the same id
+    second = hold("r1")
+    assert (first.request_id, second.request_id) == ("r1", "r1#2")  # the attempts are told apart
+    hold_release(request_id="r1#2", reason="queue_timeout")
+    third = hold("r1")
+    assert third.request_id == "r1#3"
+    assert settle("r1#3") == D("1.12")
+    with pytest.raises(RequestIdUsed):  # served: the id stays spent
         hold("r1")
-    assert year_budget("alpha").held == D("0")
+    assert (year_budget("alpha").spent, year_budget("alpha").held) == (D("1.12"), D("0"))
+    assert ledger_mismatches() == []
+
+
+@pytest.mark.django_db
+def test_a_retried_admission_of_a_live_hold_returns_it_to_its_own_process_only(world):
+    from billing.errors import RequestIdInUse
+
+    def hold_as(owner: str):
+        return book([HoldAsk(request_id="r1", tenant_slug="alpha", class_name="INTERACTIVE", model="m",
+                             prompt_tokens=1000, max_output_tokens=500, at=timezone.now(), owner=owner)])[0]
+
+    mine = hold_as("gw-1")
+    assert hold_as("gw-1") == mine  # its billing worker was replaced mid-batch: booked once
+    assert isinstance(hold_as("gw-2"), RequestIdInUse)  # the same id live in another process
+    assert year_budget("alpha").held == D("3.2")
 
 
 def test_billing_refusals_cross_a_process_boundary_intact():
@@ -207,3 +228,12 @@ def test_billing_refusals_cross_a_process_boundary_intact():
     back = pickle.loads(pickle.dumps(refused))
     assert (type(back), back.budget_label, back.remaining, back.needed, back.currency, str(back)) == (
         BudgetExhausted, "alpha FY2026", D("0.4"), D("3.2"), "USD", str(refused))
+
+
+@pytest.mark.django_db
+def test_the_longest_id_a_client_may_send_is_booked_with_its_attempts(world):
+    longest = "t" * 64 + "/" + "r" * 128  # the longest slug, "/", the longest X-Request-Id
+    hold(longest)
+    hold_release(request_id=longest, reason="queue_full")
+    assert hold(longest).request_id == f"{longest}#2"
+    assert LedgerEntry.objects.filter(request_id=f"{longest}#2", kind="hold").exists()

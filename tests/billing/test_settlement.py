@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from billing.errors import BillingError, HoldNotFound
 from billing.models import LedgerEntry
+from billing.selectors import ledger_mismatches
 from billing.services import hold_release, holds_release_stale, ledger_adjust, price_change
 from scheduling.models import PriceVersion
 from tests.billing.helpers import hold, kinds, settle, year_budget
@@ -70,13 +71,42 @@ def test_abandoned_stream_is_charged_for_the_tokens_produced(world):
     assert settle("r1", completion=40) == D("0.864000")  # (0.5 + 0.04) × 1.6
 
 
-def test_overrun_is_charged_and_recorded(world):
+def test_usage_beyond_the_hold_is_not_charged_but_recorded_as_unbilled(world):
     hold("r1", max_out=10)  # gpu-a: 1 + 0.02 = 1.02 × 1.6 = 1.632
-    charge = settle("r1", backend="gpu-a", prompt=1100, completion=10)  # tokenizer counted more: 1.12 × 1.6
-    assert charge == D("1.792")
+    charge = settle("r1", backend="gpu-a", prompt=1100, completion=10)  # the backend counted more: 1.12 × 1.6
+    assert charge == D("1.632")  # the hold, not 1.792
     entry = LedgerEntry.objects.get(request_id="r1", kind="charge")
-    assert entry.overrun == D("0.16")
-    assert year_budget("alpha").spent == D("1.792")
+    assert (entry.amount, entry.unbilled, entry.overrun) == (D("1.632"), D("0.16"), D("0"))
+    budget = year_budget("alpha")
+    assert (budget.spent, budget.held) == (D("1.632"), D("0"))
+    assert ledger_mismatches() == []
+
+
+def test_a_budget_is_never_overspent_by_a_backend_reporting_more_than_was_held(world):
+    from gateway.models import Tenant
+
+    Tenant.objects.filter(slug="alpha").update(annual_budget=D("3.2"))  # room for exactly one hold
+    hold("r1")
+    assert settle("r1", backend="gpu-a", prompt=200_000, completion=5_000) == D("3.2")
+    budget = year_budget("alpha")
+    assert budget.spent + budget.held <= budget.limit
+    assert LedgerEntry.objects.get(request_id="r1", kind="charge").unbilled == D("332.8")  # (200 + 10) × 1.6 - 3.2
+
+
+def test_a_late_settlement_after_its_process_was_taken_for_dead_charges_only_what_the_budget_has(world):
+    from billing.booking import OWNER_GONE_REASON
+    from gateway.models import Tenant
+
+    Tenant.objects.filter(slug="alpha").update(annual_budget=D("4"))
+    hold("r1")
+    hold_release(request_id="r1", reason=OWNER_GONE_REASON)  # the sweep gave the hold back
+    hold("r2")  # someone else used the room meanwhile: 0.8 left
+    assert settle("r1") == D("0.8")  # 1.12 priced, 0.8 charged, 0.32 unbilled
+    entry = LedgerEntry.objects.get(request_id="r1", kind="charge")
+    assert (entry.amount, entry.unbilled) == (D("0.8"), D("0.32"))
+    budget = year_budget("alpha")
+    assert budget.spent + budget.held == budget.limit
+    assert ledger_mismatches() == []
 
 
 def test_price_change_mid_flight_charges_in_flight_requests_at_their_admission_price(world):

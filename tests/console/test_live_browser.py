@@ -1,6 +1,10 @@
 """The console in a real browser (Playwright driving Debian's Chromium) against the real
 `manage.py serve` and a simulated GPU backend, with the official `openai` SDK as the client.
-Screenshots go to artifacts/console/."""
+Screenshots go to artifacts/console/.
+
+The tests wait for states, never for times: the backend's gate (``sim.gate``) holds the request
+on its only slot until the test lets it through, so each step of the queue is a state the page
+shows for as long as the test needs to see it. ``LIMIT_S`` and ``WAIT_MS`` are safety nets only."""
 from __future__ import annotations
 
 import os
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.simbackend import SimConfig, start_in_thread
+from gateway.simbackend import RunningSim, SimConfig, start_in_thread
 from tests.gateway.livestack import REPO_ROOT, Gateway, start_gateway, wait_until
 
 pytestmark = pytest.mark.live
@@ -22,6 +26,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 SHOTS = REPO_ROOT / "artifacts" / "console"
 SERVICE_MS = 1200
+LIMIT_S = 60.0  # a safety net for every wait, never what decides an outcome
+WAIT_MS = int(LIMIT_S * 1000)
 
 YAML = """scheduler:
   policy: fairgate
@@ -58,17 +64,30 @@ for e in LedgerEntry.objects.filter(kind="charge", request_id__endswith={rid!r})
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[Gateway]:
+def sim() -> Iterator[RunningSim]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
     sim = start_in_thread(SimConfig(port=0, slots=1, fixed_latency_ms=SERVICE_MS, seed=3))
+    yield sim
+    sim.gate.open()
+    sim.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(sim, tmp_path_factory) -> Iterator[Gateway]:
     yaml_text = YAML % {"url": f"{sim.url}/v1", "service": SERVICE_MS}
     gateway = start_gateway(tmp_path_factory.mktemp("console-live"), yaml_text,
                             {"alpha": ("alpha", "BATCH"), "beta": ("beta", "BATCH")})
     gateway.shell(USERS)
     yield gateway
     gateway.stop()
-    sim.stop()
+
+
+@pytest.fixture
+def gate(sim):
+    """The backend's gate, open again after the test whatever happened in it."""
+    yield sim.gate
+    sim.gate.open()
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +109,7 @@ def browser(stack):
 
 def login(browser, stack: Gateway, username: str, password: str):
     page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.set_default_timeout(WAIT_MS)
     page.goto(f"{stack.url}/console/")
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", password)
@@ -100,7 +120,7 @@ def login(browser, stack: Gateway, username: str, password: str):
 
 def send(stack: Gateway, key: str, request_id: str, results: dict) -> threading.Thread:
     def run() -> None:
-        raw = stack.sdk(key, timeout=60).chat.completions.with_raw_response.create(
+        raw = stack.sdk(key, timeout=LIMIT_S * 2).chat.completions.with_raw_response.create(
             model="m-one", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
             extra_headers={"X-Request-Id": request_id})
         results[request_id] = raw.headers
@@ -111,8 +131,48 @@ def send(stack: Gateway, key: str, request_id: str, results: dict) -> threading.
 
 
 def cell(page, request_id: str, column: str) -> str | None:
-    row = page.locator(f"#queue-table tr[data-id='{request_id}'] td.{column}")
-    return row.inner_text() if row.count() else None
+    """The text of one cell of the request's row, or None without such a row (read at one instant)."""
+    return page.evaluate("([id, column]) => { const td = document.querySelector("
+                         "`#queue-table tr[data-id='${id}'] td.${column}`); return td ? td.textContent : null; }",
+                         [request_id, column])
+
+
+def card_field(page, field: str) -> str | None:
+    """One field of the followed request's card, or None while the card does not show it."""
+    return page.evaluate("(field) => { const dd = document.querySelector(`#card [data-field='${field}']`);"
+                         " return dd ? dd.textContent : null; }", field)
+
+
+def table(page) -> list[tuple[str, str, str]]:
+    """(id, state, position) of every row of the queue table, read at one instant."""
+    return [tuple(row) for row in page.eval_on_selector_all(
+        "#queue-table tbody tr[data-id]",
+        "rows => rows.map(r => [r.dataset.id, r.children[3].textContent, r.querySelector('.position').textContent])")]
+
+
+def shows(page, expected: list[tuple[str, str, str]], what: str) -> None:
+    """Wait until the page's queue table is exactly ``expected`` (the live page is pushed to)."""
+    seen: list = []
+
+    def matches() -> bool:
+        seen[:] = table(page)
+        return seen == expected
+
+    try:
+        wait_until(matches, limit_s=LIMIT_S, what=what)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: expected {expected}, the page showed {seen}") from None
+
+
+def held_at_backend(gate) -> None:
+    """Wait until the request on the backend's only slot is held there by the gate."""
+    wait_until(lambda: gate.waiting == 1, limit_s=LIMIT_S, what="a request held at the backend's gate")
+
+
+def page_text_without_card(page) -> str:
+    """The page's HTML but the followed-request card (which repeats the id typed into it)."""
+    return page.evaluate("() => { const b = document.body.cloneNode(true); b.querySelector('#card').remove();"
+                         " return b.innerHTML; }")
 
 
 def charges_of(stack: Gateway, request_id: str) -> list[tuple[str, str, str]]:
@@ -120,60 +180,96 @@ def charges_of(stack: Gateway, request_id: str) -> list[tuple[str, str, str]]:
     return re.findall(r"CHARGE (\S+) (\S+) (\S+)", stack.shell(LEDGER.format(rid=request_id)))
 
 
-def test_member_watches_position_and_eta_fall_then_the_charge(stack, browser):
+def test_member_watches_position_and_eta_fall_then_the_charge(stack, gate, browser):
     page = login(browser, stack, "ann", "ann-password-1")
     assert page.url.endswith("/console/queue/")
     page.wait_for_selector("#live-status.on")
     results: dict = {}
     ids = [f"live-{i}" for i in range(4)]
-    threads = []
-    for rid in ids:
-        threads.append(send(stack, "alpha", rid, results))
-        page.wait_for_selector(f"#queue-table tr[data-id='{rid}']", timeout=5000)
     last = ids[-1]
+    gate.close()
+    threads = []
+    for rid in ids:  # one after another, so their order in the queue is known
+        threads.append(send(stack, "alpha", rid, results))
+        page.wait_for_selector(f"#queue-table tr[data-id='{rid}']")
+    # The first request has the backend's only slot and is held there; the others wait in the gateway.
+    held_at_backend(gate)
+    shows(page, [("live-0", "running", "—"), ("live-1", "queued", "1"), ("live-2", "queued", "2"),
+                 ("live-3", "queued", "3")], "the last request third in line")
     page.fill("#watch-id", last)
     page.click("#watch-form button")
-    first = int(wait_until(lambda: cell(page, last, "position") not in (None, "—") and cell(page, last, "position"),
-                           what="a position for the last request"))
+
+    def card_agrees(position: str) -> bool:
+        return card_field(page, "state") == "queued" and card_field(page, "position") == position == cell(
+            page, last, "position")
+
+    wait_until(lambda: card_agrees("3"), limit_s=LIMIT_S, what="the followed request's card to agree with its row")
     eta_first = cell(page, last, "eta")
-    assert first >= 2, f"the last of 4 requests on one slot should wait behind others, got position {first}"
+    assert eta_first not in ("—", "0 ms", "running"), eta_first
     page.screenshot(path=str(SHOTS / "queue-waiting.png"), full_page=True)
-    wait_until(lambda: page.locator("#card [data-field=position]").inner_text() == cell(page, last, "position"),
-               what="the followed request's card to agree with its row")
-    seen = [first]
 
-    def moved() -> bool:
-        text = cell(page, last, "position")
-        if text and text != "—" and int(text) < seen[-1]:
-            seen.append(int(text))
-        return seen[-1] == 1 or cell(page, last, "eta") == "running"
-
-    wait_until(moved, limit_s=SERVICE_MS / 1000 * 6, step_s=0.05, what="the position to fall to the front")
-    assert seen == sorted(seen, reverse=True) and len(seen) >= 2, seen
-    assert eta_first not in ("—", "0 ms")
+    seen = [3]
+    for step, ahead in enumerate((2, 1)):  # each request let through moves the last one up by one
+        gate.allow(1)
+        running = ids[step + 1]
+        queued = [(rid, "queued", str(i + 1)) for i, rid in enumerate(ids[step + 2:])]
+        held_at_backend(gate)
+        shows(page, [(running, "running", "—"), *queued], f"the last request at position {ahead}")
+        wait_until(lambda: card_agrees(str(ahead)), limit_s=LIMIT_S, what=f"the card at position {ahead}")
+        assert cell(page, last, "eta") not in ("—", "0 ms", "running"), "a waiting request shows an ETA"
+        seen.append(int(cell(page, last, "position")))
+    assert seen == [3, 2, 1]
     page.screenshot(path=str(SHOTS / "queue-moving.png"), full_page=True)
+
+    gate.allow(1)  # the third is let through: the last one reaches the backend and is held there
+    held_at_backend(gate)
+    shows(page, [(last, "running", "—")], "the last request running")
+    assert cell(page, last, "eta") == "running"
+    wait_until(lambda: card_field(page, "state") == "running", limit_s=LIMIT_S,
+               what="the card to show the request running")
+    gate.open()
     for thread in threads:
-        thread.join(30)
+        thread.join(LIMIT_S * 2)
     assert set(results) == set(ids)
-    wait_until(lambda: page.locator("#queue-table tr.empty").count() == 1, what="the queue to empty in the page")
+    wait_until(lambda: page.locator("#queue-table tr.empty").count() == 1, limit_s=LIMIT_S,
+               what="the queue to empty in the page")
     assert charges_of(stack, last), "the gateway charged nothing for a completed request"
-    page.wait_for_selector(f"#charges tr[data-id='{last}']", timeout=5000)
+    page.wait_for_selector(f"#charges tr[data-id='{last}']")
     assert page.locator("#card [data-field=charge]").count() == 1
     page.screenshot(path=str(SHOTS / "queue-charged.png"), full_page=True)
+    page.context.close()
 
 
-def test_member_of_another_tenant_sees_none_of_it(stack, browser):
+def test_member_of_another_tenant_sees_none_of_it(stack, gate, browser):
+    ann = login(browser, stack, "ann", "ann-password-1")  # a member of alpha, to see alpha's updates go out
+    ann.wait_for_selector("#live-status.on")
     page = login(browser, stack, "bob", "bob-password-1")
     page.wait_for_selector("#live-status.on")
     results: dict = {}
-    thread = send(stack, "alpha", "alpha-private-1", results)
-    page.wait_for_timeout(1500)
+    gate.close()
+    alpha = send(stack, "alpha", "alpha-private-1", results)
+    ann.wait_for_selector("#queue-table tr[data-id='alpha-private-1']")  # alpha's table with it is published
+    held_at_backend(gate)
+    beta = send(stack, "beta", "beta-own-1", results)
+    # Bob's own request reaches his page in a later update than alpha's: anything leaked would be there by now.
+    page.wait_for_selector("#queue-table tr[data-id='beta-own-1']")
     assert "alpha-private-1" not in page.content()
-    page.fill("#watch-id", "alpha-private-1")
+    page.fill("#watch-id", "alpha-private-1")  # live, held at the backend: still not bob's to see
     page.click("#watch-form button")
-    page.wait_for_selector("#card:not([hidden])")
+    page.wait_for_selector("#card:not([hidden]) p")
     assert "No request alpha-private-1 of yours" in page.locator("#card").inner_text()
-    thread.join(30)
+
+    gate.allow(1)  # alpha's request finishes first, and its charge goes out to alpha's members
+    alpha.join(LIMIT_S * 2)
+    assert "alpha-private-1" in results
+    ann.wait_for_selector("#charges tr[data-id='alpha-private-1']")
+    gate.open()
+    beta.join(LIMIT_S * 2)
+    assert "beta-own-1" in results
+    page.wait_for_selector("#charges tr[data-id='beta-own-1']")  # a later charge than alpha's
+    assert "alpha-private-1" not in page_text_without_card(page)
+    ann.context.close()
+    page.context.close()
 
 
 def test_admin_changes_a_price_and_the_next_request_pays_it(stack, browser):
@@ -188,7 +284,7 @@ def test_admin_changes_a_price_and_the_next_request_pays_it(stack, browser):
     page.goto(f"{stack.url}/console/audit/?entity=class")
     assert "console:ada" in page.locator("#audit-table").inner_text()
     results: dict = {}
-    send(stack, "beta", "after-price-1", results).join(30)
+    send(stack, "beta", "after-price-1", results).join(LIMIT_S * 2)
     headers = results["after-price-1"]
     [(amount, factor, base)] = charges_of(stack, "after-price-1")
     assert Decimal(factor) == Decimal("2.5") and Decimal(amount) == (Decimal(base) * Decimal("2.5")).quantize(Decimal("0.000001"))
@@ -198,7 +294,7 @@ def test_admin_changes_a_price_and_the_next_request_pays_it(stack, browser):
 def test_admin_sees_operations_live(stack, browser):
     page = login(browser, stack, "ada", "ada-password-1")
     assert page.url.endswith("/console/ops/")
-    page.wait_for_selector("#classes-table td:has-text('BATCH')", timeout=6000)
+    page.wait_for_selector("#classes-table td:has-text('BATCH')")
     page.wait_for_function("() => window.Chart !== undefined")
     page.screenshot(path=str(SHOTS / "operations.png"), full_page=True)
     page.goto(f"{stack.url}/console/finance/")

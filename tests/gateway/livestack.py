@@ -32,6 +32,7 @@ class Gateway:
     log_path: Path
     extra: dict = field(default_factory=dict)
     name: str = "the gateway"
+    owns_database: bool = True  # False for another process serving the same database
 
     def manage(self, *args: str) -> str:
         done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.env,
@@ -76,8 +77,13 @@ class Gateway:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-        if "DATABASE_URL" in self.env:
+        if self.owns_database and "DATABASE_URL" in self.env:
             _postgres_drop(self.env["DATABASE_URL"])
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: nothing of the process runs after it."""
+        self.process.kill()
+        self.process.wait(timeout=10)
 
 
 def _postgres_database(var_dir: Path) -> str | None:
@@ -138,6 +144,19 @@ def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]
     gateway = Gateway(f"http://127.0.0.1:{port}", env, made, process, log_path)
     wait_ready(gateway, "/readyz", limit_s=STARTUP_LIMIT_S)
     return gateway
+
+
+def another_process(gateway: Gateway, name: str = "another gateway process") -> Gateway:
+    """One more ``serve`` process on ``gateway``'s database, environment and keys (a replica behind
+    the same load balancer, or a restart after a crash); waits until ready."""
+    port = free_port()
+    log_path = gateway.log_path.with_name(f"serve-{port}.log")
+    process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT,
+                               env=gateway.env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    other = Gateway(f"http://127.0.0.1:{port}", gateway.env, gateway.keys, process, log_path, name=name,
+                    owns_database=False)
+    wait_ready(other, "/readyz", limit_s=STARTUP_LIMIT_S)
+    return other
 
 
 def wait_until(predicate, *, limit_s: float = 10.0, step_s: float = 0.02, what: str = "condition"):

@@ -85,8 +85,38 @@ def test_payload_stream_always_asks_upstream_for_usage():
     payload = payload_parse(TEXT, b'{"model": "m", "prompt": "hi", "stream": true, "max_tokens": 3}')
     assert payload.stream and not payload.include_usage and payload.max_tokens == 3
     assert json.loads(upstream_body(payload))["stream_options"] == {"include_usage": True}
-    plain = payload_parse(TEXT, b'{"model": "m", "prompt": [1, 2, 3]}')
+    plain = payload_parse(TEXT, b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": 5}')
+    plain.output_limit = 5  # what the hold covers: the client's own limit
     assert upstream_body(plain) == plain.raw
+
+
+def test_payload_goes_upstream_with_the_output_limit_its_hold_covers():
+    unlimited = payload_parse(TEXT, b'{"model": "m", "prompt": "hi"}')
+    assert unlimited.max_tokens is None
+    unlimited.output_limit = 40  # the model's default
+    assert json.loads(upstream_body(unlimited))["max_tokens"] == 40
+    both = payload_parse(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                               b'"max_tokens": 9, "max_completion_tokens": 7}')
+    assert (both.max_tokens, both.max_tokens_field) == (7, "max_completion_tokens")
+    both.output_limit = 7
+    sent = json.loads(upstream_body(both))
+    assert (sent["max_tokens"], sent["max_completion_tokens"]) == (7, 7)
+
+
+def test_output_limits_and_the_prompt_bound(settings):
+    from gateway.limits import output_limit, prompt_bound
+
+    settings.FAIRGATE_MODEL_OUTPUT_LIMITS = {"m": (40, 1000)}
+    settings.FAIRGATE_MAX_N = 4
+    assert output_limit(payload_parse(TEXT, b'{"model": "m", "prompt": "hi"}')) == 40
+    assert output_limit(payload_parse(TEXT, b'{"model": "m", "prompt": "hi", "max_tokens": 1000}')) == 1000
+    for body in (b'{"model": "m", "prompt": "hi", "max_tokens": 1001}', b'{"model": "m", "prompt": "hi", "n": 5}'):
+        with pytest.raises(GatewayError) as refused:
+            output_limit(payload_parse(TEXT, body))
+        assert refused.value.status == 400
+    chinese = payload_parse(CHAT, json.dumps({"model": "m", "messages": [{"role": "user", "content": "预算" * 1000}]},
+                                             ensure_ascii=False).encode())
+    assert prompt_bound(chinese) >= len("预算".encode()) * 1000  # every UTF-8 byte could be a token
 
 
 def test_circuit_opens_after_threshold_and_half_open_reopens_on_one_failure():

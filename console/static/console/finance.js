@@ -101,7 +101,7 @@
     setCsv();
     const [charges, burn, mix] = await Promise.all([report("charges"), report("burn"), report("class-mix")]);
     fill(document.querySelector("#charges-table tbody"), charges.rows, function (r) {
-      return [r.tenant, r.month, r["class"], r.requests, r.prompt_tokens, r.completion_tokens, r.base_cost, r.charge, r.effective_multiplier];
+      return [r.tenant, r.month, r["class"], r.requests, r.prompt_tokens, r.completion_tokens, r.base_cost, r.charge, r.effective_multiplier, r.unbilled];
     }, drill);
     fill(document.querySelector("#burn-table tbody"), burn.rows, function (r) {
       return [r.tenant, r.limit, r.spent, r.held, r.remaining, r.projected_spend];

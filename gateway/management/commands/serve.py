@@ -4,13 +4,70 @@ uvicorn, not daphne: it speaks the ASGI lifespan protocol (so the embedded dispa
 stops with the process), it is the faster HTTP server of the two (httptools + uvloop), and it serves
 WebSockets for Channels as well. One process: the dispatcher's queues live in it.
 """
+from __future__ import annotations
+
+import asyncio
 import importlib.util
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline for each request's headers.
+
+    uvicorn times only the idle gap between requests (``timeout_keep_alive``, which stops at the
+    next request's first byte) and nothing on a fresh connection, so a client sending its headers
+    a byte at a time held a connection for as long as it liked. Here a request's headers must be
+    complete within FAIRGATE_HEADER_TIMEOUT_MS of the connection being made (the first request) or
+    of the request's first byte (later ones on a keep-alive connection); if not, the client gets a
+    408 and the connection is closed. This covers every path (API, console, admin, WebSocket
+    handshakes); the body's deadline is the gateway handler's (FAIRGATE_BODY_TIMEOUT_MS).
+    """
+
+    header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer_start()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_timer_start()  # the first request's runs from the connection, already started
+
+    def on_headers_complete(self) -> None:
+        self._header_timer_stop()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._header_timer_stop()
+        super().connection_lost(exc)
+
+    def _header_timer_start(self) -> None:
+        if self.header_timer is None:
+            self.header_timer = self.loop.call_later(settings.FAIRGATE_HEADER_TIMEOUT_MS / 1000, self._headers_late)
+
+    def _header_timer_stop(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _headers_late(self) -> None:
+        """The headers are still incomplete: close the connection, after a 408 if a request had
+        begun (a silent connection gets none) and no earlier response is still being sent on it."""
+        self.header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.scope is not None and (self.cycle is None or self.cycle.response_complete):
+            self.transport.write(REQUEST_TIMEOUT)
+        self.transport.close()
 
 
 class Command(BaseCommand):
@@ -31,7 +88,7 @@ class Command(BaseCommand):
             host=host,
             port=port,
             log_level=log_level,
-            http="httptools" if _installed("httptools") else "h11",
+            http=HeaderTimeoutProtocol,  # httptools (uvicorn[standard]) with a header deadline
             loop="uvloop" if _installed("uvloop") else "asyncio",
             proxy_headers=False,  # X-Forwarded-For is trusted only from FAIRGATE_TRUSTED_PROXIES, by the gateway
             server_header=False,

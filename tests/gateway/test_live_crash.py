@@ -1,0 +1,105 @@
+"""A crash leaves nothing held: two `serve` processes on one database, one killed with SIGKILL
+mid-request; the survivor's billing worker releases the dead one's holds within the bound and
+never touches its own, whose requests are charged once. (The production shape: REDIS_URL set,
+so a process does not take every open hold for its own leftovers at start.)"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from decimal import Decimal
+
+import openai
+import pytest
+
+from gateway.simbackend import SimConfig, start_in_thread
+from tests.gateway.livestack import another_process, start_gateway, wait_until
+
+pytestmark = [pytest.mark.live, pytest.mark.redis]
+
+YAML = """scheduler:
+  classes:
+    - {{name: INTERACTIVE, level: 0, sla_ms: 60000, price_factor: 1.6}}
+  tenants:
+    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
+  backends:
+    - {{name: slow, url: "{url}", models: [m], slots: 16, input_price_per_1k: 1, output_price_per_1k: 2}}
+"""
+HOUSEKEEPING = {"FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5", "FAIRGATE_ORPHAN_SWEEP_S": "1"}
+
+
+def query(gateway, sql: str) -> list[tuple]:
+    url = gateway.env.get("DATABASE_URL")
+    if url:
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute(sql).fetchall()
+    with sqlite3.connect(os.path.join(gateway.env["FAIRGATE_VAR_DIR"], "fairgate.sqlite3")) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def entries(gateway) -> dict[str, dict[str, tuple]]:
+    """request id -> kind -> (amount, reason, owner)."""
+    found: dict[str, dict[str, tuple]] = {}
+    for rid, kind, amount, reason, owner in query(
+            gateway, "SELECT request_id, kind, amount, reason, owner FROM billing_ledgerentry"):
+        found.setdefault(rid, {})[kind] = (Decimal(str(amount)), reason, owner)
+    return found
+
+
+def balances(gateway) -> list[tuple[Decimal, Decimal, Decimal]]:
+    return [tuple(Decimal(str(v)) for v in row)
+            for row in query(gateway, 'SELECT spent, held, "limit" FROM billing_budget')]
+
+
+@pytest.fixture
+def stack(tmp_path):
+    sim = start_in_thread(SimConfig(port=0, slots=16, ttft_ms=1, tokens_per_s=20, seed=9))  # 100 tokens: 5 s
+    first = start_gateway(tmp_path / "gw", YAML.format(url=f"{sim.url}/v1"), {"acme": ("acme", "INTERACTIVE")},
+                          REDIS_URL=os.environ.get("REDIS_URL", ""), **HOUSEKEEPING)
+    second = another_process(first)
+    yield first, second
+    second.stop()
+    first.stop()
+    sim.stop()
+
+
+def send(gateway, prefix: str, count: int, results: dict) -> list[threading.Thread]:
+    def one(index: int) -> None:
+        rid = f"{prefix}-{index}"
+        try:
+            reply = gateway.sdk("acme", timeout=120).chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "tell me a long story"}], max_tokens=100,
+                extra_headers={"X-Request-Id": rid})
+            results[rid] = Decimal(reply.headers["X-Charge"])
+        except (openai.APIError, KeyError) as failed:
+            results[rid] = failed
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_the_holds_of_a_killed_process_are_released_and_a_live_ones_are_kept(stack):
+    first, second = stack
+    results: dict = {}
+    threads = send(first, "doomed", 4, results) + send(second, "alive", 4, results)
+    wait_until(lambda: sum("hold" in kinds for kinds in entries(first).values()) == 8, limit_s=60,
+               what="eight requests held")
+    first.kill()  # its billing worker follows it within a second
+    wait_until(lambda: all("release" in entries(first)[f"acme/doomed-{i}"] for i in range(4)), limit_s=60,
+               step_s=0.2, what="the dead process's holds released")
+    for thread in threads:
+        thread.join(timeout=120)
+    ledger = entries(first)
+    for i in range(4):
+        assert ledger[f"acme/doomed-{i}"]["release"][1] == "owner_gone"
+        assert "charge" not in ledger[f"acme/doomed-{i}"]
+        alive = ledger[f"acme/alive-{i}"]
+        assert alive["release"][1] == "settled", alive  # never released as its process's leftover
+        assert alive["charge"][0] == results[f"alive-{i}"]  # the X-Charge its client got
+    assert all(spent + held <= limit for spent, held, limit in balances(first))
+    assert all(held == 0 for _, held, _ in balances(first))
+    second.manage("ledger", "verify")

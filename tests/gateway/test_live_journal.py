@@ -1,0 +1,146 @@
+"""A served request is charged exactly once, even when the database is down as it ends: its
+settlement is journaled before the client gets its last byte, retried while the process lives,
+and booked by the next process on the host if this one is killed first. The gateway reaches
+PostgreSQL through a `PgProxy` the test cuts and restores (the shared server is never stopped)."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from gateway.simbackend import SimConfig, start_in_thread
+from tests.gateway import livestack
+from tests.gateway.livestack import Gateway, another_process, start_gateway, wait_until
+from tests.gateway.pgproxy import PgProxy
+
+pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]
+
+YAML = """scheduler:
+  classes:
+    - {{name: INTERACTIVE, level: 0, sla_ms: 60000, price_factor: 1.6}}
+  tenants:
+    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
+  backends:
+    - {{name: slow, url: "{url}", models: [m], slots: 8, input_price_per_1k: 1, output_price_per_1k: 2}}
+"""
+SETTINGS = {"FAIRGATE_AUTH_CACHE_MS": "600000", "FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5",
+            "FAIRGATE_ORPHAN_SWEEP_S": "1"}
+
+
+class Stack:
+    def __init__(self, gateway: Gateway, proxy: PgProxy, direct_url: str) -> None:
+        self.gateway, self.proxy, self.direct_url = gateway, proxy, direct_url
+
+    def ledger(self, rid: str) -> list[tuple[str, Decimal]]:
+        with psycopg.connect(self.direct_url) as conn:
+            rows = conn.execute("SELECT kind, amount FROM billing_ledgerentry WHERE request_id = %s ORDER BY id",
+                                [rid]).fetchall()
+        return [(kind, Decimal(amount)) for kind, amount in rows]
+
+    def journals(self) -> list[Path]:
+        directory = Path(self.gateway.env["FAIRGATE_VAR_DIR"]) / "journal"
+        return sorted(directory.glob("*.jsonl")) if directory.exists() else []
+
+    def journal_lines(self) -> str:
+        return "".join(path.read_text() for path in self.journals())
+
+    def journal_pending(self) -> set[str]:
+        """Settlements journaled and not marked booked, over every journal of the host."""
+        kept, done = set(), set()
+        for line in self.journal_lines().splitlines():
+            record = json.loads(line)
+            kept |= {record["settle"]["request_id"]} if "settle" in record else set()
+            done |= {record["done"]} if "done" in record else set()
+        return kept - done
+
+
+@pytest.fixture
+def stack(tmp_path) -> Iterator[Stack]:
+    sim = start_in_thread(SimConfig(port=0, slots=8, ttft_ms=1, tokens_per_s=20, seed=4))  # 40 tokens: 2 s
+    proxy = PgProxy().start()
+    direct = livestack._postgres_database
+    made: dict[str, str] = {}
+
+    def through(var_dir):
+        made["url"] = direct(var_dir)
+        return proxy.url_through(made["url"])
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(livestack, "_postgres_database", through)
+            gateway = start_gateway(tmp_path / "gw", YAML.format(url=f"{sim.url}/v1"),
+                                    {"acme": ("acme", "INTERACTIVE")}, REDIS_URL=os.environ.get("REDIS_URL", ""),
+                                    **SETTINGS)
+        yield Stack(gateway, proxy, made["url"])
+        proxy.restore()
+        gateway.stop()
+    finally:
+        proxy.stop()
+        sim.stop()
+
+
+def answered_during_an_outage(stack: Stack, rid: str, *, stream: bool) -> httpx.Response | str:
+    """Sends a request, cuts the database while the backend is answering it, returns its answer."""
+    answer: dict = {}
+
+    def ask() -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": "count slowly"}], "max_tokens": 40,
+                "stream": stream}
+        with stack.gateway.http("acme", timeout=120) as client:
+            response = client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": rid})
+            answer["response"] = response
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    wait_until(lambda: stack.ledger(f"acme/{rid}") == [("hold", stack.ledger(f"acme/{rid}")[0][1])]
+               if stack.ledger(f"acme/{rid}") else False, limit_s=60, what="the request held")
+    stack.proxy.cut()  # the backend is still answering it
+    thread.join(timeout=120)
+    return answer["response"]
+
+
+def charges(stack: Stack, rid: str) -> list[Decimal]:
+    return [amount for kind, amount in stack.ledger(rid) if kind == "charge"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_settlement_made_while_the_database_is_down_is_booked_once_it_is_back(stack, stream):
+    response = answered_during_an_outage(stack, "out-1", stream=stream)
+    assert response.status_code == 200
+    if stream:
+        assert response.text.rstrip().endswith("data: [DONE]")  # the whole stream: served
+    else:
+        assert response.json()["choices"] and "X-Charge" not in response.headers  # served, not charged yet
+    assert stack.journal_pending() == {"acme/out-1"}  # on disk before the client got its last byte
+    stack.proxy.restore()
+    wait_until(lambda: charges(stack, "acme/out-1"), limit_s=60, step_s=0.2, what="the kept settlement booked")
+    assert len(charges(stack, "acme/out-1")) == 1
+    wait_until(lambda: not stack.journal_pending(), limit_s=30, what="the journal line marked booked")
+    stack.gateway.manage("ledger", "verify")
+
+
+def test_a_journaled_settlement_of_a_killed_process_is_booked_by_the_next_one_on_the_host(stack):
+    response = answered_during_an_outage(stack, "out-2", stream=False)
+    assert response.status_code == 200 and "X-Charge" not in response.headers
+    stack.gateway.kill()  # before the database came back: only the journal knows the request was served
+    (left_behind,) = stack.journals()
+    assert stack.journal_pending() == {"acme/out-2"}
+    stack.proxy.restore()
+    restarted = another_process(stack.gateway, "the restarted gateway")
+    try:
+        wait_until(lambda: charges(stack, "acme/out-2"), limit_s=60, step_s=0.2, what="the journal replayed")
+        wait_until(lambda: not left_behind.exists() and not stack.journal_pending(), limit_s=30,
+                   what="the old journal retired and its settlement marked booked")
+        assert len(charges(stack, "acme/out-2")) == 1
+        kinds = sorted(kind for kind, _ in stack.ledger("acme/out-2"))
+        assert kinds == ["charge", "hold", "release"]  # released once: settled, or by the heartbeat sweep first
+        restarted.manage("ledger", "verify")
+    finally:
+        restarted.stop()
