@@ -19,7 +19,7 @@ from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.dispatcher import Dispatcher, Entry, describe
 from gateway.errors import GatewayError, internal_error, not_found, service_unavailable
-from gateway.intake import intake
+from gateway.intake import REQUEST_ID_RE, intake
 from gateway.payload import CHAT, TEXT
 from gateway.runtime import dispatcher_get
 
@@ -44,6 +44,9 @@ def error_response(request: HttpRequest, err: GatewayError, cause: BaseException
     """``err`` as the response, counted and logged once at its level (expected outcomes at INFO);
     ``cause`` is the exception it stands for, with its traceback from ERROR on."""
     metrics.REJECTS.labels(err.code).inc()
+    given = request.headers.get("X-Request-Id")
+    if given is not None and "X-Request-Id" not in err.headers and REQUEST_ID_RE.fullmatch(given):
+        err.headers["X-Request-Id"] = given  # refused before intake named it (405, an outage, a failure)
     detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
     log.log(err.log_level, "%s %s: %s %s%s", request.method, request.path, err.status, err.code, detail,
             exc_info=cause if err.log_level >= logging.ERROR else None)

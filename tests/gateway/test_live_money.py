@@ -154,3 +154,9 @@ def test_every_refusal_names_its_request(stack, key, body, status):
                              headers={"Authorization": f"Bearer {stack.keys.get(key, key)}", "X-Request-Id": "named-1"})
     assert response.status_code == status
     assert response.headers["X-Request-Id"] == "named-1"
+
+
+def test_a_refusal_before_intake_names_its_request_too(stack):
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        response = http.get("/v1/chat/completions", headers={"X-Request-Id": "named-2"})  # wrong method
+    assert response.status_code == 405 and response.headers["X-Request-Id"] == "named-2"
