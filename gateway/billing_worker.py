@@ -287,8 +287,14 @@ _events: list[dict] = []  # console events of the batch being booked, handed bac
 def serve(conn, gateway_pid: int, owner: str = "") -> None:
     """The worker's loop: book each batch; between batches beat for the gateway and sweep the
     holds of dead ones (billing.heartbeats), and reload ageing caches."""
+    import signal
+
     import django
 
+    # A stop signal sent to the whole process group (honcho, systemd) is the gateway's to handle: it
+    # ends this worker by closing the pipe, after its last bookings and with its clean stop recorded.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     django.setup()
     from billing.cache import caches_refresh_one
     from billing.heartbeats import Housekeeper

@@ -5,6 +5,7 @@ so a process does not take every open hold for its own leftovers at start.)"""
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import threading
 from decimal import Decimal
@@ -103,3 +104,21 @@ def test_the_holds_of_a_killed_process_are_released_and_a_live_ones_are_kept(sta
     assert all(spent + held <= limit for spent, held, limit in balances(first))
     assert all(held == 0 for _, held, _ in balances(first))
     second.manage("ledger", "verify")
+
+
+def _billing_worker_pid(gateway) -> int:
+    pid = gateway.process.pid
+    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    (worker,) = [int(c) for c in children if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()]
+    return worker
+
+
+def test_a_stop_signal_to_the_whole_process_group_is_a_clean_stop(stack):
+    first, second = stack
+    worker = _billing_worker_pid(first)
+    os.kill(worker, signal.SIGTERM)  # as honcho or systemd signal every process of the group
+    os.kill(first.process.pid, signal.SIGTERM)
+    first.process.wait(timeout=60)
+    stopped = query(first, "SELECT owner FROM billing_gatewayprocess WHERE stopped_at IS NOT NULL")
+    assert len(stopped) == 1  # recorded by its billing worker, which outlived the signal to end last
+    assert not os.path.exists(f"/proc/{worker}") or b"Z" in open(f"/proc/{worker}/stat", "rb").read().split(b")")[-1][:3]
