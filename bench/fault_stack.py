@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from bench.launch import REPO_ROOT, SETUP_CODE, Server, free_port, gateway_env, start_sim, wait_ready
+from bench.launch import (REPO_ROOT, SETUP_CODE, Server, free_port, gateway_env, postgres_create, postgres_drop,
+                          start_sim, wait_ready)
 
 PROCFILE = REPO_ROOT / "Procfile"
 PROCFILE_LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")  # as honcho and foreman read it
@@ -52,25 +53,6 @@ def redis_server() -> str:
         return DEFAULT_REDIS
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
-
-
-def database_create(name: str) -> str:
-    server = pg_server()
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{server}/{name}"
-
-
-def database_drop(url: str) -> None:
-    server, name = url.rsplit("/", 1)
-    for _ in range(30):  # the server may still be coming back from a restart fault
-        try:
-            with psycopg.connect(f"{server}/postgres", autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            return
-        except psycopg.OperationalError:
-            time.sleep(1)
 
 
 def redis_flush(url: str) -> None:
@@ -169,7 +151,7 @@ class Stack:
             _terminate(server.process)
         if self.proxy is not None:
             self.proxy.stop()
-        database_drop(self.direct_url)
+        postgres_drop(self.direct_url, attempts=30)  # the server may be coming back from a restart fault
         try:
             redis_flush(self.env["REDIS_URL"])
         except Exception as failed:  # noqa: BLE001 - Redis down after a fault: nothing of ours is left in it
@@ -223,7 +205,7 @@ def stack_start(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]],
     """Everything up and ready; ``yaml_text`` has ``{url}`` for the backend's base URL."""
     var_dir.mkdir(parents=True, exist_ok=True)
     sim = start_sim(var_dir, **(sim_options or {}))
-    direct_url = database_create(f"fg_faults_{os.getpid()}_{redis_db}")
+    direct_url = postgres_create(pg_server(), f"fg_faults_{os.getpid()}_{redis_db}")
     proxy = None
     if db_fault == "proxy":
         from tests.gateway.pgproxy import PgProxy  # the live tests' cuttable TCP proxy

@@ -34,6 +34,35 @@ print("KEYS=" + json.dumps(keys))
 """
 
 
+def postgres_create(server: str, name: str) -> str:
+    """A fresh PostgreSQL database ``name`` on ``server`` (``postgres://user@host:port``), dropped
+    first if a crashed run left it; returns its URL. (psycopg is imported here only: nothing else
+    in this module needs a database driver.)"""
+    import psycopg
+
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{server}/{name}"
+
+
+def postgres_drop(url: str, *, attempts: int = 1) -> None:
+    """Drop the database of ``url``, trying ``attempts`` times a second apart (a server coming back
+    from a restart refuses connections for a moment)."""
+    import psycopg
+
+    server, name = url.rsplit("/", 1)
+    for attempt in range(attempts):
+        try:
+            with psycopg.connect(f"{server}/postgres", autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except psycopg.OperationalError:
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(1)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

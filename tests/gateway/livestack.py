@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from bench.launch import REPO_ROOT, SETUP_CODE, free_port, wait_ready  # the same set-up as the live benchmarks
+from bench.launch import REPO_ROOT, SETUP_CODE, free_port, postgres_create, postgres_drop, wait_ready  # the same set-up as the live benchmarks
 
 STARTUP_LIMIT_S = 30.0
 
@@ -78,7 +78,7 @@ class Gateway:
             self.process.kill()
             self.process.wait(timeout=10)
         if self.owns_database and "DATABASE_URL" in self.env:
-            _postgres_drop(self.env["DATABASE_URL"])
+            postgres_drop(self.env["DATABASE_URL"])
 
     def kill(self) -> None:
         """SIGKILL, as a crash: nothing of the process runs after it."""
@@ -92,22 +92,8 @@ def _postgres_database(var_dir: Path) -> str | None:
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
         return None
-    import psycopg
-
     name = "fg_live_" + var_dir.name.replace("-", "_").lower()[-40:] + f"_{os.getpid()}"
-    server = url.rsplit("/", 1)[0]
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{server}/{name}"
-
-
-def _postgres_drop(url: str) -> None:
-    import psycopg
-
-    server, name = url.rsplit("/", 1)
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return postgres_create(url.rsplit("/", 1)[0], name)
 
 
 def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, str]:

@@ -10,13 +10,12 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from gateway.simbackend import Gate, RunningSim, SimConfig, start_in_thread
+from gateway.simbackend import Gate, RunningSim
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
 FAST = dict(ttft_ms=1, tokens_per_s=10_000)
@@ -24,19 +23,6 @@ LIMIT_S = 30.0
 
 StartSim = Callable[..., RunningSim]
 live = pytest.mark.live
-
-
-@pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    with ExitStack() as stack:
-
-        def start(**overrides: object) -> RunningSim:
-            sim = start_in_thread(SimConfig(port=0, **overrides))  # type: ignore[arg-type]
-            stack.callback(sim.stop)
-            stack.callback(sim.gate.open)  # never leave a request held when the test ends
-            return sim
-
-        yield start
 
 
 def wait_until(predicate: Callable[[], object], what: str) -> object:

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.simbackend import RunningSim, SimConfig, start_in_thread
+from gateway.simbackend import RunningSim, SimConfig
 from gateway.simbackend.model import Capacity, SlidingWindow, plan_service
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,18 +29,6 @@ CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there
 WAIT_LIMIT_S = 10.0
 
 StartSim = Callable[..., RunningSim]
-
-
-@pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    with ExitStack() as stack:
-
-        def start(**overrides: object) -> RunningSim:
-            sim = start_in_thread(SimConfig(port=0, **overrides))  # type: ignore[arg-type]
-            stack.callback(sim.stop)
-            return sim
-
-        yield start
 
 
 def sdk(sim: RunningSim) -> openai.OpenAI:
