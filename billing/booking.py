@@ -31,7 +31,6 @@ sent (the console's live feed listens).
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
@@ -42,14 +41,13 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.dispatch import Signal
 
-from gateway.models import Tenant
-from scheduling.models import PriceVersion
 
+from billing import statements
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
 from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdInUse, RequestIdUsed
 from billing.inflight import HeldEntry, held_forget, held_get, held_remember
-from billing.models import Budget, LedgerEntry, TenantBilling
+from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, money
 from billing.pricing import backend_prices, charge_of, price_version_at, upper_bound_base_cost
 
@@ -232,17 +230,6 @@ class _ScopeStale(Exception):
     """A cached budget id no longer names the tenant's row (a flushed test database): re-read."""
 
 
-BUDGET = Budget._meta.db_table
-LEDGER = LedgerEntry._meta.db_table
-TENANT = Tenant._meta.db_table
-TENANT_BILLING = TenantBilling._meta.db_table
-PRICE_VERSION = PriceVersion._meta.db_table
-
-
-def _in(values) -> str:
-    return ", ".join(["%s"] * len(values))
-
-
 def _money(value) -> Decimal | None:
     """A money column as the driver returns it: PostgreSQL a Decimal, SQLite an int or the
     nearest float (exact to 6 places below 10^9)."""
@@ -253,16 +240,8 @@ def _money(value) -> Decimal | None:
 
 def _lock(ids: set[int]) -> dict[int, _Row]:
     """Lock the rows in primary-key order and read them with the limit configured now."""
-    for_update = " FOR UPDATE OF b" if connection.features.has_select_for_update_of else ""
-    sql = (f'SELECT b.id, b.tenant_id, CASE WHEN b.kind = %s THEN t.annual_budget ELSE tb.monthly_cap END, '
-           f'b."limit", b.spent, b.held FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
-           f"LEFT JOIN {TENANT_BILLING} tb ON tb.tenant_id = b.tenant_id "
-           f"WHERE b.id IN ({_in(ids)}) ORDER BY b.id{for_update}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [Budget.Kind.YEAR, *sorted(ids)])
-        rows = cursor.fetchall()
     locked = {}
-    for pk, tenant_id, limit, stored, spent, held in rows:
+    for pk, tenant_id, limit, stored, spent, held in statements.budget_rows_lock(sorted(ids)):
         spent, held = _money(spent), _money(held)
         locked[pk] = _Row(pk, tenant_id, _money(limit), _money(stored), spent, held, spent, held)
     return locked
@@ -280,14 +259,7 @@ Holds = dict[str, HeldEntry | None]  # None: in the ledger, not read yet
 def _read_entries(ids: list[str], holding: list[str], done: Done, holds: Holds) -> None:
     """Adds the ledger's entries of ``ids`` to ``done`` ((request, kind) -> (amount, reason)),
     and to ``holds`` the keys of ``holding`` that have a hold."""
-    holds_too = f" OR request_id IN ({_in(holding)})" if holding else ""
-    sql = (f"SELECT request_id, kind, amount, reason FROM {LEDGER} "
-           f"WHERE request_id IN ({_in(ids)}) AND NOT (kind = 'adjustment') "  # as the unique partial index says
-           f"AND (kind <> %s{holds_too})")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*ids, Kind.HOLD, *holding])
-        rows = cursor.fetchall()
-    for request_id, kind, amount, reason in rows:
+    for request_id, kind, amount, reason in statements.entries_read(ids, holding):
         if kind == Kind.HOLD:
             holds[request_id] = None
         else:
@@ -316,16 +288,8 @@ def _reprice_superseded(plans: list[_Plan]) -> None:
     holds = [p for p in plans if p.priced is not None]
     if not holds:
         return
-    adapt = connection.ops.adapt_datetimefield_value
-    newer, params = [], []
-    for class_id, since, pk in {(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id)
-                                for p in holds}:
-        newer.append("(priority_class_id = %s AND (effective_at > %s OR (effective_at = %s AND id > %s)))")
-        params += [class_id, adapt(since), adapt(since), pk]
-    sql = f"SELECT DISTINCT priority_class_id FROM {PRICE_VERSION} WHERE effective_at <= %s AND ({' OR '.join(newer)})"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [adapt(max(p.ask.at for p in holds)), *params])
-        superseded = {class_id for (class_id,) in cursor.fetchall()}
+    versions = {(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id) for p in holds}
+    superseded = statements.classes_repriced(at=max(p.ask.at for p in holds), versions=sorted(versions))
     for plan in holds:
         if plan.priced.version_class_id in superseded:
             scope = budget_scope(tenant_slug=plan.ask.tenant_slug, at=plan.ask.at)
@@ -450,31 +414,14 @@ def _decide_end(plan: _Plan, rows: dict[int, _Row], done: Done) -> None:
                     "unbilled", rid, plan.charge, charge)
 
 
-INSERT_ROWS = 32  # rows per INSERT statement: a handful of statement texts, each parsed once and cached
-
-
-@functools.lru_cache(maxsize=INSERT_ROWS * 2)
-def _insert_sql(vendor: str, rows: int) -> str:
-    columns = ", ".join(connection.ops.quote_name(c) for c in COLUMNS)
-    row = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
-    return f"INSERT INTO {LEDGER} ({columns}) VALUES " + ", ".join([row] * rows)
-
-
 def _insert(entries: list[Booked]) -> None:
     adapt_at = connection.ops.adapt_datetimefield_value
-    with connection.cursor() as cursor:
-        for start in range(0, len(entries), INSERT_ROWS):
-            chunk = entries[start:start + INSERT_ROWS]
-            params = []
-            for entry in chunk:
-                params.extend(adapt_at(entry.at) if name == "at" else getattr(entry, name) for name in COLUMNS)
-            cursor.execute(_insert_sql(connection.vendor, len(chunk)), params)
+    statements.entries_insert(COLUMNS, [tuple(adapt_at(entry.at) if name == "at" else getattr(entry, name)
+                                              for name in COLUMNS) for entry in entries])
 
 
 def _write_rows(rows: list[_Row]) -> None:
-    sql = f'UPDATE {Budget._meta.db_table} SET spent = %s, held = %s, "limit" = %s WHERE id = %s'
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, [(money(r.spent), money(r.held), r.limit, r.pk) for r in rows])
+    statements.budget_rows_write([(r.pk, money(r.spent), money(r.held), r.limit) for r in rows])
 
 
 def _alert(rows: list[_Row]) -> None:

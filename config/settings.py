@@ -139,6 +139,9 @@ CELERY_TASK_EAGER_PROPAGATES = True
 # Budget holds and charges on the request path (off only to measure billing's own cost).
 FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
+# PostgreSQL: booking statements are prepared on the server after this many runs (billing/statements.py);
+# 0 never prepares (behind a transaction-pooling proxy that cannot keep prepared statements).
+FAIRGATE_BILLING_PREPARE_THRESHOLD = env_int("FAIRGATE_BILLING_PREPARE_THRESHOLD", 2, minimum=0)
 # Crash leftovers (billing/heartbeats.py): each gateway beats this often; one silent for longer
 # than the bound is dead for billing and its holds are released by the next sweep.
 FAIRGATE_HEARTBEAT_S = env_int("FAIRGATE_HEARTBEAT_S", 5, minimum=1)

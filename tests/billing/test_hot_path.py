@@ -2,9 +2,10 @@
 is cached never lets a stale price, limit or hold through.
 
 `book` runs a fixed set of statements per batch, whatever its size: lock the budget rows, read
-the requests' entries, re-read the batch's price versions (only when it holds), one multi-row
-INSERT per INSERT_ROWS entries, one UPDATE per moved budget row (executemany: one query as Django
-counts), plus SAVEPOINT/RELEASE inside the test's transaction (BEGIN/COMMIT in the gateway).
+the requests' entries, re-read the batch's price versions (only when it holds), the INSERT (one
+on PostgreSQL, arrays; one per INSERT_ROWS entries elsewhere), one UPDATE of the moved budget rows
+(executemany elsewhere: one query as Django counts), plus SAVEPOINT/RELEASE inside the test's
+transaction (BEGIN/COMMIT in the gateway).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import cache
-from billing.booking import INSERT_ROWS, Charged, HoldAsk, ReleaseAsk, SettleAsk, book
+from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk, book
+from billing.statements import INSERT_ROWS
 from billing.errors import BudgetExhausted, HoldNotFound
 from billing.inflight import HeldEntry, held_get
 from billing.models import Budget, LedgerEntry, TenantBilling
@@ -31,7 +33,9 @@ ASKS = 200
 
 
 def inserts(entries: int) -> int:
-    return -(-entries // INSERT_ROWS)
+    from django.db import connection
+
+    return 1 if connection.vendor == "postgresql" else -(-entries // INSERT_ROWS)
 
 
 def _holds(prefix: str, n: int, *, tenant: str = "alpha") -> list[HoldAsk]:
