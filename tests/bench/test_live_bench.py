@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import gateway_overhead
+from bench import gateway_overhead_postgres as overhead_pg
 from bench.launch import REPO_ROOT, start_gateway, start_sim
 from bench.report_gateway import section_write
 from bench.surge_compare import BATCH_TENANT, gateway_yaml, tenant_keys
@@ -71,6 +72,16 @@ def test_report_sections_are_replaced_not_duplicated(tmp_path: Path):
     assert text.index("## Overhead") < text.index("## Surge")
 
 
+def test_overhead_postgres_batch_quantiles_come_from_the_histogram_buckets():
+    usage = overhead_pg.Usage(seconds=1.0, gateway_busy=0.5, worker_busy=0.2, database_busy=0.1, machine_busy=1.0,
+                              commits_per_s=10.0, batches_per_s=10.0, asks_per_batch=2.0, batch_ms=3.0,
+                              batch_ms_buckets={1.0: 5, 5.0: 4, 50.0: 1, float("inf"): 0})
+    assert usage.batch_quantile_ms(0.5) == 1.0 and usage.batch_quantile_ms(0.9) == 5.0
+    assert usage.batch_quantile_ms(0.99) == 50.0
+    waits = {"billing worker": {"idle": 3, "active, running": 1}, "gateway": {"idle": 4}}
+    assert overhead_pg.wait_shares(waits) == {"idle": 0.75, "active, running": 0.25}
+
+
 # --- live ----------------------------------------------------------------------------------
 
 
@@ -117,3 +128,32 @@ def test_overhead_benchmark_produces_its_tables(tmp_path: Path):
     text = gateway_overhead.render(found)
     assert "### Added latency" in text and "### Billing on vs off" in text and "| 20/s |" in text
     assert "| 4 |" in text and "| 8 |" in text and "the peak over the concurrencies" in text
+
+
+@pytest.mark.live
+@pytest.mark.postgres
+def test_overhead_benchmark_on_postgres_uses_scratch_databases_and_reports_the_billing_worker(tmp_path: Path):
+    import os
+
+    import psycopg
+
+    server = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
+    stack = gateway_overhead.stack_start(tmp_path, "postgres", server)
+    args = Namespace(phase_s=1.0, step_s=1.0, latency_rates=(20,), rates=(), rounds=1, connections=(4,))
+    try:
+        found = asyncio.run(gateway_overhead.measure(stack, args))
+    finally:
+        stack.stop()
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)",
+                            [list(stack.dbnames.values())]).fetchall()
+    assert left == []  # created and dropped by the run
+    direct, on, off = (found["pg_latency"][0][name] for name in ("direct", "billing on", "billing off"))
+    assert direct.ok_share > 0 and on.ok_share > 0 and off.ok_share > 0
+    run = found["saturation"]["billing on"][0]
+    assert run.ok_per_s > 0 and run.usage.batches_per_s > 0 and run.usage.asks_per_batch >= 1
+    assert run.usage.database_busy is not None and run.waits.get("samples")
+    assert found["saturation"]["billing off"][0].usage.batches_per_s == 0
+    text = gateway_overhead.render(found)
+    assert "### Added latency at 20 requests/s" in text and "### Billing on vs off" in text
+    assert "the peak over the concurrencies" in text and "Where the billing worker's connection was" in text
