@@ -238,13 +238,13 @@ def _money(value) -> Decimal | None:
     return money(Decimal(repr(value)) if isinstance(value, float) else Decimal(value))
 
 
-def _lock(ids: set[int]) -> dict[int, _Row]:
-    """Lock the rows in primary-key order and read them with the limit configured now."""
-    locked = {}
-    for pk, tenant_id, limit, stored, spent, held in statements.budget_rows_lock(sorted(ids)):
+def _rows(locked: list) -> dict[int, _Row]:
+    """The locked budget rows by primary key, as `statements.booking_reads` returns them."""
+    rows = {}
+    for pk, tenant_id, limit, stored, spent, held in locked:
         spent, held = _money(spent), _money(held)
-        locked[pk] = _Row(pk, tenant_id, _money(limit), _money(stored), spent, held, spent, held)
-    return locked
+        rows[pk] = _Row(pk, tenant_id, _money(limit), _money(stored), spent, held, spent, held)
+    return rows
 
 
 def attempt_key(request_id: str, attempt: int) -> str:
@@ -256,42 +256,44 @@ Done = dict[tuple[str, str], tuple[Decimal, str]]
 Holds = dict[str, HeldEntry | None]  # None: in the ledger, not read yet
 
 
-def _read_entries(ids: list[str], holding: list[str], done: Done, holds: Holds) -> None:
-    """Adds the ledger's entries of ``ids`` to ``done`` ((request, kind) -> (amount, reason)),
-    and to ``holds`` the keys of ``holding`` that have a hold."""
-    for request_id, kind, amount, reason in statements.entries_read(ids, holding):
+def _note_entries(found: list, done: Done, holds: Holds) -> None:
+    """Adds ledger entries (request id, kind, amount, reason) to ``done`` ((request, kind) ->
+    (amount, reason)), and to ``holds`` the keys that have a hold."""
+    for request_id, kind, amount, reason in found:
         if kind == Kind.HOLD:
             holds[request_id] = None
         else:
             done[request_id, kind] = (_money(amount), reason)
 
 
-def _booked_so_far(plans: list[_Plan]) -> tuple[Done, Holds]:
-    """What the ledger already has of the batch's requests: their charges and releases, and
-    which of the requests asking for a hold have one (a retried admission). Holds of requests
-    ending now are not read: the common case reads no row. An id whose request ended unserved
-    (released, never charged) is asked again: its further attempts are read too."""
+def _lock_and_read(plans: list[_Plan], ids: set[int]) -> tuple[dict[int, _Row], Done, Holds, set[int]]:
+    """Steps 1 to 3: the locked rows; what the ledger already has of the batch's requests (their
+    charges and releases, and which of the requests asking for a hold have one: a retried
+    admission); and the classes of the holds whose price was superseded. Holds of requests ending
+    now are not read: the common case reads no row. An id whose request ended unserved (released,
+    never charged) is asked again: its further attempts are read too."""
+    priced = [p for p in plans if p.priced is not None]
+    holding = list({p.ask.request_id for p in priced})
+    versions = sorted({(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id)
+                       for p in priced})
+    locked, found, superseded = statements.booking_reads(
+        sorted(ids), list({p.ask.request_id for p in plans}), holding,
+        at=max((p.ask.at for p in priced), default=None), versions=versions)
     done: Done = {}
     holds: Holds = {}
-    holding = list({p.ask.request_id for p in plans if p.priced is not None})
-    _read_entries(list({p.ask.request_id for p in plans}), holding, done, holds)
+    _note_entries(found, done, holds)
     again = [rid for rid in holding if (rid, Kind.RELEASE) in done and (rid, Kind.CHARGE) not in done]
     if again:
         attempts = [attempt_key(rid, n) for rid in again for n in range(2, MAX_ATTEMPTS + 1)]
-        _read_entries(attempts, attempts, done, holds)
-    return done, holds
+        _note_entries(statements.entries_read(attempts, attempts), done, holds)
+    return _rows(locked), done, holds, superseded
 
 
-def _reprice_superseded(plans: list[_Plan]) -> None:
+def _reprice_superseded(plans: list[_Plan], superseded: set[int]) -> None:
     """A hold priced from the cache is re-priced if a newer version of its class took effect
     before its admission (a change made in another process)."""
-    holds = [p for p in plans if p.priced is not None]
-    if not holds:
-        return
-    versions = {(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id) for p in holds}
-    superseded = statements.classes_repriced(at=max(p.ask.at for p in holds), versions=sorted(versions))
-    for plan in holds:
-        if plan.priced.version_class_id in superseded:
+    for plan in plans:
+        if plan.priced is not None and plan.priced.version_class_id in superseded:
             scope = budget_scope(tenant_slug=plan.ask.tenant_slug, at=plan.ask.at)
             plan.priced = _price(plan.ask, plan.priced.held.class_name, scope, refresh=True)
 
@@ -414,14 +416,12 @@ def _decide_end(plan: _Plan, rows: dict[int, _Row], done: Done) -> None:
                     "unbilled", rid, plan.charge, charge)
 
 
-def _insert(entries: list[Booked]) -> None:
+def _write(entries: list[Booked], rows: list[_Row]) -> None:
+    """Step 5: the INSERT of the entries, the UPDATE of the moved rows."""
     adapt_at = connection.ops.adapt_datetimefield_value
-    statements.entries_insert(COLUMNS, [tuple(adapt_at(entry.at) if name == "at" else getattr(entry, name)
-                                              for name in COLUMNS) for entry in entries])
-
-
-def _write_rows(rows: list[_Row]) -> None:
-    statements.budget_rows_write([(r.pk, money(r.spent), money(r.held), r.limit) for r in rows])
+    statements.booking_writes(COLUMNS, [tuple(adapt_at(entry.at) if name == "at" else getattr(entry, name)
+                                              for name in COLUMNS) for entry in entries],
+                              [(r.pk, money(r.spent), money(r.held), r.limit) for r in rows])
 
 
 def _alert(rows: list[_Row]) -> None:
@@ -434,24 +434,20 @@ def _alert(rows: list[_Row]) -> None:
 def _apply(plans: list[_Plan]) -> None:
     ids = {pk for p in plans for pk in (p.priced.held if p.priced else p.held).budget_ids}
     with transaction.atomic():
-        rows = _lock(ids)
+        rows, done, holds, superseded = _lock_and_read(plans, ids)
         if any(rows.get(pk) is None or rows[pk].tenant_id != p.priced.held.tenant_id
                for p in plans if p.priced for pk in p.priced.held.budget_ids):
             raise _ScopeStale
-        done, holds = _booked_so_far(plans)
-        _reprice_superseded(plans)
+        _reprice_superseded(plans, superseded)
         for plan in plans:
             if isinstance(plan.ask, HoldAsk):
                 _decide_hold(plan, rows, holds, done)
             else:
                 _decide_end(plan, rows, done)
         entries = [e for p in plans for e in p.entries]
-        if entries:
-            _insert(entries)
         moved = [r for r in rows.values() if r.dirty]
-        if moved:
-            _write_rows(moved)
-            _alert(moved)
+        _write(entries, moved)
+        _alert(moved)
         transaction.on_commit(lambda: _committed(plans, entries))
 
 
