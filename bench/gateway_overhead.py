@@ -47,6 +47,7 @@ from pathlib import Path
 from statistics import mean
 
 from bench import gateway_overhead_postgres as pg
+from bench import gateway_overhead_postgres_report as pg_report
 from bench.launch import Server, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
 from bench.report_gateway import section_write
@@ -284,7 +285,7 @@ def _usage_note(usage: pg.Usage | None, waits: dict | None = None) -> str:
         note += f"; {usage.batches_per_s:.0f} batches/s of {usage.asks_per_batch:.1f} asks, {usage.batch_ms:.1f} ms each"
     if usage.ledger_seq_scans:
         note += f"; ledger seq scans {usage.ledger_seq_scans} ({usage.ledger_seq_rows:,} rows)"
-    shares = pg.wait_shares(waits or {})
+    shares = pg_report.wait_shares(waits or {})
     if shares:
         note += "; worker's connection " + ", ".join(f"{s} {v:.0%}" for s, v in sorted(shares.items(),
                                                                                         key=lambda kv: -kv[1]))
@@ -375,7 +376,7 @@ def _ms(value: float | None) -> str:
 
 def render(found: dict) -> str:
     if "pg_latency" in found:
-        return pg.render(found)
+        return pg_report.render(found)
     from bench.gateway_overhead_report import render as render_report
 
     return render_report(found)
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     text = render(found)
     print(text)
     if args.write_report:
-        written = pg.report_write(text) if args.database == "postgres" else section_write("overhead", text)
+        written = pg_report.report_write(text) if args.database == "postgres" else section_write("overhead", text)
         _log(f"wrote {written}")
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from bench import gateway_overhead
 from bench import gateway_overhead_postgres as overhead_pg
+from bench import gateway_overhead_postgres_report as overhead_pg_report
 from bench.launch import REPO_ROOT, start_gateway, start_sim
 from bench.report_gateway import section_write
 from bench.surge_compare import BATCH_TENANT, gateway_yaml, tenant_keys
@@ -79,7 +80,7 @@ def test_overhead_postgres_batch_quantiles_come_from_the_histogram_buckets():
     assert usage.batch_quantile_ms(0.5) == 1.0 and usage.batch_quantile_ms(0.9) == 5.0
     assert usage.batch_quantile_ms(0.99) == 50.0
     waits = {"billing worker": {"idle": 3, "active, running": 1}, "gateway": {"idle": 4}}
-    assert overhead_pg.wait_shares(waits) == {"idle": 0.75, "active, running": 0.25}
+    assert overhead_pg_report.wait_shares(waits) == {"idle": 0.75, "active, running": 0.25}
 
 
 # --- live ----------------------------------------------------------------------------------
