@@ -244,13 +244,11 @@ async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tok
         held: HeldEntry = await future  # a client that leaves cancels it: the Booker releases the hold
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
-    except RequestIdUsed:
+    except (RequestIdUsed, RequestIdInUse) as taken:
         public_id = request_id.split("/", 1)[-1]
-        raise invalid_request(f"X-Request-Id '{public_id}' was used by an earlier request that was served; "
-                              "send a new one.") from None
-    except RequestIdInUse:
-        public_id = request_id.split("/", 1)[-1]
-        raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.") from None
+        why = ("was used by an earlier request that was served; send a new one" if isinstance(taken, RequestIdUsed)
+               else "is already in use by one of your live requests")
+        raise invalid_request(f"X-Request-Id '{public_id}' {why}.") from None
     return replace(asked, request_id=held.request_id, cls=held.class_name, amount=held.amount,
                    fallback=held.class_name != cls)
 

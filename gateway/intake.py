@@ -76,17 +76,9 @@ def _classify(d: Dispatcher, caller: Caller, declared: str, payload: Payload, sr
 
 
 async def intake(request: HttpRequest, kind: str) -> Exchange:
-    """Everything before the wait; raises GatewayError for a refused request, which carries the
-    request's X-Request-Id like every answer (only a malformed id cannot be echoed)."""
-    public_id = _public_id(request)
-    try:
-        return await _intake(request, kind, public_id)
-    except GatewayError as err:
-        err.headers.setdefault("X-Request-Id", public_id)
-        raise
-
-
-async def _intake(request: HttpRequest, kind: str, public_id: str) -> Exchange:
+    """Everything before the wait; raises GatewayError for a refused request. The request's id is
+    named first (``request.fairgate_request_id``): gateway.views answers every refusal with it."""
+    public_id = request.fairgate_request_id = _public_id(request)
     caller = await authenticate(request.headers.get("Authorization"))
     payload = payload_parse(kind, request_body(request))
     d = await dispatcher_get()

@@ -53,7 +53,7 @@ class Unbooked:
         rid = ask.request_id
         if not transient(error):
             log.error("could not book %s of %s, and retrying cannot help: %r", type(ask).__name__, rid, error)
-            self.booked(ask)  # nothing more to do for it
+            self._forget(ask)  # nothing more to do for it
             return
         if rid not in self._asks:
             if isinstance(ask, SettleAsk):
@@ -65,13 +65,17 @@ class Unbooked:
         self._retry_soon()
 
     def booked(self, ask: Ask) -> None:
+        if self._forget(ask) and not self._asks:
+            log.warning("every kept billing ask is booked now")
+
+    def _forget(self, ask: Ask) -> bool:
+        """No longer kept (booked, or past help); whether it was."""
         if self._asks.pop(ask.request_id, None) is None:
-            return
+            return False
         metrics.BILLING_UNBOOKED.set(len(self._asks))
         if isinstance(ask, SettleAsk):
             self.journal.done([ask.request_id])
-        if not self._asks:
-            log.warning("every kept billing ask is booked now")
+        return True
 
     def adopt_orphans(self) -> int:
         """Take over the journals of dead processes on this host; returns the settlements adopted."""

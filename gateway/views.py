@@ -40,13 +40,23 @@ def logged(response: HttpResponse) -> HttpResponse:
     return response
 
 
+def _request_id(request: HttpRequest) -> str | None:
+    """The id a refusal names: the one intake gave the request, else the client's own if it is
+    valid (a request refused before intake: 405, an outage)."""
+    named = getattr(request, "fairgate_request_id", None)
+    if named is not None:
+        return named
+    given = request.headers.get("X-Request-Id")
+    return given if given is not None and REQUEST_ID_RE.fullmatch(given) else None
+
+
 def error_response(request: HttpRequest, err: GatewayError, cause: BaseException | None = None) -> HttpResponse:
     """``err`` as the response, counted and logged once at its level (expected outcomes at INFO);
     ``cause`` is the exception it stands for, with its traceback from ERROR on."""
     metrics.REJECTS.labels(err.code).inc()
-    given = request.headers.get("X-Request-Id")
-    if given is not None and "X-Request-Id" not in err.headers and REQUEST_ID_RE.fullmatch(given):
-        err.headers["X-Request-Id"] = given  # refused before intake named it (405, an outage, a failure)
+    named = _request_id(request)
+    if named is not None:
+        err.headers.setdefault("X-Request-Id", named)
     detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
     log.log(err.log_level, "%s %s: %s %s%s", request.method, request.path, err.status, err.code, detail,
             exc_info=cause if err.log_level >= logging.ERROR else None)

@@ -21,6 +21,18 @@ import openai
 from bench.launch import REPO_ROOT, SETUP_CODE, free_port, postgres_create, postgres_drop, wait_ready  # the same set-up as the live benchmarks
 
 STARTUP_LIMIT_S = 30.0
+# One class, one tenant, one slow backend (``url``, ``slots``): the crash and outage tests' world.
+ONE_TENANT_YAML = """scheduler:
+  classes:
+    - {{name: INTERACTIVE, level: 0, sla_ms: 60000, price_factor: 1.6}}
+  tenants:
+    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
+  backends:
+    - {{name: slow, url: "{url}", models: [m], slots: {slots}, input_price_per_1k: 1, output_price_per_1k: 2}}
+"""
+# Crash leftovers found in seconds, not the production 30 s (billing.heartbeats).
+FAST_HOUSEKEEPING = {"FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5",
+                     "FAIRGATE_ORPHAN_SWEEP_S": "1"}
 
 
 @dataclass

@@ -14,19 +14,11 @@ import openai
 import pytest
 
 from gateway.simbackend import SimConfig, start_in_thread
-from tests.gateway.livestack import another_process, start_gateway, wait_until
+from tests.gateway.livestack import (FAST_HOUSEKEEPING, ONE_TENANT_YAML, another_process, start_gateway,
+                                     wait_until)
 
 pytestmark = [pytest.mark.live, pytest.mark.redis]
 
-YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 60000, price_factor: 1.6}}
-  tenants:
-    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
-  backends:
-    - {{name: slow, url: "{url}", models: [m], slots: 16, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
-HOUSEKEEPING = {"FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5", "FAIRGATE_ORPHAN_SWEEP_S": "1"}
 
 
 def query(gateway, sql: str) -> list[tuple]:
@@ -57,8 +49,9 @@ def balances(gateway) -> list[tuple[Decimal, Decimal, Decimal]]:
 @pytest.fixture
 def stack(tmp_path):
     sim = start_in_thread(SimConfig(port=0, slots=16, ttft_ms=1, tokens_per_s=20, seed=9))  # 100 tokens: 5 s
-    first = start_gateway(tmp_path / "gw", YAML.format(url=f"{sim.url}/v1"), {"acme": ("acme", "INTERACTIVE")},
-                          REDIS_URL=os.environ.get("REDIS_URL", ""), **HOUSEKEEPING)
+    yaml = ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=16)
+    first = start_gateway(tmp_path / "gw", yaml, {"acme": ("acme", "INTERACTIVE")},
+                          REDIS_URL=os.environ.get("REDIS_URL", ""), **FAST_HOUSEKEEPING)
     second = another_process(first)
     yield first, second
     second.stop()

@@ -17,21 +17,13 @@ import pytest
 
 from gateway.simbackend import SimConfig, start_in_thread
 from tests.gateway import livestack
-from tests.gateway.livestack import Gateway, another_process, start_gateway, wait_until
+from tests.gateway.livestack import (FAST_HOUSEKEEPING, ONE_TENANT_YAML, Gateway, another_process, start_gateway,
+                                     wait_until)
 from tests.gateway.pgproxy import PgProxy
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]
 
-YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 60000, price_factor: 1.6}}
-  tenants:
-    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
-  backends:
-    - {{name: slow, url: "{url}", models: [m], slots: 8, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
-SETTINGS = {"FAIRGATE_AUTH_CACHE_MS": "600000", "FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5",
-            "FAIRGATE_ORPHAN_SWEEP_S": "1"}
+SETTINGS = {"FAIRGATE_AUTH_CACHE_MS": "600000", **FAST_HOUSEKEEPING}
 
 
 class Stack:
@@ -75,7 +67,7 @@ def stack(tmp_path) -> Iterator[Stack]:
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(livestack, "_postgres_database", through)
-            gateway = start_gateway(tmp_path / "gw", YAML.format(url=f"{sim.url}/v1"),
+            gateway = start_gateway(tmp_path / "gw", ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=8),
                                     {"acme": ("acme", "INTERACTIVE")}, REDIS_URL=os.environ.get("REDIS_URL", ""),
                                     **SETTINGS)
         yield Stack(gateway, proxy, made["url"])
