@@ -61,6 +61,7 @@ SUSTAIN_ADDED_P99_MS = 50.0
 GENERATOR_LAG_LIMIT_MS = 10.0  # p99 of how late the generator started requests: above it, it is the bottleneck
 SATURATION_CONNECTIONS = (128, 256, 512)
 REQUEST_TIMEOUT_S = 10.0
+WARM_UP_S = 5.0  # PostgreSQL: the closed loop through each gateway before anything is measured
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
                    "max_tokens": 16}).encode()
 GATEWAY_YAML = """scheduler:
@@ -358,9 +359,20 @@ async def measure(stack: Stack, args) -> dict:
     }
 
 
+async def warm_up(stack: Stack, duration_s: float = WARM_UP_S, clients: int = 64) -> None:
+    """PostgreSQL: a closed loop through each gateway before anything is measured, so that no run
+    measures an empty ledger (a production ledger is never empty; ANALYZEd empty, the planner
+    would read each batch's ledger entries with a sequential scan until autovacuum notices)."""
+    for name in stack.gateways:
+        result = await closed_loop(stack.target(name), clients, duration_s, timeout_s=REQUEST_TIMEOUT_S)
+        _log(f"warm-up: {name}, {result.ok} requests")
+
+
 async def measure_postgres(stack: Stack, args) -> dict:
-    """The PostgreSQL mode: latency at the fixed rate(s), then the closed loop, then the step-up
-    (the longest part, and the least asked for: last, so a short run can skip it with --rates '')."""
+    """The PostgreSQL mode: a warm-up, latency at the fixed rate(s), then the closed loop, then the
+    step-up (the longest part, and the least asked for: last, so a short run can skip it with --rates '')."""
+    if stack.analyze:
+        await warm_up(stack)
     found = {"postgres": pg.server_settings(stack.scratch.server), "analyzed": stack.analyze,
              "pg_latency": await postgres_latency(stack, args.phase_s, args.latency_rates, args.rounds),
              "saturation": await saturation(stack, args.step_s, args.rounds, args.connections),

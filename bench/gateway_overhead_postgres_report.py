@@ -80,10 +80,11 @@ def render(found: dict) -> str:
              f"alternately in one run. PostgreSQL: {setting_text}. {os.cpu_count()} CPU cores shared by every "
              "process (gateways, billing worker, PostgreSQL, simulated backend, load generator, other work on "
              f"the machine){load_text}." + (f" Took {found['took_s'] / 60:.1f} min." if found.get("took_s") else ""),
-             "", ("Planner statistics: every scratch database is ANALYZEd before each run, as autovacuum keeps a "
-                  "long-lived database's (the ledger grows from empty during the run; with the statistics of its "
-                  "first minute the planner reads each batch's ledger entries with a sequential scan of the whole "
-                  "ledger: `--stale-statistics` measures that)." if found.get("analyzed", True) else
+             "", ("Planner statistics: each gateway first serves a 5-second closed loop of 64 connections (a "
+                  "production ledger is never empty), and every scratch database is ANALYZEd before each run, as "
+                  "autovacuum keeps a long-lived database's (with the statistics of an empty ledger the planner "
+                  "reads each batch's ledger entries with a sequential scan of the whole ledger: "
+                  "`--stale-statistics` measures that, without the warm-up)." if found.get("analyzed", True) else
                   "Planner statistics: left to autovacuum (`--stale-statistics`): the ledger grows from empty "
                   "during the run, and the planner may read each batch's ledger entries with a sequential scan "
                   "of the whole ledger (see the ledger seq scans column)."), ""]

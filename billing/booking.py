@@ -46,7 +46,7 @@ from billing import statements
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
 from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdInUse, RequestIdUsed
-from billing.inflight import HeldEntry, held_forget, held_get, held_remember
+from billing.inflight import UNLIMITED, HeldEntry, held_forget, held_get, held_remember
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, money
 from billing.pricing import backend_prices, charge_of, price_version_at, upper_bound_base_cost
@@ -353,7 +353,8 @@ def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: Holds, done: Done) -
         if blocking is None:
             for row in moved:
                 row.held += held.amount
-            plan.result = holds[key] = held
+            room = _room(moved)
+            plan.result = holds[key] = replace(held, room=UNLIMITED if room is None else room)
             plan.entries.append(_booked(held, kind=Kind.HOLD, amount=held.amount, at=ask.at,
                                         prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens,
                                         base_cost=money(priced.base)))

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from billing.cache import on_invalidate
 from billing.models import LedgerEntry
 
 MAX_ENTRIES = 100_000
+UNLIMITED = Decimal("Infinity")  # the room of budgets without a limit
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,17 @@ class HeldEntry:
     factor: Decimal
     amount: Decimal
     owner: str = ""  # the gateway process that holds it (billing.heartbeats)
+    # Not a ledger column: what the tenant's budgets had left once this hold was booked (the least
+    # of them; Infinity without a limit; None when not known, e.g. read back from the ledger). The
+    # gateway decides from it whether its next holds may be booked while their requests go on.
+    room: Decimal | None = field(default=None, compare=False)
 
     @property
     def budget_ids(self) -> list[int]:
         return [i for i in (self.budget_id, self.month_budget_id) if i is not None]
 
 
-FIELDS = tuple(HeldEntry.__dataclass_fields__)
+FIELDS = tuple(name for name in HeldEntry.__dataclass_fields__ if name != "room")  # the ledger's columns
 _memo: OrderedDict[str, HeldEntry] = OrderedDict()
 _lock = threading.Lock()
 

@@ -138,6 +138,11 @@ else:
 CELERY_TASK_EAGER_PROPAGATES = True
 # Budget holds and charges on the request path (off only to measure billing's own cost).
 FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
+# Early holds (gateway/charging.py): a tenant with ample room need not wait for its hold before its
+# request queues and goes upstream (the answer still waits for it); the room a hold reported is
+# trusted for this long.
+FAIRGATE_EARLY_HOLDS = env_bool("FAIRGATE_EARLY_HOLDS", True)
+FAIRGATE_EARLY_HOLD_ROOM_MS = env_int("FAIRGATE_EARLY_HOLD_ROOM_MS", 1000, minimum=0)
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
 # PostgreSQL: booking statements are prepared on the server after this many runs (billing/statements.py);
 # 0 never prepares (behind a transaction-pooling proxy that cannot keep prepared statements).

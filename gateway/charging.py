@@ -2,7 +2,9 @@
 
 * ``hold`` before admission, with the estimate; raises ``GatewayError(402 budget_exhausted)``
   unless the tenant is configured to fall back to a cheaper class that fits (then the returned
-  hold names that class, and the gateway shows ``rule=budget``);
+  hold names that class, and the gateway shows ``rule=budget``); or ``hold_early``, for a tenant
+  with ample room: booked while the request goes on, confirmed before its answer's first byte
+  (see "early holds" below);
 * ``settle`` once, when the upstream finished, with the actual usage (for a stream the client
   abandoned: the tokens sent so far, ``partial=True``); returns a future of the charge, which
   is set once the charge is booked, or to None once a settlement that cannot be booked now
@@ -30,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
+import time
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import Callable
 
 from django.conf import settings
 from django.utils import timezone
@@ -40,6 +44,7 @@ from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.errors import BudgetExhausted, RequestIdInUse, RequestIdUsed
 from billing.heartbeats import process_owner
 from billing.inflight import HeldEntry, held_forget, held_remember
+from billing.money import ZERO
 from console.live.hooks import publish_committed
 from gateway import billing_worker, metrics
 from gateway.errors import GatewayError, invalid_request
@@ -232,25 +237,170 @@ def _budget_error(exc: BudgetExhausted) -> GatewayError:
     return GatewayError(402, "budget_exhausted", f"{exc} Ask finance to raise it, or use a cheaper class.")
 
 
-async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
-               max_output_tokens: int) -> Hold:
-    asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
-    if not settings.FAIRGATE_BILLING:
-        return asked
-    future = booker().submit(HoldAsk(request_id=request_id, tenant_slug=tenant, class_name=cls, model=model,
-                                     prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens,
-                                     at=timezone.now(), fallback=True, owner=process_owner()))
+def _submit_hold(asked: Hold, *, fallback: bool) -> asyncio.Future:
+    return booker().submit(HoldAsk(request_id=asked.request_id, tenant_slug=asked.tenant, class_name=asked.cls,
+                                   model=asked.model, prompt_tokens=asked.prompt_tokens,
+                                   max_output_tokens=asked.max_output_tokens, at=timezone.now(), fallback=fallback,
+                                   owner=process_owner()))
+
+
+async def _held(asked: Hold, future: asyncio.Future) -> Hold:
+    """The hold once booked; a refusal as the GatewayError the client gets."""
     try:
         held: HeldEntry = await future  # a client that leaves cancels it: the Booker releases the hold
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
     except (RequestIdUsed, RequestIdInUse) as taken:
-        public_id = request_id.split("/", 1)[-1]
+        public_id = asked.request_id.split("/", 1)[-1]
         why = ("was used by an earlier request that was served; send a new one" if isinstance(taken, RequestIdUsed)
                else "is already in use by one of your live requests")
         raise invalid_request(f"X-Request-Id '{public_id}' {why}.") from None
     return replace(asked, request_id=held.request_id, cls=held.class_name, amount=held.amount,
-                   fallback=held.class_name != cls)
+                   fallback=held.class_name != asked.cls)
+
+
+async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
+               max_output_tokens: int) -> Hold:
+    """The hold, booked: the request may go on. Refused: 402 (or a cheaper class, see above)."""
+    asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
+    if not settings.FAIRGATE_BILLING:
+        return asked
+    future = _submit_hold(asked, fallback=True)
+    future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
+    return await _held(asked, future)
+
+
+# --- early holds ------------------------------------------------------------------------------
+#
+# A request whose tenant has ample room need not wait for its hold before it queues and goes
+# upstream: the hold is booked meanwhile (``hold_early``), and the request's answer waits for it
+# before its first byte (gateway.exchange). Refused then (the room was spent by other processes
+# since, or a price went up), the upstream is abandoned, nothing reaches the client and nothing
+# is charged, and the request is admitted again the usual way: hold first (a 402, or a cheaper
+# class for a tenant set to fall back). Every guarantee of the ledger is unchanged (a hold is
+# booked before anything is served; ``spent + held <= limit``); what early holds cost is backend
+# work spent on requests refused late, which the room margin below keeps to races.
+
+
+class EarlyHoldRefused(Exception):
+    """An early hold was refused for the budget: admit the request again, hold first."""
+
+
+@dataclass
+class _Room:
+    left: Decimal  # after the last hold booked for the tenant by this process (Infinity: no limit)
+    known_at_s: float
+    rate: Decimal  # the highest amount per token of its holds seen (classes and models price differently)
+    early: Decimal = ZERO  # estimates of this process's early holds not answered yet
+
+
+class Rooms:
+    """What this process knows of each tenant's budget room, from the holds it booked.
+
+    A request may be held early when the room last reported, less the estimates of the early
+    holds still being booked, is at least ``MARGIN`` times its own estimate (the tenant's highest
+    amount per token seen, times the tokens it holds), and that report is at most
+    ``FAIRGATE_EARLY_HOLD_ROOM_MS`` old. A tenant not seen yet, or last refused, is held first."""
+
+    MARGIN = 4
+
+    def __init__(self) -> None:
+        self._rooms: dict[str, _Room] = {}
+
+    def learn(self, tenant: str, tokens: int, held: HeldEntry, now_s: float) -> None:
+        if held.room is None:  # an open hold found again: says nothing of the room
+            return
+        rate = held.amount / max(tokens, 1)
+        room = self._rooms.get(tenant)
+        if room is None:
+            self._rooms[tenant] = _Room(held.room, now_s, rate)
+        else:
+            room.left, room.known_at_s, room.rate = held.room, now_s, max(room.rate, rate)
+
+    def refused(self, tenant: str, now_s: float) -> None:
+        room = self._rooms.get(tenant)
+        if room is not None:
+            room.left, room.known_at_s = ZERO, now_s
+
+    def early_estimate(self, tenant: str, tokens: int, now_s: float) -> Decimal | None:
+        """The estimate to count while this request's hold is booked early; None: hold it first."""
+        room = self._rooms.get(tenant)
+        if room is None or (now_s - room.known_at_s) * 1000 > settings.FAIRGATE_EARLY_HOLD_ROOM_MS:
+            return None
+        estimate = room.rate * tokens
+        if room.left - room.early < self.MARGIN * estimate:
+            return None
+        room.early += estimate
+        return estimate
+
+    def early_answered(self, tenant: str, estimate: Decimal) -> None:
+        room = self._rooms.get(tenant)
+        if room is not None:
+            room.early = max(room.early - estimate, ZERO)
+
+    def clear(self) -> None:
+        self._rooms.clear()
+
+
+rooms = Rooms()
+
+
+class EarlyHold:
+    """A hold being booked while its request waits for a slot and its upstream works."""
+
+    def __init__(self, asked: Hold, future: asyncio.Future) -> None:
+        self.asked = asked
+        self.future = future
+
+    async def booked(self) -> Hold:
+        """The hold once booked (usually it is by now); a refusal as its GatewayError."""
+        return await _held(self.asked, self.future)
+
+    def release(self, reason: str) -> None:
+        """The request ended before its hold was confirmed: released once it is booked."""
+        self.future.add_done_callback(lambda future: _release_booked(future, reason))
+
+
+def _release_booked(future: asyncio.Future, reason: str) -> None:
+    if future.cancelled() or future.exception() is not None:  # cancelled: the Booker released it
+        return
+    booker().submit(ReleaseAsk(request_id=future.result().request_id, reason=reason, at=timezone.now()),
+                    answer=False)
+
+
+def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callable[[asyncio.Future], None]:
+    """What a hold's answer tells ``rooms`` (and, for an early hold, the metric of early holds)."""
+
+    def note(done: asyncio.Future) -> None:
+        if early is not None:
+            rooms.early_answered(tenant, early)
+        if done.cancelled():
+            return
+        outcome = done.exception() or done.result()
+        if isinstance(outcome, HeldEntry):
+            rooms.learn(tenant, tokens, outcome, time.monotonic())
+        elif isinstance(outcome, BudgetExhausted):
+            rooms.refused(tenant, time.monotonic())
+        if early is not None:
+            metrics.BILLING_EARLY_HOLDS.labels("booked" if isinstance(outcome, HeldEntry) else "refused").inc()
+
+    return note
+
+
+def hold_early(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
+               max_output_tokens: int) -> EarlyHold | None:
+    """Starts booking the hold and returns at once, if the tenant's room allows (see Rooms); else
+    None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
+    if not (settings.FAIRGATE_BILLING and settings.FAIRGATE_EARLY_HOLDS):
+        return None
+    tokens = prompt_tokens + max_output_tokens
+    estimate = rooms.early_estimate(tenant, tokens, time.monotonic())
+    if estimate is None:
+        return None
+    asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
+    future = _submit_hold(asked, fallback=False)
+    future.add_done_callback(_noting(tenant, tokens, early=estimate))
+    return EarlyHold(asked, future)
 
 
 def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
@@ -264,7 +414,12 @@ def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
                                      completion_tokens=output_tokens, at=timezone.now()))
 
 
-def release(held: Hold, *, reason: str) -> None:
-    """Sends the release now; one that fails is retried while the process lives (gateway.unbooked)."""
-    if settings.FAIRGATE_BILLING:
+def release(held: Hold | EarlyHold, *, reason: str) -> None:
+    """Sends the release now (an early hold's once it is booked); one that fails is retried while
+    the process lives (gateway.unbooked)."""
+    if not settings.FAIRGATE_BILLING:
+        return
+    if isinstance(held, EarlyHold):
+        held.release(reason)
+    else:
         booker().submit(ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now()), answer=False)

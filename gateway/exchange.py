@@ -45,12 +45,12 @@ def upstream_error(message: str) -> GatewayError:
 
 
 class Exchange:
-    def __init__(self, dispatcher: Dispatcher, entry: Entry, payload: Payload, held: charging.Hold,
-                 headers: dict[str, str]) -> None:
+    def __init__(self, dispatcher: Dispatcher, entry: Entry, payload: Payload,
+                 held: charging.Hold | charging.EarlyHold, headers: dict[str, str]) -> None:
         self.d = dispatcher
         self.entry = entry
         self.payload = payload
-        self.held = held
+        self.held = held  # an EarlyHold until it is confirmed, before the upstream's answer is read
         self.headers = headers  # Fairgate's response headers (id, class, downgrade)
         self.billed = False
         self.orphaned = False
@@ -74,6 +74,7 @@ class Exchange:
             return
         self.billed = True
         if served:
+            assert isinstance(self.held, charging.Hold), "served before its hold was confirmed"
             self.settlement = charging.settle(self.held, backend=entry.backend or "", prompt_tokens=prompt_tokens,
                                               output_tokens=output_tokens, partial=partial)
         else:
@@ -93,6 +94,8 @@ class Exchange:
         except asyncio.CancelledError:
             self.finish("cancelled")
             raise
+        except charging.EarlyHoldRefused:
+            raise
         except GatewayError as err:
             self.finish(err.code)
             err.headers.update(self.response_headers())
@@ -105,6 +108,8 @@ class Exchange:
         """The old gateway's way (``fifo`` preset): a request whose client left is still served."""
         try:
             await self._plain(await self._obtain())
+        except (GatewayError, charging.EarlyHoldRefused):  # nobody to tell
+            self.finish("upstream_error")
         except BaseException:
             self.finish("upstream_error")
             raise
@@ -133,7 +138,26 @@ class Exchange:
                 self._failed(spec.name, "status", f"{spec.name} answered {response.status_code}")
                 continue
             self.d.upstream_result(spec.name, ok=True)
+            if isinstance(self.held, charging.EarlyHold):
+                await self._confirm(response)
             return response
+
+    async def _confirm(self, upstream: UpstreamResponse) -> None:
+        """An early hold is booked before any of the answer is read. Refused: the upstream is
+        abandoned unread and the request ends uncharged (nothing was held, so nothing to release);
+        a budget refusal raises EarlyHoldRefused (gateway.intake admits the request again)."""
+        try:
+            self.held = await self.held.booked()
+        except BaseException as failed:
+            spawn(upstream.aclose())
+            if not isinstance(failed, GatewayError):  # cancelled, the database out: the caller ends it
+                raise
+            refused = failed
+            self.billed = True
+            self.finish("early_hold_refused")
+            if refused.code == "budget_exhausted":
+                raise charging.EarlyHoldRefused from None
+            raise
 
     def _rate_limited(self, backend: str, wait_ms: int) -> None:
         metrics.UPSTREAM_ERRORS.labels(backend, "429").inc()

@@ -1,13 +1,14 @@
-"""From an HTTP request to an admitted Exchange: auth → parse → estimate → classify → hold → admit."""
+"""From an HTTP request to its answer: auth → parse → estimate → classify (intake), hold → admit (admit), run."""
 from __future__ import annotations
 
 import re
 import secrets
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
 from gateway import charging, metrics
 from gateway.auth import Caller, authenticate
@@ -75,8 +76,28 @@ def _classify(d: Dispatcher, caller: Caller, declared: str, payload: Payload, sr
     return d.rules.classify(declared=declared, facts=facts, allowed=caller.allowed_classes)
 
 
-async def intake(request: HttpRequest, kind: str) -> Exchange:
-    """Everything before the wait; raises GatewayError for a refused request. The request's id is
+@dataclass
+class Asked:
+    """A request authenticated, parsed, estimated and classified: what admitting it needs (once
+    more, if its early hold is refused)."""
+
+    d: Dispatcher
+    caller: Caller
+    public_id: str
+    payload: Payload
+    declared: str
+    cls: str
+    rule: str | None
+    timeout_ms: int | None
+    downgrade_recorded: bool = False
+
+    @property
+    def engine_id(self) -> str:
+        return f"{self.caller.tenant}/{self.public_id}"
+
+
+async def intake(request: HttpRequest, kind: str) -> Asked:
+    """Everything before the hold; raises GatewayError for a refused request. The request's id is
     named first (``request.fairgate_request_id``): gateway.views answers every refusal with it."""
     public_id = request.fairgate_request_id = _public_id(request)
     caller = await authenticate(request.headers.get("Authorization"))
@@ -92,28 +113,49 @@ async def intake(request: HttpRequest, kind: str) -> Exchange:
     payload.prompt_bound = prompt_bound(payload)
     src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
     cls, rule = _classify(d, caller, declared, payload, src_ip)
+    return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms)
+
+
+async def admit(asked: Asked, *, early: bool) -> Exchange:
+    """Hold → admit. ``early``: the hold may be booked while the request goes on (gateway.charging)."""
+    d, caller, payload = asked.d, asked.caller, asked.payload
     expected_output_tokens = payload.output_limit * payload.n
-    engine_id = f"{caller.tenant}/{public_id}"
-    held = await charging.hold(tenant=caller.tenant, request_id=engine_id, cls=cls, model=payload.model,
-                               prompt_tokens=payload.prompt_bound, max_output_tokens=expected_output_tokens)
-    if held.fallback:
+    what = dict(tenant=caller.tenant, request_id=asked.engine_id, cls=asked.cls, model=payload.model,
+                prompt_tokens=payload.prompt_bound, max_output_tokens=expected_output_tokens)
+    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
+    if held is None:
+        held = await charging.hold(**what)
+    cls, rule = asked.cls, asked.rule
+    if isinstance(held, charging.Hold) and held.fallback:
         cls, rule = held.cls, charging.BUDGET_RULE
     now_ms = d.now_ms()
     engine_request = Request(
-        id=engine_id, tenant=caller.tenant, cls=cls, model=payload.model,
+        id=asked.engine_id, tenant=caller.tenant, cls=cls, model=payload.model,
         prompt_tokens=payload.prompt_tokens, expected_output_tokens=expected_output_tokens, enqueued_ms=now_ms,
-        deadline_ms=None if timeout_ms is None else now_ms + timeout_ms, vip=caller.vip,
+        deadline_ms=None if asked.timeout_ms is None else now_ms + asked.timeout_ms, vip=caller.vip,
     )
-    headers = {"X-Request-Id": public_id, "X-Priority-Class": cls}
+    headers = {"X-Request-Id": asked.public_id, "X-Priority-Class": cls}
     if rule is not None:
-        headers["X-Priority-Downgraded"] = f"{declared}; rule={rule}"
-        d.downgrades.record(tenant_id=caller.tenant_id, request_id=public_id, from_class=declared, to_class=cls,
-                            rule=rule)
-        metrics.DOWNGRADES.labels(rule).inc()
+        headers["X-Priority-Downgraded"] = f"{asked.declared}; rule={rule}"
+        if not asked.downgrade_recorded:  # once per request, also when admitted again
+            asked.downgrade_recorded = True
+            d.downgrades.record(tenant_id=caller.tenant_id, request_id=asked.public_id, from_class=asked.declared,
+                                to_class=cls, rule=rule)
+            metrics.DOWNGRADES.labels(rule).inc()
     try:
-        entry = d.admit(engine_request, public_id=public_id, declared_class=declared, rule=rule)
+        entry = d.admit(engine_request, public_id=asked.public_id, declared_class=asked.declared, rule=rule)
     except GatewayError as err:
         charging.release(held, reason=err.code)
         err.headers.update(headers)
         raise
     return Exchange(d, entry, payload, held, headers)
+
+
+async def serve(request: HttpRequest, kind: str) -> HttpResponse:
+    """A request from intake to its answer."""
+    asked = await intake(request, kind)
+    exchange = await admit(asked, early=True)
+    try:
+        return await exchange.run()
+    except charging.EarlyHoldRefused:  # nothing was served or charged: again, hold first
+        return await (await admit(asked, early=False)).run()

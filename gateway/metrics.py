@@ -28,6 +28,9 @@ BILLING_WORKER_REPLACEMENTS = Counter("fairgate_billing_worker_replacements",
                                       "Billing workers that ended unexpectedly (the next batch starts a new one).",
                                       registry=REGISTRY)
 COMPLETED = Counter("fairgate_requests_completed", "Requests served, by class.", ["cls"], registry=REGISTRY)
+BILLING_EARLY_HOLDS = Counter("fairgate_billing_early_holds", "Holds booked while their requests went on "
+                              "(gateway.charging), by answer: booked, or refused (the request was admitted again, "
+                              "hold first)", ["outcome"], registry=REGISTRY)
 BILLING_UNBILLED = Counter("fairgate_billing_unbilled", "What backends' usage priced beyond what could be charged "
                            "(beyond the hold), in the billing currency; the ledger's unbilled column has each.",
                            registry=REGISTRY)

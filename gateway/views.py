@@ -19,7 +19,7 @@ from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.dispatcher import Dispatcher, Entry, describe
 from gateway.errors import GatewayError, internal_error, not_found, service_unavailable
-from gateway.intake import REQUEST_ID_RE, intake
+from gateway.intake import REQUEST_ID_RE, serve
 from gateway.payload import CHAT, TEXT
 from gateway.runtime import dispatcher_get
 
@@ -90,14 +90,12 @@ def api_view(*methods: str) -> Callable[[View], View]:
 
 @api_view("POST")
 async def chat_completions(request: HttpRequest) -> HttpResponse:
-    exchange = await intake(request, CHAT)
-    return await exchange.run()
+    return await serve(request, CHAT)
 
 
 @api_view("POST")
 async def completions(request: HttpRequest) -> HttpResponse:
-    exchange = await intake(request, TEXT)
-    return await exchange.run()
+    return await serve(request, TEXT)
 
 
 @api_view("GET")

@@ -145,8 +145,10 @@ class Publisher:
             self.holds.clear()
         found = await sync_to_async(db.holds_for)(wanted)
         for slug, (_, ids) in wanted.items():
-            for rid in ids:  # a hold is written before admission: one not found now never will be
-                self.holds[f"{slug}/{rid}"] = found.get(slug, {}).get(rid)
+            amounts = found.get(slug, {})
+            for rid in ids:  # one not found is an early hold not booked yet (gateway.charging): asked again
+                if rid in amounts:
+                    self.holds[f"{slug}/{rid}"] = amounts[rid]
 
     def _tenant_messages(self, d, slugs: set[str]) -> dict[int, dict]:
         """Snapshots of the tenants whose table changed (built without awaiting: one engine state)."""
