@@ -129,10 +129,10 @@ def wait_ready(server, path: str, *, limit_s: float = READY_LIMIT_S) -> None:
 
 
 def start_sim(var_dir: Path, name: str = "sim", **options: object) -> Server:
-    """``python -m gateway.simbackend`` with ``options`` (``slots=8`` -> ``--slots 8``)."""
+    """``python -m simbackend`` with ``options`` (``slots=8`` -> ``--slots 8``)."""
     var_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "gateway.simbackend", "--port", str(port)]
+    argv = [sys.executable, "-m", "simbackend", "--port", str(port)]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     log_path = var_dir / f"{name}.log"

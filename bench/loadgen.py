@@ -19,8 +19,7 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from gateway.surge import rawhttp
-
+from bench import rawhttp  # the one raw HTTP/1.1 client of the benchmarks (and its pool)
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,10 @@ class Target:
     def of(cls, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> "Target":
         host, port = rawhttp.split_url(base_url)
         return cls(host, port, path, body, tuple((headers or {}).items()))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     def request_bytes(self) -> bytes:
         return rawhttp.request_bytes(self.host, self.port, self.path, self.body, dict(self.headers))
@@ -75,38 +78,6 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[rank]
 
 
-class _Connections:
-    def __init__(self, target: Target, max_connections: int) -> None:
-        self.target = target
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self.opened = 0
-        self._slots = asyncio.Semaphore(max_connections)
-
-    async def take(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        await self._slots.acquire()
-        if self.idle:
-            return self.idle.pop()
-        try:
-            pair = await asyncio.open_connection(self.target.host, self.target.port)
-        except BaseException:
-            self._slots.release()
-            raise
-        self.opened += 1
-        return pair
-
-    def give_back(self, pair, *, reusable: bool) -> None:
-        if reusable:
-            self.idle.append(pair)
-        else:
-            pair[1].close()
-        self._slots.release()
-
-    def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
-        self.idle.clear()
-
-
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
     """Read one response; returns (status, keep-alive)."""
     head = await rawhttp.read_head(reader)
@@ -114,7 +85,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
     return head.status, head.keep_alive
 
 
-async def _one(pool: _Connections, payload: bytes, result: Result, scheduled_s: float, timeout_s: float) -> None:
+async def _one(pool: rawhttp.Pool, payload: bytes, result: Result, scheduled_s: float, timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
     result.send_lag_ms.append((loop.time() - scheduled_s) * 1000.0)  # the generator's own lateness
     try:
@@ -144,7 +115,7 @@ async def open_loop(target: Target, rate_per_s: float, duration_s: float, *, see
     """Poisson arrivals at ``rate_per_s`` for ``duration_s``; waits for the stragglers."""
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
-    pool = _Connections(target, max_connections)
+    pool = rawhttp.Pool(target.base_url, max_connections=max_connections)
     payload = target.request_bytes()
     result = Result(offered_per_s=rate_per_s, duration_s=duration_s)
     tasks: set[asyncio.Task] = set()
@@ -173,7 +144,7 @@ async def open_loop(target: Target, rate_per_s: float, duration_s: float, *, see
 async def closed_loop(target: Target, concurrency: int, duration_s: float, *, timeout_s: float = 30.0) -> Result:
     """``concurrency`` back-to-back senders for ``duration_s``: throughput at saturation."""
     loop = asyncio.get_running_loop()
-    pool = _Connections(target, concurrency)
+    pool = rawhttp.Pool(target.base_url, max_connections=concurrency)
     payload = target.request_bytes()
     result = Result(offered_per_s=0.0, duration_s=duration_s)
     start_s = loop.time()

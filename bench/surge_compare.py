@@ -6,7 +6,7 @@
 Starts one simulated GPU backend (slots and timings scaled with the replay), then for each
 policy a gateway of its own (fresh SQLite database, the surge scenario's configuration with
 its SLAs divided by the time scale), replays the same event against it from this process
-(gateway.surge), stops it, and prints both timelines and the headline figures side by side.
+(bench.surge), stops it, and prints both timelines and the headline figures side by side.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ import yaml
 
 from bench.launch import Server, start_gateway, start_sim
 from bench.report_gateway import section_write
-from gateway.surge import SurgePlan, SurgeResult, headline_table, markdown_table, replay
-from gateway.surge.replay import run_sync
-from gateway.surge.plan import FIELD_BATCH_COUNT
+from bench.surge import SurgePlan, SurgeResult, headline_table, markdown_table, replay
+from bench.surge.replay import run_sync
+from bench.surge.plan import FIELD_BATCH_COUNT
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"
 DEFAULT_BATCH_COUNT = 6_200  # half the field event (24 slots): ~3 min per policy at time scale 60

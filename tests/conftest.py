@@ -3,8 +3,11 @@ service they skip and say why; with FAIRGATE_REQUIRE_SERVICES=1 (CI) they fail i
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 
 import pytest
+
+from simbackend import SimConfig, start_in_thread
 
 REQUIRE_SERVICES = os.environ.get("FAIRGATE_REQUIRE_SERVICES", "") in {"1", "true", "yes", "on"}
 
@@ -42,3 +45,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if REQUIRE_SERVICES:
             pytest.fail(f"{marker} is required here (FAIRGATE_REQUIRE_SERVICES=1): {reason}", pytrace=False)
         pytest.skip(f"needs {marker}: {reason}")
+
+
+@pytest.fixture
+def start_sim():
+    """``start_sim(**SimConfig fields)``: a simulated backend in a thread, stopped (its gate opened
+    first, so no request stays held) when the test ends."""
+    with ExitStack() as stack:
+
+        def start(**overrides: object):
+            sim = start_in_thread(SimConfig(port=0, **overrides))  # type: ignore[arg-type]
+            stack.callback(sim.stop)
+            stack.callback(sim.gate.open)
+            return sim
+
+        yield start

@@ -14,13 +14,14 @@ import pytest
 from bench import gateway_overhead
 from bench import gateway_overhead_postgres as overhead_pg
 from bench import gateway_overhead_postgres_report as overhead_pg_report
+from bench import rawhttp
 from bench.launch import REPO_ROOT, start_gateway, start_sim
 from bench.report_gateway import section_write
 from bench.surge_compare import BATCH_TENANT, gateway_yaml, tenant_keys
-from gateway.surge import SurgePlan, rawhttp
-from gateway.surge.probe import parse
-from gateway.surge.report import COLUMNS, p95_of
-from gateway.surge.traffic import GAVE_UP, OK, Outcome
+from bench.surge import SurgePlan
+from bench.surge.probe import parse
+from bench.surge.report import COLUMNS, p95_of
+from bench.surge.traffic import GAVE_UP, OK, Outcome
 
 # --- offline -------------------------------------------------------------------------------
 
@@ -87,7 +88,7 @@ def test_overhead_postgres_batch_quantiles_come_from_the_histogram_buckets():
 
 
 @pytest.mark.live
-def test_surge_command_replays_a_tiny_surge_and_prints_the_timeline(tmp_path: Path):
+def test_surge_replay_replays_a_tiny_surge_and_prints_the_timeline(tmp_path: Path):
     plan = SurgePlan(batch_count=50, time_scale=120, load_scale=0.1, max_sim_s=3 * 3600)
     sim = start_sim(tmp_path, **plan.backend_options())
     gateway = start_gateway(tmp_path / "gw", gateway_yaml(plan, "fairgate", sim.url, plan.backend_options()["slots"]),
@@ -96,7 +97,7 @@ def test_surge_command_replays_a_tiny_surge_and_prints_the_timeline(tmp_path: Pa
         keys = dict(gateway.keys)
         batch_key = keys.pop(BATCH_TENANT)
         done = subprocess.run(
-            [sys.executable, "manage.py", "surge", "--gateway", gateway.url, "--batch-key", batch_key,
+            [sys.executable, "-m", "bench.surge", "--gateway", gateway.url, "--batch-key", batch_key,
              "--interactive-keys", ",".join(keys.values()), "--batch-count", "50", "--time-scale", "120",
              "--load-scale", "0.1", "--max-minutes", "180"],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ import pytest
 from django.db.models import Sum
 
 from billing import reports
-from billing.models import Budget, LedgerEntry
+from billing.models import LedgerEntry
 from billing.services import hold_release, ledger_adjust
 from gateway.models import Tenant
 from tests.billing.helpers import hold, settle

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.simbackend import RunningSim, SimConfig, start_in_thread
+from simbackend import RunningSim, SimConfig, start_in_thread
 from tests.gateway.livestack import REPO_ROOT, Gateway, start_gateway, wait_until
 
 pytestmark = pytest.mark.live

@@ -3,12 +3,11 @@ second, tight one for admission limits. Both are session-scoped: starting costs 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack
 
 import httpx
 import pytest
 
-from gateway.simbackend import RunningSim, SimConfig, start_in_thread
+from simbackend import RunningSim, SimConfig, start_in_thread
 from tests.gateway.livestack import Gateway, free_port, start_gateway
 
 # scenario -> simulator options (all run in threads of the test process)
@@ -146,18 +145,3 @@ def fifo(sims, tmp_path_factory) -> Iterator[Gateway]:
     gateway.extra["sim"] = sims["fifo"]
     yield gateway
     gateway.stop()
-
-
-@pytest.fixture
-def start_sim():
-    """``start_sim(**SimConfig fields)``: a simulated backend in a thread, stopped (its gate opened
-    first, so no request stays held) when the test ends."""
-    with ExitStack() as stack:
-
-        def start(**overrides: object):
-            sim = start_in_thread(SimConfig(port=0, **overrides))  # type: ignore[arg-type]
-            stack.callback(sim.stop)
-            stack.callback(sim.gate.open)
-            return sim
-
-        yield start

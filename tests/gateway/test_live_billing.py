@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.simbackend import SimConfig, start_in_thread
+from simbackend import SimConfig, start_in_thread
 from tests.gateway.livestack import start_gateway, wait_until
 
 pytestmark = pytest.mark.live

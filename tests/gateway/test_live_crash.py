@@ -13,7 +13,7 @@ from decimal import Decimal
 import openai
 import pytest
 
-from gateway.simbackend import SimConfig, start_in_thread
+from simbackend import SimConfig, start_in_thread
 from tests.gateway.livestack import (FAST_HOUSEKEEPING, ONE_TENANT_YAML, another_process, start_gateway,
                                      wait_until)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.simbackend import SimConfig, start_in_thread
+from simbackend import SimConfig, start_in_thread
 from tests.gateway import livestack
 from tests.gateway.livestack import Gateway, start_gateway
 from tests.gateway.pgproxy import PgProxy

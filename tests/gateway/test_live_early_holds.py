@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.simbackend import SimConfig, start_in_thread
+from simbackend import SimConfig, start_in_thread
 from tests.gateway.livestack import start_gateway
 
 pytestmark = pytest.mark.live

@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 
-from gateway.simbackend import SimConfig, start_in_thread
+from simbackend import SimConfig, start_in_thread
 from tests.gateway import livestack
 from tests.gateway.livestack import (FAST_HOUSEKEEPING, ONE_TENANT_YAML, Gateway, another_process, start_gateway,
                                      wait_until)

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from bench.launch import free_port
-from gateway.simbackend import SimConfig, start_in_thread
+from simbackend import SimConfig, start_in_thread
 from tests.gateway.livestack import start_gateway
 
 pytestmark = pytest.mark.live

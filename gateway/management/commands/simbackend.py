@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gateway.simbackend import add_arguments, run
+from simbackend import add_arguments, run
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 """Configuration of the simulated GPU backend and its command-line options.
 
-The same option set serves ``python -m gateway.simbackend`` (argparse) and
+The same option set serves ``python -m simbackend`` (argparse) and
 ``python manage.py simbackend`` (Django's parser is an argparse subclass).
 """
 

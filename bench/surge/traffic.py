@@ -10,8 +10,8 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from gateway.surge import rawhttp
-from gateway.surge.plan import BATCH, CHAT, NEAR_RT, Prompts, Shape, SurgePlan
+from bench import rawhttp
+from bench.surge.plan import BATCH, CHAT, NEAR_RT, Prompts, Shape, SurgePlan
 
 OK, GAVE_UP, ERROR = "ok", "gave_up", "error"
 

@@ -101,7 +101,7 @@ class SurgePlan:
         return int(hours) * 3600 + int(minutes) * 60 - self.start_clock_s
 
     def backend_options(self) -> dict[str, float | int]:
-        """Options of ``python -m gateway.simbackend`` that match this plan."""
+        """Options of ``python -m simbackend`` that match this plan."""
         return {
             "slots": max(1, round(FIELD_SLOTS * self.scale)),
             "ttft_ms": TTFT_MS_PER_512 / self.time_scale,

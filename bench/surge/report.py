@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.surge.plan import REPORT_TIMES, SurgePlan
-from gateway.surge.probe import GatewayView
-from gateway.surge.traffic import ERROR, GAVE_UP, OK, Ledger, Outcome
+from bench.surge.plan import REPORT_TIMES, SurgePlan
+from bench.surge.probe import GatewayView
+from bench.surge.traffic import ERROR, GAVE_UP, OK, Ledger, Outcome
 
 COLUMNS = ("time", "in_queue", "interactive_p95", "batch_completed", "aging_preempt",
            "chat_gave_up", "chat_refused", "batch_not_sent")

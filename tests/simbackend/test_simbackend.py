@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.simbackend import RunningSim, SimConfig
-from gateway.simbackend.model import Capacity, SlidingWindow, plan_service
+from simbackend import RunningSim, SimConfig
+from simbackend.model import Capacity, SlidingWindow, plan_service
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
@@ -268,7 +268,7 @@ def test_command_line_serves_and_rejects_bad_options() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    cmd = [sys.executable, "-m", "gateway.simbackend", "--port", str(port), "--slots", "2"]
+    cmd = [sys.executable, "-m", "simbackend", "--port", str(port), "--slots", "2"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

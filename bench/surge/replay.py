@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from gateway.surge import probe
-from gateway.surge.plan import SurgePlan
-from gateway.surge.report import Sample, SurgeResult, p95_of
-from gateway.surge.traffic import ERROR, OK, Clock, Ledger, Traffic
+from bench.surge import probe
+from bench.surge.plan import SurgePlan
+from bench.surge.report import Sample, SurgeResult, p95_of
+from bench.surge.traffic import ERROR, OK, Clock, Ledger, Traffic
 
 Progress = Callable[[str], None]
 

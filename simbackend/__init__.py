@@ -1,6 +1,6 @@
 """Simulated GPU backend: an OpenAI-compatible server with slots, TPM/RPM limits and failures.
 
-Run it with ``python -m gateway.simbackend --port 9100`` or ``python manage.py simbackend``.
+Run it with ``python -m simbackend --port 9100`` or ``python manage.py simbackend``.
 """
 
 from .app import SimBackendApp

@@ -7,7 +7,7 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.surge import rawhttp
+from bench import rawhttp
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``python -m gateway.simbackend --port 9100 [--slots 8] ...`` (no Django needed)."""
+"""``python -m simbackend --port 9100 [--slots 8] ...`` (no Django needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .server import run
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gateway.simbackend", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m simbackend", description=__doc__)
     add_arguments(parser)
     options = vars(parser.parse_args(argv))
     try:

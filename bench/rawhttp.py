@@ -81,19 +81,28 @@ def error_code(status: int, body: bytes) -> str:
 
 
 class Pool:
-    """Idle keep-alive connections to one server; a new one whenever none is idle."""
+    """Idle keep-alive connections to one server; a new one whenever none is idle, up to
+    ``max_connections`` taken at once if given (past that, ``take`` waits for one given back)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, max_connections: int | None = None) -> None:
         self.host, self.port = split_url(base_url)
         self.idle: list[Conn] = []
         self.opened = 0
+        self._slots = asyncio.Semaphore(max_connections) if max_connections else None
 
     async def take(self) -> Conn:
-        while self.idle:
-            conn = self.idle.pop()
-            if not conn[1].is_closing() and not conn[0].at_eof():
-                return conn
-        conn = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        if self._slots is not None:
+            await self._slots.acquire()
+        try:
+            while self.idle:
+                conn = self.idle.pop()
+                if not conn[1].is_closing() and not conn[0].at_eof():
+                    return conn
+            conn = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        except BaseException:
+            if self._slots is not None:
+                self._slots.release()
+            raise
         self.opened += 1
         return conn
 
@@ -102,6 +111,8 @@ class Pool:
             self.idle.append(conn)
         else:
             conn[1].close()
+        if self._slots is not None:
+            self._slots.release()
 
     def close(self) -> None:
         for _, writer in self.idle:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.simbackend import Gate, RunningSim
+from simbackend import Gate, RunningSim
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
 FAST = dict(ttft_ms=1, tokens_per_s=10_000)
