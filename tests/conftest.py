@@ -12,6 +12,18 @@ from simbackend import SimConfig, start_in_thread
 REQUIRE_SERVICES = os.environ.get("FAIRGATE_REQUIRE_SERVICES", "") in {"1", "true", "yes", "on"}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing():
+    """Tests make many users: with Django's default hasher each password costs about a second
+    here. (Servers the live tests start keep the default.)"""
+    from django.conf import settings
+    from django.contrib.auth import hashers
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
+
+
 def _postgres_missing() -> str | None:
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
