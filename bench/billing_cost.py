@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC
 from decimal import Decimal
 from pathlib import Path
 
@@ -36,13 +37,13 @@ def _setup_django() -> None:
 
 
 def _world() -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from gateway.models import Tenant
     from scheduling.models import Backend, PriorityClass
     from scheduling.services import price_set
 
-    since = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    since = datetime(2020, 1, 1, tzinfo=UTC)
     for name, level, factor in (("INTERACTIVE", 0, "1.6"), ("BATCH", 2, "0.7")):
         row = PriorityClass.objects.create(name=name, level=level, sla_ms=3000)
         price_set(priority_class=row, price_factor=Decimal(factor), actor="bench", effective_at=since)

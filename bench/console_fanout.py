@@ -181,7 +181,7 @@ async def watch(url: str, session: str, origin: str, viewer: Viewer, window: dic
         while not stop.is_set():
             try:
                 text = await asyncio.wait_for(socket.recv(), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             viewer.take(text, window["open"])
 

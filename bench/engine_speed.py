@@ -36,7 +36,15 @@ from pathlib import Path
 from bench.metrics import percentile
 from scheduling.engine import Scheduler
 from scheduling.engine.model import (
-    AgingPolicy, AgingSegment, BackendSpec, Boost, ClassSpec, QueuePolicy, Request, SchedulerConfig, TenantSpec,
+    AgingPolicy,
+    AgingSegment,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    QueuePolicy,
+    Request,
+    SchedulerConfig,
+    TenantSpec,
 )
 
 SIZES = (10, 1_000, 20_000, 100_000)
@@ -102,7 +110,7 @@ def measure_engine(waiting: int, pairs: int, seed: int = 1, profiler: cProfile.P
         if profiler is not None:
             profiler.disable()
         gc.enable()
-    decisions = sorted((ns / 1000 for ns in submit_ns + dispatch_ns))
+    decisions = sorted(ns / 1000 for ns in submit_ns + dispatch_ns)
     return {"pair_us": (sum(submit_ns) + sum(dispatch_ns)) / pairs / 1000,
             "decision_p50_us": percentile(decisions, 50), "decision_p99_us": percentile(decisions, 99)}
 

@@ -53,7 +53,7 @@ class Count:
     def target_met(self) -> bool:
         return not (self.left_held or self.overspent or self.uncharged or self.charged_twice or self.verify_failures)
 
-    def merge(self, other: "Count") -> None:
+    def merge(self, other: Count) -> None:
         for name in ("tried", "clean", "served", "charged_once", "left_held", "overspent", "uncharged",
                      "charged_twice", "charged_unserved", "verify_failures", "rounds", "unbilled"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -140,7 +140,7 @@ class Load:
     _streaming: Counter = field(default_factory=Counter)
     _threads: list[threading.Thread] = field(default_factory=list)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self.started_s = time.monotonic()
         self._threads = [threading.Thread(target=self._client, name=f"client-{n}", daemon=True)
                          for n in range(self.clients)]

@@ -24,8 +24,17 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from bench.launch import (REPO_ROOT, SETUP_CODE, Server, free_port, gateway_env, postgres_create, postgres_drop,
-                          start_sim, wait_ready)
+from bench.launch import (
+    REPO_ROOT,
+    SETUP_CODE,
+    Server,
+    free_port,
+    gateway_env,
+    postgres_create,
+    postgres_drop,
+    start_sim,
+    wait_ready,
+)
 
 PROCFILE = REPO_ROOT / "Procfile"
 PROCFILE_LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")  # as honcho and foreman read it

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                     "16-64 tokens per answer; production defaults otherwise (heartbeat 5 s, dead after 30 s, "
                     "sweep every 15 s, circuit cooldown 30 s).")
         command = "python -m bench.faults " + " ".join(argv if argv is not None else sys.argv[1:])
-        date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         REPORT_PATH.write_text(report(counts, command=command.strip(), date=date, settings=settings, about=ABOUT))
         print(f"wrote {REPORT_PATH}")
 

@@ -154,7 +154,7 @@ class Phase:
     gateway_cpu_ms_per_request: float | None = None
 
     @classmethod
-    def of(cls, target: str, result: Result, cpu_s: float | None = None) -> "Phase":
+    def of(cls, target: str, result: Result, cpu_s: float | None = None) -> Phase:
         return cls(target, result.offered_per_s, result.sent_per_s, result.ok / result.sent if result.sent else 0.0,
                    percentile(result.latencies_ms, 0.50), percentile(result.latencies_ms, 0.99),
                    percentile(result.send_lag_ms, 0.99), dict(result.errors),

@@ -4,8 +4,16 @@ from __future__ import annotations
 import os
 from statistics import mean
 
-from bench.gateway_overhead import (BACKEND_LATENCY_MS, GENERATOR_LAG_LIMIT_MS, STEP_RATES, SUSTAIN_ADDED_P99_MS,
-                                    Phase, Saturated, added, sustained)
+from bench.gateway_overhead import (
+    BACKEND_LATENCY_MS,
+    GENERATOR_LAG_LIMIT_MS,
+    STEP_RATES,
+    SUSTAIN_ADDED_P99_MS,
+    Phase,
+    Saturated,
+    added,
+    sustained,
+)
 
 P50_TARGET_MS, P99_TARGET_MS, SUSTAINED_TARGET = 2.0, 10.0, 500
 BILLING_RATIO_TARGET = 0.80

@@ -31,7 +31,7 @@ class Target:
     headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of(cls, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> "Target":
+    def of(cls, base_url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> Target:
         host, port = rawhttp.split_url(base_url)
         return cls(host, port, path, body, tuple((headers or {}).items()))
 
@@ -102,7 +102,7 @@ async def _one(pool: rawhttp.Pool, payload: bytes, result: Result, scheduled_s: 
             result.latencies_ms.append((loop.time() - scheduled_s) * 1000.0)
         else:
             result.error(str(status))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         result.error("timeout")
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
         result.error("io")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 HEADER_END = b"\r\n\r\n"
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench import engine_speed
 from bench.findings import findings

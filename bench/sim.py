@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bench.generators import TraceRequest
 from bench.metrics import ClassStats, JainTracker, TenantStats, Timeline

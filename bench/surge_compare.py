@@ -24,8 +24,8 @@ import yaml
 from bench.launch import Server, start_gateway, start_sim
 from bench.report_gateway import section_write
 from bench.surge import SurgePlan, SurgeResult, headline_table, markdown_table, replay
-from bench.surge.replay import run_sync
 from bench.surge.plan import FIELD_BATCH_COUNT
+from bench.surge.replay import run_sync
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"
 DEFAULT_BATCH_COUNT = 6_200  # half the field event (24 slots): ~3 min per policy at time scale 60

@@ -41,7 +41,6 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.dispatch import Signal
 
-
 from billing import statements
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Generic, TypeVar
 
 CACHE_TTL_S = 1.0
 T = TypeVar("T")
 _generation = 0
 _generation_lock = threading.Lock()
 _on_invalidate: list[Callable[[], None]] = []
-_caches: list["TtlCache"] = []
+_caches: list[TtlCache] = []
 
 
 def caches_invalidate() -> None:

@@ -75,7 +75,7 @@ class AppendOnlyError(Exception):
 
 
 class LedgerQuerySet(models.QuerySet):
-    def of_requests(self, request_ids) -> "LedgerQuerySet":
+    def of_requests(self, request_ids) -> LedgerQuerySet:
         """The hold, charge and release entries of these requests, found through the unique
         partial index on (request_id, kind): the query repeats the index's condition, the only
         form in which SQLite's planner uses a partial index (filter kinds after this, in Python

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from scheduling.models import Backend, PriceVersion
-
 from billing.cache import TtlCache
 from billing.errors import UnknownBackend, UnknownClass, UnknownModel
 from billing.money import money
+from scheduling.models import Backend, PriceVersion
 
 THOUSAND = Decimal(1000)
 

@@ -13,12 +13,11 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
-from gateway.models import Tenant
-from scheduling.models import PriceVersion
-
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, MoneySum, money, or_zero
 from billing.periods import fiscal_tz, fiscal_year_of, year_period
+from gateway.models import Tenant
+from scheduling.models import PriceVersion
 
 SHARE = Decimal("0.0001")
 

@@ -17,9 +17,6 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.models import PriceVersion, PriorityClass
-from scheduling.services import audit_record, price_set
-
 from billing.alerts import alerts_record
 from billing.booking import STALE_REASON, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
@@ -27,6 +24,8 @@ from billing.errors import BillingError, UnknownClass
 from billing.inflight import HeldEntry
 from billing.models import Budget, LedgerEntry
 from billing.money import money
+from scheduling.models import PriceVersion, PriorityClass
+from scheduling.services import audit_record, price_set
 
 logger = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind

@@ -9,10 +9,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Static files (admin, console) are served in-process: the embedded default has no web server in front.
 django_asgi_app = ASGIStaticFilesHandler(get_asgi_application())
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
-
+# The imports below need Django set up first.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from console.routing import websocket_urlpatterns  # noqa: E402

@@ -23,8 +23,8 @@ class SubcommandCommand(BaseCommand):
 
 
 def decimal_arg(value: str):
-    from decimal import Decimal, InvalidOperation
     import argparse
+    from decimal import Decimal, InvalidOperation
 
     try:
         return Decimal(value)

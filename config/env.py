@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal, InvalidOperation
+
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -6,7 +6,7 @@ tenant's charges and budgets, read-only; ``admin`` sees everything and changes c
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied

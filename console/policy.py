@@ -10,9 +10,10 @@ parse is refused with the parser's reason and column).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction

@@ -4,7 +4,7 @@ Money leaves here as exact strings (never float); times as ISO 8601.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from django.conf import settings
 

@@ -5,14 +5,14 @@ back to the page with what happened; a refused change says why.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.utils.dateparse import parse_datetime
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from console import policy

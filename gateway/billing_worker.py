@@ -40,7 +40,7 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import Callable, Union
+from collections.abc import Callable
 
 from gateway import metrics
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 READY = b"ready"
 IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
 CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
-Answer = Callable[[Union[bytes, BaseException]], None]
+Answer = Callable[[bytes | BaseException], None]
 START_TIMEOUT_S = 60.0
 READ_CHUNK = 64 * 1024  # bytes per read: os.read allocates this much for every read, small answers too
 _SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header

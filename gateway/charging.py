@@ -33,9 +33,9 @@ import asyncio
 import logging
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Callable
 
 from django.conf import settings
 from django.utils import timezone

@@ -18,7 +18,8 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from typing import Awaitable, Callable, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections, connection

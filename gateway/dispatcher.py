@@ -106,7 +106,7 @@ class Dispatcher:
     # --- life cycle ----------------------------------------------------------------------
 
     @classmethod
-    async def create(cls) -> "Dispatcher":
+    async def create(cls) -> Dispatcher:
         audit_pk, config = await db_call(_load)()
         await db_call(_release_leftover_holds)()
         await asyncio.to_thread(encoding)  # load the tokenizer now, not on the first request

@@ -17,9 +17,10 @@ from gateway import charging, metrics
 from gateway.dispatcher import Dispatcher, Entry
 from gateway.errors import GatewayError
 from gateway.payload import Payload, upstream_body
-from gateway.proxy import SseFilter, UpstreamFailure, relayed_headers, retry_after_ms, sse_error, upstream_open, usage_of
-from gateway.upstream import UpstreamResponse
+from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, sse_error, upstream_open, usage_of
 from gateway.tokens import count_text
+from gateway.upstream import UpstreamError as UpstreamFailure
+from gateway.upstream import UpstreamResponse
 
 log = logging.getLogger(__name__)
 DONE_EVENT = b"data: [DONE]"
@@ -230,7 +231,7 @@ class StreamBody:
         self._done_event = b""  # the stream's end, held back until its charge is booked
         self._loop = asyncio.get_running_loop()
 
-    def __aiter__(self) -> "StreamBody":
+    def __aiter__(self) -> StreamBody:
         return self
 
     async def __anext__(self) -> bytes:

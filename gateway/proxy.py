@@ -15,7 +15,7 @@ import time
 from django.conf import settings
 
 from gateway.errors import UPSTREAM_ERROR
-from gateway.upstream import Headers, Pool, UpstreamError as UpstreamFailure, UpstreamResponse
+from gateway.upstream import Headers, Pool, UpstreamResponse
 from scheduling.engine.model import BackendSpec
 
 # Headers of a backend's answer that its client may see (see relayed_headers).

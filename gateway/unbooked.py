@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from billing.booking import Ask, SettleAsk
 from billing.errors import BillingError, DatabaseUnavailable

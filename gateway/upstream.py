@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
@@ -83,7 +83,7 @@ class _Connection:
 
 
 class UpstreamResponse:
-    def __init__(self, pool: "Pool", conn: _Connection, parser, parsed: _Parsed, read_timeout_s: float) -> None:
+    def __init__(self, pool: Pool, conn: _Connection, parser, parsed: _Parsed, read_timeout_s: float) -> None:
         self.status_code = parser.get_status_code()
         self.headers = Headers(parsed.headers)
         self._pool = pool

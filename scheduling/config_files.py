@@ -6,7 +6,14 @@ from pathlib import Path
 import yaml
 
 from scheduling.engine.model import SchedulerConfig
-from scheduling.engine.schema import ConfigError, ConfigIssue, config_from_dict, config_from_yaml, config_to_dict, config_to_yaml
+from scheduling.engine.schema import (
+    ConfigError,
+    ConfigIssue,
+    config_from_dict,
+    config_from_yaml,
+    config_to_dict,
+    config_to_yaml,
+)
 from scheduling.selectors import config_live
 from scheduling.services import SECTIONS, ApplyResult, config_apply
 

@@ -9,11 +9,9 @@ from django.utils import timezone
 from gateway.models import Tenant
 from scheduling.engine.model import (
     AgingPolicy,
-    AgingSegment as SegmentSpec,
     BackendSpec,
     Boost,
     ClassSpec,
-    DowngradeRule as RuleSpec,
     FairnessMode,
     FairnessPolicy,
     Policy,
@@ -21,7 +19,21 @@ from scheduling.engine.model import (
     SchedulerConfig,
     TenantSpec,
 )
-from scheduling.models import AgingSegment, Backend, DowngradeRule, NetworkGroup, PriceVersion, PriorityClass, SchedulerPolicy
+from scheduling.engine.model import (
+    AgingSegment as SegmentSpec,
+)
+from scheduling.engine.model import (
+    DowngradeRule as RuleSpec,
+)
+from scheduling.models import (
+    AgingSegment,
+    Backend,
+    DowngradeRule,
+    NetworkGroup,
+    PriceVersion,
+    PriorityClass,
+    SchedulerPolicy,
+)
 
 
 def classes_with_price(*, at=None, active_only: bool = True):

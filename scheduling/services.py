@@ -6,9 +6,10 @@ configuration to itself changes nothing (no audit row, no new price version).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any
 
 from django.db import models, transaction
 from django.utils import timezone

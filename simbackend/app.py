@@ -14,7 +14,8 @@ import math
 import random
 import time
 import zlib
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from .config import SimConfig

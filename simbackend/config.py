@@ -7,8 +7,9 @@ The same option set serves ``python -m simbackend`` (argparse) and
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 DEFAULT_MODEL = "fairgate-sim"
 
@@ -53,7 +54,7 @@ class SimConfig:
         _require(self.extra_completion_tokens >= 0, "--extra-completion-tokens must not be negative")
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "SimConfig":
+    def from_options(cls, options: Mapping[str, Any]) -> SimConfig:
         """Build from a parsed-options mapping; unknown keys (e.g. Django's verbosity) are ignored."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in options.items() if k in known and v is not None}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import uvicorn
 

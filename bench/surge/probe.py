@@ -1,9 +1,8 @@
 """What the gateway itself says during the replay: its /metrics, read every step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import asyncio
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 

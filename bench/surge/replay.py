@@ -7,7 +7,7 @@ request was answered, or at ``max_sim_s``. In-flight chats then get their patien
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from bench.surge import probe
 from bench.surge.plan import SurgePlan

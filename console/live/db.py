@@ -1,9 +1,8 @@
 """The publisher's database reads (synchronous; it calls them through ``sync_to_async``)."""
 from __future__ import annotations
 
-from gateway.models import DowngradeEvent, Tenant
-
 from console import selectors
+from gateway.models import DowngradeEvent, Tenant
 
 DOWNGRADE_BATCH = 500
 

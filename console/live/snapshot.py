@@ -5,11 +5,10 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from console.live.timeline import Sample, p95_ms
 from gateway import metrics
 from gateway.dispatcher import Dispatcher, Entry, describe
 from scheduling.engine.counters import WAIT_BUCKETS_MS
-
-from console.live.timeline import Sample, p95_ms
 
 MAX_ROWS = 50  # rows of one tenant's table (nearest to service); counts per class cover all
 

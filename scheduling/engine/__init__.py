@@ -6,8 +6,18 @@ the storage interface (:class:`SchedulerStore`, :class:`MemoryStore`).
 """
 from .counters import WAIT_BUCKETS_MS, Counters, Tally
 from .model import (
-    AgingPolicy, AgingSegment, BackendSpec, Boost, ClassSpec, FairnessMode, FairnessPolicy, Policy, QueuePolicy,
-    Request, SchedulerConfig, TenantSpec,
+    AgingPolicy,
+    AgingSegment,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    FairnessMode,
+    FairnessPolicy,
+    Policy,
+    QueuePolicy,
+    Request,
+    SchedulerConfig,
+    TenantSpec,
 )
 from .outcomes import Admission, Grant, QueuePosition
 from .presets import apply_policy

@@ -12,7 +12,7 @@ can take the request. Windows live in the store (shared across gateway processes
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .model import BackendSpec
 from .store import SchedulerStore

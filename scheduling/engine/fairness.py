@@ -24,8 +24,8 @@ O(log tenants) via a heap of counters with lazy (versioned) entries.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
-from typing import Iterable
 
 from .model import FairnessMode, TenantSpec
 from .store import WAITING, SchedulerStore, Ticket

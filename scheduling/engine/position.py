@@ -27,7 +27,7 @@ larger of the rate measured over 60 s and the model's slots over the mean servic
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from .fairness import Lane, TenantQueue
 from .model import FairnessMode

@@ -19,9 +19,10 @@ from __future__ import annotations
 import ipaddress
 import operator
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any, Union
 
 from scheduling.engine.model import ClassSpec, DowngradeRule
 

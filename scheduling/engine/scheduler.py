@@ -18,8 +18,8 @@ wait, deadline rule, privilege) are recomputed whenever the configuration is app
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from heapq import heappop, heappush
-from typing import Iterable
 
 from . import admission as adm
 from .aging import AgingCurve
@@ -28,7 +28,7 @@ from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
 from .dispatching import DispatchMixin
 from .fairness import Lane, tenant_weights
-from .model import ClassSpec, BackendSpec, FairnessMode, Request, SchedulerConfig, TenantSpec
+from .model import BackendSpec, ClassSpec, FairnessMode, Request, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, QueuePosition
 from .position import eta_ms, requests_ahead
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket

@@ -7,15 +7,23 @@ Decimal fields (prices, budgets) are read from the YAML text itself, never throu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Collection, NamedTuple
+from typing import Any, NamedTuple
 
 import yaml
 
 from scheduling.engine.model import (
-    AgingSegment, BackendSpec, Boost, ClassSpec, DowngradeRule, QueuePolicy, SchedulerConfig, TenantSpec,
+    AgingSegment,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    DowngradeRule,
+    QueuePolicy,
+    SchedulerConfig,
+    TenantSpec,
 )
-from scheduling.engine.schema_sections import kind_of, build_sections, format_ratio
+from scheduling.engine.schema_sections import build_sections, format_ratio, kind_of
 
 _REQUIRED = object()
 

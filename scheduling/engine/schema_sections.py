@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from scheduling.engine.model import (
-    RESERVED_RULE_NAMES, AgingPolicy, AgingSegment, BackendSpec, Boost, ClassSpec, DowngradeRule,
-    FairnessMode, FairnessPolicy, Policy, QueuePolicy, TenantSpec,
+    RESERVED_RULE_NAMES,
+    AgingPolicy,
+    AgingSegment,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    DowngradeRule,
+    FairnessMode,
+    FairnessPolicy,
+    Policy,
+    QueuePolicy,
+    TenantSpec,
 )
 from scheduling.engine.rules import RuleSyntaxError, condition_names, parse_condition
 

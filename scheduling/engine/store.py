@@ -21,7 +21,8 @@ that keeps copies is sent every change.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 from .model import Request
 

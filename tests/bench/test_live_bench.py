@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from bench import gateway_overhead
+from bench import gateway_overhead, rawhttp
 from bench import gateway_overhead_postgres as overhead_pg
 from bench import gateway_overhead_postgres_report as overhead_pg_report
-from bench import rawhttp
 from bench.launch import REPO_ROOT, start_gateway, start_sim
 from bench.report_gateway import section_write
-from bench.surge_compare import BATCH_TENANT, gateway_yaml, tenant_keys
 from bench.surge import SurgePlan
 from bench.surge.probe import parse
 from bench.surge.report import COLUMNS, p95_of
 from bench.surge.traffic import GAVE_UP, OK, Outcome
+from bench.surge_compare import BATCH_TENANT, gateway_yaml, tenant_keys
 
 # --- offline -------------------------------------------------------------------------------
 

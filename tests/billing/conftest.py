@@ -1,7 +1,7 @@
 """Billing fixtures: four priced classes, three backends, tenants alpha/beta/gamma, and personas."""
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -12,7 +12,7 @@ from scheduling.models import Backend, PriorityClass
 from scheduling.services import price_set
 
 D = Decimal
-LONG_AGO = datetime(2020, 1, 1, tzinfo=dt_timezone.utc)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 CLASSES = (("INTERACTIVE", 0, "1.6"), ("NEAR_RT", 1, "1.2"), ("BATCH", 2, "0.7"), ("RETRY", 3, "0.4"))
 
 

@@ -1,7 +1,7 @@
 """Admission holds: the upper-bound amount, refusal at the budget's edge, idempotency, caps."""
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 from decimal import Decimal as D
 
 import pytest
@@ -96,8 +96,8 @@ def test_fiscal_year_budget_uses_start_month_and_time_zone(world, settings):
     settings.FAIRGATE_FISCAL_YEAR_START_MONTH = 4
     settings.FAIRGATE_FISCAL_TZ = "Asia/Shanghai"
     # 31 March 2025 17:00 UTC is already 1 April 01:00 in Shanghai: FY2025 there
-    hold("late", at=datetime(2025, 3, 31, 17, 0, tzinfo=dt_timezone.utc))
-    hold("early", at=datetime(2025, 3, 31, 15, 0, tzinfo=dt_timezone.utc))
+    hold("late", at=datetime(2025, 3, 31, 17, 0, tzinfo=UTC))
+    hold("early", at=datetime(2025, 3, 31, 15, 0, tzinfo=UTC))
     years = dict(Budget.objects.values_list("fiscal_year", "held"))
     assert years == {2025: D("3.2"), 2024: D("3.2")}
 

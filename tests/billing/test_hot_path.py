@@ -18,12 +18,12 @@ from django.utils import timezone
 
 from billing import cache
 from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk, book
-from billing.statements import INSERT_ROWS
 from billing.errors import BudgetExhausted, HoldNotFound
 from billing.inflight import HeldEntry, held_get
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, holds_release_stale
+from billing.statements import INSERT_ROWS
 from gateway.models import Tenant
 from scheduling.models import Backend, PriceVersion
 from tests.billing.helpers import hold, settle, year_budget

@@ -1,18 +1,20 @@
 """Fiscal periods contain their instant, for any start month and zone (property test)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 
 import pytest
 from django.test import override_settings
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from billing.periods import month_period_at, year_period, year_period_at
 
 
 @hsettings(max_examples=300, deadline=None)
 @given(
-    at=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(dt_timezone.utc)),
+    at=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
     start_month=st.integers(1, 12),
     zone=st.sampled_from(["UTC", "Asia/Shanghai", "America/New_York", "Pacific/Kiritimati"]),
 )
@@ -26,10 +28,10 @@ def test_periods_contain_their_instant(at, start_month, zone):
 
 
 @pytest.mark.parametrize("start_month, at, fiscal_year", [
-    (1, datetime(2025, 1, 1, tzinfo=dt_timezone.utc), 2025),
-    (4, datetime(2025, 3, 31, 23, 59, tzinfo=dt_timezone.utc), 2024),
-    (4, datetime(2025, 4, 1, tzinfo=dt_timezone.utc), 2025),
-    (10, datetime(2025, 12, 31, tzinfo=dt_timezone.utc), 2025),
+    (1, datetime(2025, 1, 1, tzinfo=UTC), 2025),
+    (4, datetime(2025, 3, 31, 23, 59, tzinfo=UTC), 2024),
+    (4, datetime(2025, 4, 1, tzinfo=UTC), 2025),
+    (10, datetime(2025, 12, 31, tzinfo=UTC), 2025),
 ])
 def test_fiscal_year_label_is_the_start_year(start_month, at, fiscal_year):
     with override_settings(FAIRGATE_FISCAL_YEAR_START_MONTH=start_month, FAIRGATE_FISCAL_TZ="UTC"):

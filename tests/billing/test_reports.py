@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal as D
 
 import pytest
@@ -16,8 +16,8 @@ from gateway.models import Tenant
 from tests.billing.helpers import hold, settle
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.billing.urls")]
-JAN = datetime(2025, 1, 15, 12, tzinfo=dt_timezone.utc)
-FEB = datetime(2025, 2, 10, 12, tzinfo=dt_timezone.utc)
+JAN = datetime(2025, 1, 15, 12, tzinfo=UTC)
+FEB = datetime(2025, 2, 10, 12, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_charges_report_adds_up_to_the_ledger(traffic):
 
 def test_burn_adds_up_to_the_ledger_and_projects_the_year(traffic):
     rows = {r["tenant"]: r for r in reports.budget_burn(tenants=Tenant.objects.all(), fiscal_year=2025,
-                                                       now=datetime(2025, 7, 2, 12, tzinfo=dt_timezone.utc))}
+                                                       now=datetime(2025, 7, 2, 12, tzinfo=UTC))}
     alpha = rows["alpha"]
     assert alpha["spent"] == ledger_charges(tenant__slug="alpha") - D("0.333333")
     assert alpha["held"] == D("3.2")  # the in-flight hold only
@@ -66,7 +66,7 @@ def test_burn_without_overrun_reads_the_budget_rows_only(traffic):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    when = {"tenants": Tenant.objects.all(), "fiscal_year": 2025, "now": datetime(2025, 7, 2, 12, tzinfo=dt_timezone.utc)}
+    when = {"tenants": Tenant.objects.all(), "fiscal_year": 2025, "now": datetime(2025, 7, 2, 12, tzinfo=UTC)}
     full = reports.budget_burn(**when)
     with CaptureQueriesContext(connection) as queries:
         lean = reports.budget_burn(**when, with_overrun=False)
@@ -84,8 +84,8 @@ def test_class_mix_shares_add_to_one_per_tenant_month(traffic):
 
 def test_what_if_reprices_the_moved_share_at_the_batch_factor(traffic):
     alpha = Tenant.objects.get(slug="alpha")
-    period = dict(tenant=alpha, since=datetime(2025, 1, 1, tzinfo=dt_timezone.utc),
-                  until=datetime(2026, 1, 1, tzinfo=dt_timezone.utc))
+    period = dict(tenant=alpha, since=datetime(2025, 1, 1, tzinfo=UTC),
+                  until=datetime(2026, 1, 1, tzinfo=UTC))
     none = reports.what_if(share=D("0"), **period)
     assert none["what_if"] == none["actual"] == ledger_charges(tenant__slug="alpha")
     half = reports.what_if(share=D("0.5"), **period)

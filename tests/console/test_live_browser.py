@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from decimal import Decimal
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest

@@ -8,7 +8,15 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from console import policy
-from scheduling.models import AgingSegment, AuditLog, Backend, DowngradeRule, PriceVersion, PriorityClass, SchedulerPolicy
+from scheduling.models import (
+    AgingSegment,
+    AuditLog,
+    Backend,
+    DowngradeRule,
+    PriceVersion,
+    PriorityClass,
+    SchedulerPolicy,
+)
 from scheduling.selectors import config_live
 
 

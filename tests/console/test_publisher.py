@@ -11,7 +11,7 @@ from channels.layers import InMemoryChannelLayer
 
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
 from console.live.publisher import Publisher
-from console.live.timeline import Timeline, Sample, p95_ms
+from console.live.timeline import Sample, Timeline, p95_ms
 from gateway.dispatcher import Dispatcher
 from scheduling.engine.model import Request
 from scheduling.selectors import config_live
@@ -38,7 +38,7 @@ async def _drain(layer: InMemoryChannelLayer, channel: str) -> list[dict]:
     while True:
         try:
             message = await asyncio.wait_for(layer.receive(channel), 0.05)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return out
         out.append({**message, "payload": json.loads(message["text"])})
 

@@ -5,8 +5,18 @@ from dataclasses import replace
 from decimal import Decimal
 
 from scheduling.engine import (
-    AgingPolicy, AgingSegment, BackendSpec, Boost, ClassSpec, FairnessMode, FairnessPolicy, QueuePolicy, Request,
-    Scheduler, SchedulerConfig, TenantSpec,
+    AgingPolicy,
+    AgingSegment,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    FairnessMode,
+    FairnessPolicy,
+    QueuePolicy,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    TenantSpec,
 )
 
 REPORT_SEGMENTS = (

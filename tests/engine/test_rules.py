@@ -9,8 +9,20 @@ from hypothesis import strategies as st
 
 from scheduling.engine.model import ClassSpec, DowngradeRule
 from scheduling.engine.rules import (
-    And, Compare, Facts, InNetwork, Not, Or, RuleSyntaxError, classify, compile_rules, condition_names,
-    evaluate, parse_condition, parse_networks, render,
+    And,
+    Compare,
+    Facts,
+    InNetwork,
+    Not,
+    Or,
+    RuleSyntaxError,
+    classify,
+    compile_rules,
+    condition_names,
+    evaluate,
+    parse_condition,
+    parse_networks,
+    render,
 )
 
 CLASSES = (

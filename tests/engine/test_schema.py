@@ -10,12 +10,27 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine.model import (
-    AgingPolicy, AgingSegment, BackendSpec, Boost, ClassSpec, DowngradeRule, FairnessMode, FairnessPolicy, Policy,
-    QueuePolicy, SchedulerConfig, TenantSpec,
+    AgingPolicy,
+    AgingSegment,
+    BackendSpec,
+    Boost,
+    ClassSpec,
+    DowngradeRule,
+    FairnessMode,
+    FairnessPolicy,
+    Policy,
+    QueuePolicy,
+    SchedulerConfig,
+    TenantSpec,
 )
 from scheduling.engine.rules import Facts, classify
 from scheduling.engine.schema import (
-    ConfigError, ConfigIssue, config_from_dict, config_from_yaml, config_to_dict, config_to_yaml,
+    ConfigError,
+    ConfigIssue,
+    config_from_dict,
+    config_from_yaml,
+    config_to_dict,
+    config_to_yaml,
 )
 
 EXAMPLE_PATH = Path(__file__).resolve().parents[2] / "config" / "scheduler.example.yaml"

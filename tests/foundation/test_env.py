@@ -1,5 +1,6 @@
-import pytest
 from decimal import Decimal
+
+import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_choice, env_decimal, env_int, env_list

@@ -18,7 +18,14 @@ from pathlib import Path
 import httpx
 import openai
 
-from bench.launch import REPO_ROOT, SETUP_CODE, free_port, postgres_create, postgres_drop, wait_ready  # the same set-up as the live benchmarks
+from bench.launch import (  # the same set-up as the live benchmarks
+    REPO_ROOT,
+    SETUP_CODE,
+    free_port,
+    postgres_create,
+    postgres_drop,
+    wait_ready,
+)
 
 STARTUP_LIMIT_S = 30.0
 # One class, one tenant, one slow backend (``url``, ``slots``): the crash and outage tests' world.

@@ -54,12 +54,12 @@ class PgProxy:
         self._server: asyncio.Server | None = None
 
     @classmethod
-    def for_url(cls, database_url: str) -> "PgProxy":
+    def for_url(cls, database_url: str) -> PgProxy:
         """A proxy to the server of ``database_url``."""
         parts = urlsplit(database_url)
         return cls(parts.hostname or "127.0.0.1", parts.port or 5432)
 
-    def start(self) -> "PgProxy":
+    def start(self) -> PgProxy:
         self._thread.start()
         self._server = self._run(asyncio.start_server(self._accept, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -14,7 +14,7 @@ from gateway import journal
 from gateway.journal import Journal, journal_retire, journals_orphaned
 from gateway.unbooked import Unbooked, transient
 
-AT = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 
 def settle(rid: str) -> SettleAsk:

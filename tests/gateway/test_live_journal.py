@@ -17,8 +17,14 @@ import pytest
 
 from simbackend import SimConfig, start_in_thread
 from tests.gateway import livestack
-from tests.gateway.livestack import (FAST_HOUSEKEEPING, ONE_TENANT_YAML, Gateway, another_process, start_gateway,
-                                     wait_until)
+from tests.gateway.livestack import (
+    FAST_HOUSEKEEPING,
+    ONE_TENANT_YAML,
+    Gateway,
+    another_process,
+    start_gateway,
+    wait_until,
+)
 from tests.gateway.pgproxy import PgProxy
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]

@@ -1,5 +1,6 @@
-from config.cli import SubcommandCommand, decimal_arg
 from decimal import Decimal
+
+from config.cli import SubcommandCommand, decimal_arg
 from scheduling.engine.model import BackendSpec
 from scheduling.models import Backend
 from scheduling.services import backend_create
