@@ -10,6 +10,7 @@ Billing alone (the console's live feed is disconnected). Runs on a throwaway tes
 after a warm-up. Also counts the queries of each call and times one trivial ORM read as a yardstick
 (these machines are noisy: compare `pair_in_orm_reads` across runs). One JSON line per database.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,13 @@ def _world() -> None:
         row = PriorityClass.objects.create(name=name, level=level, sla_ms=3000)
         price_set(priority_class=row, price_factor=Decimal(factor), actor="bench", effective_at=since)
     for name, price in (("gpu-a", "0.002"), ("gpu-b", "0.001")):
-        Backend.objects.create(name=name, model_names=["m"], slots=8, input_price_per_1k=Decimal(price),
-                               output_price_per_1k=Decimal(price) * 2)
+        Backend.objects.create(
+            name=name,
+            model_names=["m"],
+            slots=8,
+            input_price_per_1k=Decimal(price),
+            output_price_per_1k=Decimal(price) * 2,
+        )
     Tenant.objects.create(slug="bench", name="Bench", quota_share=Decimal("0.5"), annual_budget=Decimal("1000000"))
 
 
@@ -57,8 +63,14 @@ def _pair(n: int) -> tuple[float, float]:
     from billing.services import budget_hold, charge_settle
 
     t0 = time.perf_counter()
-    budget_hold(tenant_slug="bench", request_id=f"b{n}", class_name="INTERACTIVE", model="m",
-                prompt_tokens=800, max_output_tokens=512)
+    budget_hold(
+        tenant_slug="bench",
+        request_id=f"b{n}",
+        class_name="INTERACTIVE",
+        model="m",
+        prompt_tokens=800,
+        max_output_tokens=512,
+    )
     t1 = time.perf_counter()
     charge_settle(request_id=f"b{n}", backend_name="gpu-b", prompt_tokens=800, completion_tokens=300)
     t2 = time.perf_counter()
@@ -75,10 +87,26 @@ def _batched(rounds: int, size: int) -> float:
     for r in range(rounds):
         now = timezone.now()
         ids = [f"batch{r}-{i}" for i in range(size)]
-        book([HoldAsk(request_id=rid, tenant_slug="bench", class_name="INTERACTIVE", model="m", prompt_tokens=800,
-                      max_output_tokens=512, at=now) for rid in ids])
-        book([SettleAsk(request_id=rid, backend_name="gpu-b", prompt_tokens=800, completion_tokens=300, at=now)
-              for rid in ids])
+        book(
+            [
+                HoldAsk(
+                    request_id=rid,
+                    tenant_slug="bench",
+                    class_name="INTERACTIVE",
+                    model="m",
+                    prompt_tokens=800,
+                    max_output_tokens=512,
+                    at=now,
+                )
+                for rid in ids
+            ]
+        )
+        book(
+            [
+                SettleAsk(request_id=rid, backend_name="gpu-b", prompt_tokens=800, completion_tokens=300, at=now)
+                for rid in ids
+            ]
+        )
     return (time.perf_counter() - t0) / (rounds * size) * 1e6
 
 
@@ -89,8 +117,14 @@ def _queries() -> dict[str, int]:
     from billing.services import budget_hold, charge_settle
 
     with CaptureQueriesContext(connection) as hold_q:
-        budget_hold(tenant_slug="bench", request_id="q", class_name="INTERACTIVE", model="m",
-                    prompt_tokens=800, max_output_tokens=512)
+        budget_hold(
+            tenant_slug="bench",
+            request_id="q",
+            class_name="INTERACTIVE",
+            model="m",
+            prompt_tokens=800,
+            max_output_tokens=512,
+        )
     with CaptureQueriesContext(connection) as settle_q:
         charge_settle(request_id="q", backend_name="gpu-b", prompt_tokens=800, completion_tokens=300)
     return {"hold": len(hold_q.captured_queries), "settle": len(settle_q.captured_queries)}
@@ -133,11 +167,16 @@ def measure(pairs: int, warmup: int, batch: int) -> dict:
     holds, settles = [s[0] for s in samples], [s[1] for s in samples]
     pair_us = [h + s for h, s in samples]
     return {
-        "database": connection.vendor, "pairs": pairs,
-        "pair_us_median": round(statistics.median(pair_us)), "pair_us_mean": round(statistics.fmean(pair_us)),
+        "database": connection.vendor,
+        "pairs": pairs,
+        "pair_us_median": round(statistics.median(pair_us)),
+        "pair_us_mean": round(statistics.fmean(pair_us)),
         "pair_us_p95": round(statistics.quantiles(pair_us, n=20)[18]),
-        "hold_us_median": round(statistics.median(holds)), "settle_us_median": round(statistics.median(settles)),
-        "queries": queries, "batch": batch, "batched_pair_us": round(batched_us),
+        "hold_us_median": round(statistics.median(holds)),
+        "settle_us_median": round(statistics.median(settles)),
+        "queries": queries,
+        "batch": batch,
+        "batched_pair_us": round(batched_us),
         "one_orm_read_us": round(reference_us),
         "pair_in_orm_reads": round(statistics.median(pair_us) / reference_us, 1),
     }
@@ -158,9 +197,20 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         if url:
             env["DATABASE_URL"] = url
-        subprocess.run([sys.executable, __file__, "--pairs", str(args.pairs), "--warmup", str(args.warmup),
-                        "--batch", str(args.batch)],
-                       env=env, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--pairs",
+                str(args.pairs),
+                "--warmup",
+                str(args.warmup),
+                "--batch",
+                str(args.batch),
+            ],
+            env=env,
+            check=True,
+        )
 
 
 if __name__ == "__main__":

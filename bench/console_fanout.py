@@ -15,6 +15,7 @@ The viewers (``websockets`` clients with real session cookies, spread over the t
 this process. Server CPU is read from /proc for the server process over the same window, once
 without viewers and once with them, so the console's own cost is their difference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ MARK = "mk-"
 
 
 # --- the server side (runs in the served process) ----------------------------------------------
+
 
 def _yaml(tenants: int, slots: int) -> str:
     rows = "\n".join(f"    - {{slug: t{i:02d}, name: Tenant {i}, quota_share: 0.05}}" for i in range(tenants))
@@ -60,8 +62,15 @@ class Load:
     def admit(self, d, tenant: str, cls: str, public_id: str) -> None:
         from scheduling.engine.model import Request
 
-        request = Request(id=f"{tenant}/{public_id}", tenant=tenant, cls=cls, model="m", prompt_tokens=100,
-                          expected_output_tokens=100, enqueued_ms=d.now_ms())
+        request = Request(
+            id=f"{tenant}/{public_id}",
+            tenant=tenant,
+            cls=cls,
+            model="m",
+            prompt_tokens=100,
+            expected_output_tokens=100,
+            enqueued_ms=d.now_ms(),
+        )
         entry = d.admit(request, public_id=public_id, declared_class=cls, rule=None)
         asyncio.get_running_loop().create_task(self.serve(d, entry))
 
@@ -121,8 +130,14 @@ def serve(port: int, waiting: int, tenants: int) -> None:
     django.setup()
     from config.asgi import application
 
-    uvicorn.run(WithLoad(application, Load(waiting=waiting, tenants=tenants)), host="127.0.0.1", port=port,
-                log_level="warning", lifespan="on", access_log=False)
+    uvicorn.run(
+        WithLoad(application, Load(waiting=waiting, tenants=tenants)),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+    )
 
 
 SETUP = """
@@ -144,6 +159,7 @@ print("SESSIONS=" + json.dumps(sessions))
 
 
 # --- the viewer side ----------------------------------------------------------------------------
+
 
 class Viewer:
     def __init__(self) -> None:
@@ -170,7 +186,7 @@ class Viewer:
             if rid.startswith(MARK) and rid not in self.seen:
                 self.seen.add(rid)
                 if counting:
-                    self.latencies_ms.append(now_ms - int(rid[len(MARK):].split("-")[0]))
+                    self.latencies_ms.append(now_ms - int(rid[len(MARK) :].split("-")[0]))
 
 
 async def watch(url: str, session: str, origin: str, viewer: Viewer, window: dict, stop: asyncio.Event) -> None:
@@ -221,7 +237,9 @@ async def bench(args, url: str, sessions: dict[str, str], pid: int) -> dict:
     latencies = sorted(x for v in viewers for x in v.latencies_ms)
     points = [admin.timeline[t] for t in sorted(admin.timeline) if t >= opened_ms - 5_000]
     return {
-        "viewers": args.viewers, "tenants": args.tenants, "waiting_target": args.waiting,
+        "viewers": args.viewers,
+        "tenants": args.tenants,
+        "waiting_target": args.waiting,
         "in_queue_seen": (admin.ops or {}).get("in_queue"),
         "batch_completed_per_s": _rate(points),
         "markers_dispatched_per_s": args.tenants,
@@ -248,19 +266,51 @@ def run(args) -> dict:
     var_dir = Path(tempfile.mkdtemp(prefix="console-fanout-"))
     yaml_path = var_dir / "bench.yaml"
     yaml_path.write_text(_yaml(args.tenants, args.dispatch_per_s))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "FAIRGATE_VAR_DIR": str(var_dir),
-           "FAIRGATE_CONFIG": str(yaml_path), "LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "FAIRGATE_VAR_DIR": str(var_dir),
+        "FAIRGATE_CONFIG": str(yaml_path),
+        "LOG_LEVEL": "WARNING",
+    }
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c",
-                           SETUP.format(yaml=str(yaml_path), tenants=args.tenants)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "-v",
+            "0",
+            "-c",
+            SETUP.format(yaml=str(yaml_path), tenants=args.tenants),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode:
         raise SystemExit(f"setup failed:\n{done.stdout}\n{done.stderr}")
     sessions = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("SESSIONS="))
     port = args.port or _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.console_fanout", "serve", "--port", str(port),
-                               "--waiting", str(args.waiting), "--tenants", str(args.tenants)], cwd=REPO_ROOT, env=env)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.console_fanout",
+            "serve",
+            "--port",
+            str(port),
+            "--waiting",
+            str(args.waiting),
+            "--tenants",
+            str(args.tenants),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+    )
     try:
         _wait_ready(port)
         return asyncio.run(bench(args, f"ws://127.0.0.1:{port}/ws/console/", sessions, server.pid))

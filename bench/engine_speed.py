@@ -18,6 +18,7 @@ not absolute µs.
 ``--profile`` runs the same loop once per size under ``cProfile`` instead (timings are then
 meaningless) and prints the functions with the most own time: where to look, not how fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,12 +56,19 @@ CLASS_MIX = ("INTERACTIVE", "NEAR_RT", "NEAR_RT", "BATCH", "BATCH", "BATCH", "RE
 
 def bench_config() -> SchedulerConfig:
     hour = 3_600_000
-    classes = tuple(ClassSpec(name, level, 100 * hour, Decimal("1"))
-                    for level, name in enumerate(("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")))
-    segments = (AgingSegment(0.0, 0.5, Boost.NONE), AgingSegment(0.5, 0.8, Boost.LINEAR, 1.0),
-                AgingSegment(0.8, 0.95, Boost.QUADRATIC, 2.2), AgingSegment(0.95, None, Boost.PREEMPT))
-    return SchedulerConfig(classes=classes, aging=AgingPolicy("piecewise", segments),
-                           queue=replace(QueuePolicy(), enforce_depth=False))
+    classes = tuple(
+        ClassSpec(name, level, 100 * hour, Decimal("1"))
+        for level, name in enumerate(("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY"))
+    )
+    segments = (
+        AgingSegment(0.0, 0.5, Boost.NONE),
+        AgingSegment(0.5, 0.8, Boost.LINEAR, 1.0),
+        AgingSegment(0.8, 0.95, Boost.QUADRATIC, 2.2),
+        AgingSegment(0.95, None, Boost.PREEMPT),
+    )
+    return SchedulerConfig(
+        classes=classes, aging=AgingPolicy("piecewise", segments), queue=replace(QueuePolicy(), enforce_depth=False)
+    )
 
 
 class Workload:
@@ -71,9 +79,15 @@ class Workload:
     def request(self, now_ms: int) -> Request:
         self.n += 1
         rng = self.rng
-        return Request(id=f"r{self.n}", tenant=rng.choice(TENANTS).slug, cls=rng.choice(CLASS_MIX), model="m",
-                       prompt_tokens=rng.randint(100, 4000), expected_output_tokens=rng.randint(50, 600),
-                       enqueued_ms=now_ms)
+        return Request(
+            id=f"r{self.n}",
+            tenant=rng.choice(TENANTS).slug,
+            cls=rng.choice(CLASS_MIX),
+            model="m",
+            prompt_tokens=rng.randint(100, 4000),
+            expected_output_tokens=rng.randint(50, 600),
+            enqueued_ms=now_ms,
+        )
 
 
 def _engine_at(waiting: int, work: Workload) -> tuple[Scheduler, list[str]]:
@@ -111,8 +125,11 @@ def measure_engine(waiting: int, pairs: int, seed: int = 1, profiler: cProfile.P
             profiler.disable()
         gc.enable()
     decisions = sorted(ns / 1000 for ns in submit_ns + dispatch_ns)
-    return {"pair_us": (sum(submit_ns) + sum(dispatch_ns)) / pairs / 1000,
-            "decision_p50_us": percentile(decisions, 50), "decision_p99_us": percentile(decisions, 99)}
+    return {
+        "pair_us": (sum(submit_ns) + sum(dispatch_ns)) / pairs / 1000,
+        "decision_p50_us": percentile(decisions, 50),
+        "decision_p99_us": percentile(decisions, 99),
+    }
 
 
 def measure_heapq(waiting: int, pairs: int, seed: int = 1) -> float:
@@ -143,10 +160,17 @@ def run(sizes: tuple[int, ...] = SIZES, pairs: int = 5_000, rounds: int = 3) -> 
             bases.append(measure_heapq(waiting, pairs, seed=round_no + 1))
         engine = min(engines, key=lambda e: e["pair_us"])
         base_us = min(bases)
-        rows.append({"waiting": waiting, "pairs": pairs, "engine_pair_us": round(engine["pair_us"], 2),
-                     "heapq_pair_us": round(base_us, 3), "ratio": round(engine["pair_us"] / base_us, 1),
-                     "decision_p50_us": round(engine["decision_p50_us"], 2),
-                     "decision_p99_us": round(engine["decision_p99_us"], 2)})
+        rows.append(
+            {
+                "waiting": waiting,
+                "pairs": pairs,
+                "engine_pair_us": round(engine["pair_us"], 2),
+                "heapq_pair_us": round(base_us, 3),
+                "ratio": round(engine["pair_us"] / base_us, 1),
+                "decision_p50_us": round(engine["decision_p50_us"], 2),
+                "decision_p99_us": round(engine["decision_p99_us"], 2),
+            }
+        )
     return rows
 
 
@@ -160,10 +184,15 @@ def profile(waiting: int, pairs: int, top: int = 30) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| waiting | engine µs / pair | heapq µs / pair | ratio | decision p50 µs | decision p99 µs |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['waiting']:,} | {r['engine_pair_us']:.2f} | {r['heapq_pair_us']:.3f} | {r['ratio']:.1f}x | "
-              f"{r['decision_p50_us']:.2f} | {r['decision_p99_us']:.2f} |" for r in rows]
+    lines = [
+        "| waiting | engine µs / pair | heapq µs / pair | ratio | decision p50 µs | decision p99 µs |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['waiting']:,} | {r['engine_pair_us']:.2f} | {r['heapq_pair_us']:.3f} | {r['ratio']:.1f}x | "
+        f"{r['decision_p50_us']:.2f} | {r['decision_p99_us']:.2f} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ Per round (its requests share the X-Request-Id prefix ``tag-``; the ledger keys 
 * served-but-uncharged: served requests with no ``charge`` row;
 * ``manage.py ledger verify``'s verdict.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-COLUMNS = ("fault", "tried", "ended cleanly", "served", "charged exactly once", "left held", "overspent",
-           "served-but-uncharged", "ledger verify")
+COLUMNS = (
+    "fault",
+    "tried",
+    "ended cleanly",
+    "served",
+    "charged exactly once",
+    "left held",
+    "overspent",
+    "served-but-uncharged",
+    "ledger verify",
+)
 LOG_LEVELS = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
 
 
@@ -54,8 +64,20 @@ class Count:
         return not (self.left_held or self.overspent or self.uncharged or self.charged_twice or self.verify_failures)
 
     def merge(self, other: Count) -> None:
-        for name in ("tried", "clean", "served", "charged_once", "left_held", "overspent", "uncharged",
-                     "charged_twice", "charged_unserved", "verify_failures", "rounds", "unbilled"):
+        for name in (
+            "tried",
+            "clean",
+            "served",
+            "charged_once",
+            "left_held",
+            "overspent",
+            "uncharged",
+            "charged_twice",
+            "charged_unserved",
+            "verify_failures",
+            "rounds",
+            "unbilled",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("client", "releases", "log"):
             getattr(self, name).update(getattr(other, name))
@@ -63,8 +85,17 @@ class Count:
 
     def row(self) -> tuple:
         verify = "ok" if not self.verify_failures else f"FAILED {self.verify_failures}/{self.rounds}"
-        return (self.fault, self.tried, self.clean, self.served, f"{self.charged_once} / {self.served}",
-                self.left_held, self.overspent, self.uncharged, verify)
+        return (
+            self.fault,
+            self.tried,
+            self.clean,
+            self.served,
+            f"{self.charged_once} / {self.served}",
+            self.left_held,
+            self.overspent,
+            self.uncharged,
+            verify,
+        )
 
 
 def _base(request_id: str) -> str:
@@ -73,8 +104,9 @@ def _base(request_id: str) -> str:
 
 def ledger_count(stack, count: Count, tag: str, served: set[str]) -> None:
     """Fills the ledger's columns of ``count`` for the requests ``tag-*`` (``served``: their ids)."""
-    rows = stack.query("SELECT request_id, kind, reason, unbilled FROM billing_ledgerentry WHERE request_id LIKE %s",
-                       (f"%/{tag}-%",))
+    rows = stack.query(
+        "SELECT request_id, kind, reason, unbilled FROM billing_ledgerentry WHERE request_id LIKE %s", (f"%/{tag}-%",)
+    )
     charges: Counter = Counter()
     holds, released = set(), set()
     for request_id, kind, reason, unbilled in rows:
@@ -91,13 +123,19 @@ def ledger_count(stack, count: Count, tag: str, served: set[str]) -> None:
     count.uncharged = sum(charges[rid] == 0 for rid in served)
     count.charged_twice = sum(charges[rid] > 1 for rid in served)
     count.charged_unserved = sum(1 for rid in charges if rid not in served)
-    (count.overspent,), = stack.query('SELECT count(*) FROM billing_budget WHERE "limit" IS NOT NULL '
-                                      'AND spent + held > "limit"')
+    ((count.overspent,),) = stack.query(
+        'SELECT count(*) FROM billing_budget WHERE "limit" IS NOT NULL AND spent + held > "limit"'
+    )
 
 
 def round_count(stack, fault: str, tag: str, outcomes: list) -> Count:
-    count = Count(fault, tried=len(outcomes), clean=sum(o.clean for o in outcomes),
-                  served=sum(o.served for o in outcomes), rounds=1)
+    count = Count(
+        fault,
+        tried=len(outcomes),
+        clean=sum(o.clean for o in outcomes),
+        served=sum(o.served for o in outcomes),
+        rounds=1,
+    )
     count.client.update(o.how for o in outcomes)
     ledger_count(stack, count, tag, {o.ask.rid for o in outcomes if o.served})
     verify = stack.manage("ledger", "verify")
@@ -134,9 +172,11 @@ def client_line(count: Count) -> str:
 
 def finance_line(count: Count) -> str:
     releases = ", ".join(f"{reason or '(none)'} {n}" for reason, n in count.releases.most_common())
-    return (f"releases by reason: {releases or 'none'}; charged but not served (partial streams) "
-            f"{count.charged_unserved}; served and charged more than once {count.charged_twice}; "
-            f"unbilled {count.unbilled}")
+    return (
+        f"releases by reason: {releases or 'none'}; charged but not served (partial streams) "
+        f"{count.charged_unserved}; served and charged more than once {count.charged_twice}; "
+        f"unbilled {count.unbilled}"
+    )
 
 
 def machine() -> str:
@@ -146,30 +186,43 @@ def machine() -> str:
         except (OSError, IndexError, subprocess.SubprocessError):
             return "?"
 
-    return (f"{platform.node()}: {platform.system()} {platform.release()} {platform.machine()}, "
-            f"{os.cpu_count()} cores (shared), Python {platform.python_version()}, "
-            f"{version(['psql', '--version'])}, {version(['redis-server', '--version'])}")
+    return (
+        f"{platform.node()}: {platform.system()} {platform.release()} {platform.machine()}, "
+        f"{os.cpu_count()} cores (shared), Python {platform.python_version()}, "
+        f"{version(['psql', '--version'])}, {version(['redis-server', '--version'])}"
+    )
 
 
 def report(counts: list[Count], *, command: str, date: str, settings: str, about: dict[str, tuple[str, str]]) -> str:
     """The markdown of bench/REPORT-faults.md; ``about``: fault -> (what it does, what finance expects)."""
     missed = [c for c in counts if not c.target_met]
     parts = [
-        "# Fault runs against the production shape", "",
-        f"`{command}` — {date}; machine: {machine()}.", "",
-        f"Set-up: {settings}", "",
+        "# Fault runs against the production shape",
+        "",
+        f"`{command}` — {date}; machine: {machine()}.",
+        "",
+        f"Set-up: {settings}",
+        "",
         "Targets, counted 60 s after each fault: 0 left held, 0 overspent, 0 served-but-uncharged, every served "
-        "request charged exactly once, `manage.py ledger verify` ok. \"Ended cleanly\": the client got a whole "
-        "answer or an OpenAI-shaped error; \"served\": the whole body, or `[DONE]` for a stream.", "",
-        table(counts), "",
-        "Targets missed: " + (", ".join(c.fault for c in missed) if missed else "none") + ".", "",
+        'request charged exactly once, `manage.py ledger verify` ok. "Ended cleanly": the client got a whole '
+        'answer or an OpenAI-shaped error; "served": the whole body, or `[DONE]` for a stream.',
+        "",
+        table(counts),
+        "",
+        "Targets missed: " + (", ".join(c.fault for c in missed) if missed else "none") + ".",
+        "",
     ]
     for c in counts:
         what, finance = about.get(c.fault, ("", ""))
-        parts += [f"## {c.fault}", "", what, "",
-                  f"- **To a client:** {client_line(c)}.",
-                  f"- **To finance:** {finance} Measured: {finance_line(c)}; ledger verify "
-                  f"{'ok' if not c.verify_failures else 'FAILED'}."]
+        parts += [
+            f"## {c.fault}",
+            "",
+            what,
+            "",
+            f"- **To a client:** {client_line(c)}.",
+            f"- **To finance:** {finance} Measured: {finance_line(c)}; ledger verify "
+            f"{'ok' if not c.verify_failures else 'FAILED'}.",
+        ]
         parts += [f"- {note}" for note in dict.fromkeys(c.notes)]
         if c.log:
             parts += ["- Warnings and errors in the processes' logs (numbers blanked; the most frequent):", ""]

@@ -10,6 +10,7 @@ drawn from a seeded mix. How a request ended:
 * a clean error: an OpenAI-shaped error, as an HTTP status or as an error event in the stream;
 * anything else (connection refused or reset, a stream cut without an end, a timeout) is unclean.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,12 @@ from dataclasses import dataclass, field
 import openai
 
 MODEL = "m"
-PROMPTS = ("Summarise the quarterly GPU usage.", "Write a haiku about queues.",
-           "Explain weighted fair queuing to a new engineer.", "List three ways a budget hold can end.")
+PROMPTS = (
+    "Summarise the quarterly GPU usage.",
+    "Write a haiku about queues.",
+    "Explain weighted fair queuing to a new engineer.",
+    "List three ways a budget hold can end.",
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,16 @@ def plan(tag: str, count: int, mix: dict[str, float], *, seed: int, stream_share
     """``count`` requests named ``tag-<i>``; ``mix`` is key name -> share of the requests."""
     rng = random.Random(seed)
     names, weights = list(mix), list(mix.values())
-    return [Ask(f"{tag}-{i}", rng.choices(names, weights)[0], rng.random() < stream_share, rng.randint(16, 64),
-                rng.choice(PROMPTS)) for i in range(count)]
+    return [
+        Ask(
+            f"{tag}-{i}",
+            rng.choices(names, weights)[0],
+            rng.random() < stream_share,
+            rng.randint(16, 64),
+            rng.choice(PROMPTS),
+        )
+        for i in range(count)
+    ]
 
 
 def _error_of(body: object) -> dict | None:
@@ -70,16 +83,23 @@ def _status_error(err: openai.APIStatusError) -> str:
 
 def _plain(client: openai.OpenAI, ask: Ask) -> tuple[bool, bool, str]:
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": ask.prompt}], max_tokens=ask.max_tokens,
-        extra_headers={"X-Request-Id": ask.rid})
+        model=MODEL,
+        messages=[{"role": "user", "content": ask.prompt}],
+        max_tokens=ask.max_tokens,
+        extra_headers={"X-Request-Id": ask.rid},
+    )
     completion = raw.parse()
     return (True, True, "served") if completion.choices else (False, False, "empty answer")
 
 
 def _streamed(client: openai.OpenAI, ask: Ask, streaming: Counter, lock: threading.Lock) -> tuple[bool, bool, str]:
     with client.chat.completions.with_streaming_response.create(
-            model=MODEL, messages=[{"role": "user", "content": ask.prompt}], max_tokens=ask.max_tokens, stream=True,
-            extra_headers={"X-Request-Id": ask.rid}) as response:
+        model=MODEL,
+        messages=[{"role": "user", "content": ask.prompt}],
+        max_tokens=ask.max_tokens,
+        stream=True,
+        extra_headers={"X-Request-Id": ask.rid},
+    ) as response:
         with lock:
             streaming["open"] += 1
         try:
@@ -142,8 +162,9 @@ class Load:
 
     def start(self) -> Load:
         self.started_s = time.monotonic()
-        self._threads = [threading.Thread(target=self._client, name=f"client-{n}", daemon=True)
-                         for n in range(self.clients)]
+        self._threads = [
+            threading.Thread(target=self._client, name=f"client-{n}", daemon=True) for n in range(self.clients)
+        ]
         for thread in self._threads:
             thread.start()
         return self
@@ -170,8 +191,9 @@ class Load:
         clients: dict[str, openai.OpenAI] = {}
         while (ask := self._take()) is not None:
             if ask.key not in clients:
-                clients[ask.key] = openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.keys[ask.key],
-                                                 max_retries=0, timeout=self.timeout_s)
+                clients[ask.key] = openai.OpenAI(
+                    base_url=f"{self.base_url}/v1", api_key=self.keys[ask.key], max_retries=0, timeout=self.timeout_s
+                )
             outcome = send(clients[ask.key], ask, self._streaming, self._lock)
             with self._lock:
                 self.outcomes.append(outcome)

@@ -8,6 +8,7 @@ scratch database is created and migrated here and dropped by `Stack.stop`; with
 ``db_fault="proxy"`` the processes reach PostgreSQL through tests.gateway.pgproxy.PgProxy (which
 the bench can cut) while the bench counts through the direct URL. Nothing here imports Django.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,14 @@ class Stack:
         log_path = self.var_dir / f"{name}.log"
         env = {**self.env, "PORT": str(self.port)}
         with log_path.open("a") as log_file:
-            process = subprocess.Popen(["sh", "-c", f"exec {self.commands[name]}"], cwd=REPO_ROOT, env=env,
-                                       stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                ["sh", "-c", f"exec {self.commands[name]}"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         server = Server(name, self.url if name == "web" else "", process, log_path)
         self.procs[name] = server
         if name == "web":
@@ -152,8 +159,9 @@ class Stack:
     def manage(self, *args: str) -> subprocess.CompletedProcess:
         """``manage.py`` on the direct database URL."""
         env = {**self.env, "DATABASE_URL": self.direct_url}
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
 
     def stop(self) -> None:
         for server in (*self.procs.values(), self.sim):
@@ -193,24 +201,45 @@ def log_wait(server: Server, text: str, *, since: int = 0, limit_s: float = 60.0
 def _setup(env: dict[str, str], yaml_path: Path, keys: dict[str, tuple[str, str]]) -> dict[str, str]:
     """Migrate the scratch database, load the YAML, make the API keys (bench.launch's set-up code)."""
     code = SETUP_CODE.format(yaml=str(yaml_path), keys=keys)
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"set-up failed:\n{done.stdout}\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
 
 
-def production_env(var_dir: Path, yaml_path: Path, database_url: str, redis_url: str,
-                   **settings: str) -> dict[str, str]:
-    env = gateway_env(var_dir, yaml_path, DATABASE_URL=database_url, REDIS_URL=redis_url,
-                      SECRET_KEY=f"faults-{secrets.token_hex(24)}", **settings)
+def production_env(
+    var_dir: Path, yaml_path: Path, database_url: str, redis_url: str, **settings: str
+) -> dict[str, str]:
+    env = gateway_env(
+        var_dir,
+        yaml_path,
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        SECRET_KEY=f"faults-{secrets.token_hex(24)}",
+        **settings,
+    )
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python`, `celery`
     env.pop("FAIRGATE_REQUIRE_SERVICES", None)
     return env
 
 
-def stack_start(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], *, redis_db: int,
-                db_fault: str = "restart", sim_options: dict | None = None, **settings: str) -> Stack:
+def stack_start(
+    var_dir: Path,
+    yaml_text: str,
+    keys: dict[str, tuple[str, str]],
+    *,
+    redis_db: int,
+    db_fault: str = "restart",
+    sim_options: dict | None = None,
+    **settings: str,
+) -> Stack:
     """Everything up and ready; ``yaml_text`` has ``{url}`` for the backend's base URL."""
     var_dir.mkdir(parents=True, exist_ok=True)
     sim = start_sim(var_dir, **(sim_options or {}))

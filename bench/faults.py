@@ -24,6 +24,7 @@ and ``manage.py ledger verify`` runs (bench.fault_count). Faults:
 The two real restarts disturb everything else using those servers on the machine; they are put back
 as they were (Redis on 6379 with the same settings, PostgreSQL accepting connections).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,24 @@ YAML = """scheduler:
 {near}  backends:
     - {{name: sim, url: "{url}", models: [m], slots: 32, input_price_per_1k: 1, output_price_per_1k: 2}}
 """
-REDIS_START = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
-               "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"]  # as .ci/run
+REDIS_START = [
+    "redis-server",
+    "--daemonize",
+    "yes",
+    "--bind",
+    "127.0.0.1",
+    "-::1",
+    "--port",
+    "6379",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--dir",
+    "/var/lib/redis",
+    "--logfile",
+    "/var/log/redis/ci.log",
+]  # as .ci/run
 REDIS_SETTINGS = ("bind", "port", "save", "appendonly", "dir", "logfile", "daemonize")
 ABOUT = {  # fault -> (what it does, what finance expects)
     "kill-gateway": (
@@ -66,27 +83,32 @@ ABOUT = {  # fault -> (what it does, what finance expects)
         "in flight lose their connection (a reset, or a stream cut without `[DONE]`); new connections are "
         "refused until the new process is ready.",
         "Holds of the dead process are released as `owner_gone` by a live billing worker or beat's sweep "
-        "within dead-after + sweep (30 + 15 s); a served request was charged before its last byte."),
+        "within dead-after + sweep (30 + 15 s); a served request was charged before its last byte.",
+    ),
     "kill-worker": (
         "SIGKILL to the gateway's billing worker (the spawned child) mid-load. Clients should notice nothing "
         "but a short wait.",
-        "The gateway starts a new worker and books the lost batch again (idempotent per request id)."),
+        "The gateway starts a new worker and books the lost batch again (idempotent per request id).",
+    ),
     "db-restart": (
         "PostgreSQL goes away mid-load and comes back (see the notes for which way). Requests that need a "
         "hold while it is down are refused with 503 service_unavailable.",
         "Settlements that cannot be booked are journaled on disk before the client's last byte and booked "
-        "once it is back."),
+        "once it is back.",
+    ),
     "backend-stop": (
         "SIGKILL to the simulated backend (the only one) while streams run; started again on the same port a few "
         "seconds later. A cut stream ends with an OpenAI-shaped error event, a cut non-streamed request with 502; "
         "after FAIRGATE_CIRCUIT_FAILURES failures the circuit opens for FAIRGATE_CIRCUIT_COOLDOWN_MS (30 s), "
         "and requests get 503 no_backend for that long, also after the backend is back.",
-        "A cut stream is charged for what was relayed (not served: no `[DONE]`); failed requests are released."),
+        "A cut stream is charged for what was relayed (not served: no `[DONE]`); failed requests are released.",
+    ),
     "redis-restart": (
         "The machine's Redis shut down (nosave, every db emptied) and started again as .ci/run does. Redis "
         "carries the console's channel layer and Celery's broker, not the request path.",
         "Billing does not use Redis: the ledger should be unaffected; beat's sweeps pause until worker and beat "
-        "have reconnected."),
+        "have reconnected.",
+    ),
 }
 
 
@@ -129,8 +151,12 @@ def db_restart(stack: Stack, load: Load, opts) -> str:
         return f"cut every connection to PostgreSQL through the proxy for {opts.db_down_s:.0f} s"
     version = sorted(os.listdir("/etc/postgresql"))[-1]
     began = time.monotonic()
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     if not _until(_pg_up, 60):
         raise RuntimeError("PostgreSQL did not come back within 60 s")
     return f"restarted PostgreSQL {version} (pg_ctlcluster restart, {time.monotonic() - began:.1f} s)"
@@ -160,14 +186,20 @@ def backend_stop(stack: Stack, load: Load, opts) -> str:
     stack.sim.process.wait(timeout=10)
     time.sleep(opts.backend_down_s)
     stack.sim_restart()
-    return (f"killed the backend with {streams} streams open; started again on the same port after "
-            f"{opts.backend_down_s:.0f} s")
+    return (
+        f"killed the backend with {streams} streams open; started again on the same port after "
+        f"{opts.backend_down_s:.0f} s"
+    )
 
 
 def _redis(*args: str) -> subprocess.CompletedProcess:
     parts = urlsplit(redis_server())
-    return subprocess.run(["redis-cli", "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379), *args],
-                          capture_output=True, text=True, timeout=10)
+    return subprocess.run(
+        ["redis-cli", "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379), *args],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
 
 
 def redis_settings() -> dict[str, str]:
@@ -178,9 +210,23 @@ def redis_settings() -> dict[str, str]:
 
 def redis_argv(settings: dict[str, str]) -> list[str]:
     """The command line that starts Redis with ``settings`` again (for 6379: .ci/run's, REDIS_START)."""
-    return ["redis-server", "--daemonize", settings["daemonize"], "--bind", *settings["bind"].split(),
-            "--port", settings["port"], "--save", settings["save"], "--appendonly", settings["appendonly"],
-            "--dir", settings["dir"], "--logfile", settings["logfile"]]
+    return [
+        "redis-server",
+        "--daemonize",
+        settings["daemonize"],
+        "--bind",
+        *settings["bind"].split(),
+        "--port",
+        settings["port"],
+        "--save",
+        settings["save"],
+        "--appendonly",
+        settings["appendonly"],
+        "--dir",
+        settings["dir"],
+        "--logfile",
+        settings["logfile"],
+    ]
 
 
 def redis_restart(stack: Stack, load: Load, opts) -> str:
@@ -200,8 +246,13 @@ def redis_restart(stack: Stack, load: Load, opts) -> str:
     return f"shut Redis down (nosave) for {opts.redis_down_s:.0f} s, started it again {how}, with {same}"
 
 
-FAULTS = {"kill-gateway": kill_gateway, "kill-worker": kill_worker, "db-restart": db_restart,
-          "backend-stop": backend_stop, "redis-restart": redis_restart}
+FAULTS = {
+    "kill-gateway": kill_gateway,
+    "kill-worker": kill_worker,
+    "db-restart": db_restart,
+    "backend-stop": backend_stop,
+    "redis-restart": redis_restart,
+}
 
 
 # --- a round and a run ----------------------------------------------------------------------
@@ -209,8 +260,10 @@ FAULTS = {"kill-gateway": kill_gateway, "kill-worker": kill_worker, "db-restart"
 
 def near_tenants(count: int) -> str:
     """YAML lines of the near-limit tenants (one per round), braces doubled for the later format()."""
-    return "".join(f"    - {{{{slug: near-{i}, name: Near {i}, quota_share: 0.05, annual_budget: {NEAR_BUDGET}}}}}\n"
-                   for i in range(count))
+    return "".join(
+        f"    - {{{{slug: near-{i}, name: Near {i}, quota_share: 0.05, annual_budget: {NEAR_BUDGET}}}}}\n"
+        for i in range(count)
+    )
 
 
 def fault_round(stack: Stack, fault: str, index: int, opts) -> Count:
@@ -229,11 +282,13 @@ def fault_round(stack: Stack, fault: str, index: int, opts) -> Count:
     count = round_count(stack, fault, tag, outcomes)
     count.notes.insert(0, f"Round {index}: {note}.")
     if gone:
-        count.notes.append(f"Round {index}: {', '.join(gone)} had exited after the fault; the bench started "
-                           "it again (as a supervisor would).")
+        count.notes.append(
+            f"Round {index}: {', '.join(gone)} had exited after the fault; the bench started "
+            "it again (as a supervisor would)."
+        )
     count.notes.append(f"Round {index}: {failure_window(outcomes, fault_s)}.")
     for name, server in stack.procs.items():
-        count.log.update({f"{name}: {line}": n for line, n in log_digest(server.log()[log_from[name]:]).items()})
+        count.log.update({f"{name}: {line}": n for line, n in log_digest(server.log()[log_from[name] :]).items()})
     for line in (table([count]).splitlines()[-1], client_line(count), finance_line(count), *count.notes):
         _log(f"[{tag}] {line}")
     return count
@@ -244,8 +299,10 @@ def failure_window(outcomes: list, fault_s: float) -> str:
     failed = sorted(o.ended_s - fault_s for o in outcomes if not o.served and not o.how.startswith("402"))
     if not failed:
         return "no request failed other than by 402"
-    return f"{len(failed)} requests failed other than by 402, ending from {failed[0]:+.1f} s to {failed[-1]:+.1f} s " \
-           "after the fault began"
+    return (
+        f"{len(failed)} requests failed other than by 402, ending from {failed[0]:+.1f} s to {failed[-1]:+.1f} s "
+        "after the fault began"
+    )
 
 
 def run(opts) -> list[Count]:
@@ -257,10 +314,18 @@ def run(opts) -> list[Count]:
     var_dir = Path(opts.var_dir or tempfile.mkdtemp(prefix="fg-faults-"))
     _log(f"logs in {var_dir}")
     rounds = opts.rounds * len(faults)
-    keys = {name: (name, "BATCH" if name == "globex" else "INTERACTIVE")
-            for name in [*MIX, *(f"near-{i}" for i in range(rounds))]}
-    stack = stack_start(var_dir, YAML.replace("{near}", near_tenants(rounds)), keys, redis_db=opts.redis_db,
-                        db_fault=opts.db_fault, sim_options=SIM)
+    keys = {
+        name: (name, "BATCH" if name == "globex" else "INTERACTIVE")
+        for name in [*MIX, *(f"near-{i}" for i in range(rounds))]
+    }
+    stack = stack_start(
+        var_dir,
+        YAML.replace("{near}", near_tenants(rounds)),
+        keys,
+        redis_db=opts.redis_db,
+        db_fault=opts.db_fault,
+        sim_options=SIM,
+    )
     totals = {fault: Count(fault) for fault in faults}
     redis_before = redis_argv(redis_settings()) if "redis-restart" in faults else None
     try:
@@ -282,8 +347,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--clients", type=int, default=24, help="client threads (default %(default)s)")
     add("--settle-s", type=float, default=60.0, help="count this long after the fault (default %(default)s)")
     add("--only", default=",".join(FAULT_NAMES), help="comma-separated faults (default: all)")
-    add("--db-fault", choices=("restart", "proxy"), default="restart",
-        help="restart the machine's PostgreSQL, or cut a TCP proxy in front of it (default %(default)s)")
+    add(
+        "--db-fault",
+        choices=("restart", "proxy"),
+        default="restart",
+        help="restart the machine's PostgreSQL, or cut a TCP proxy in front of it (default %(default)s)",
+    )
     add("--db-down-s", type=float, default=3.0, help="how long the proxy stays cut (default %(default)s)")
     add("--backend-down-s", type=float, default=3.0, help="how long the backend stays down (default %(default)s)")
     add("--redis-down-s", type=float, default=2.0, help="how long Redis stays down (default %(default)s)")
@@ -300,13 +369,15 @@ def main(argv: list[str] | None = None) -> None:
     missed = [c.fault for c in counts if not c.target_met]
     print("targets missed: " + (", ".join(missed) if missed else "none"))
     if opts.write_report:
-        settings = (f"{opts.requests} requests per round over {opts.duration_s:.0f} s from {opts.clients} openai "
-                    f"SDK clients (about half streamed; tenants acme/globex/initech with large budgets, one tenant "
-                    f"with a budget of {NEAR_BUDGET} near its limit); {opts.rounds} round(s) per fault; counted "
-                    f"{opts.settle_s:.0f} s after the fault; db fault: {opts.db_fault}; one simulated backend, "
-                    f"{SIM['slots']} slots, {SIM['ttft_ms']} ms to the first token, {SIM['tokens_per_s']} tokens/s, "
-                    "16-64 tokens per answer; production defaults otherwise (heartbeat 5 s, dead after 30 s, "
-                    "sweep every 15 s, circuit cooldown 30 s).")
+        settings = (
+            f"{opts.requests} requests per round over {opts.duration_s:.0f} s from {opts.clients} openai "
+            f"SDK clients (about half streamed; tenants acme/globex/initech with large budgets, one tenant "
+            f"with a budget of {NEAR_BUDGET} near its limit); {opts.rounds} round(s) per fault; counted "
+            f"{opts.settle_s:.0f} s after the fault; db fault: {opts.db_fault}; one simulated backend, "
+            f"{SIM['slots']} slots, {SIM['ttft_ms']} ms to the first token, {SIM['tokens_per_s']} tokens/s, "
+            "16-64 tokens per answer; production defaults otherwise (heartbeat 5 s, dead after 30 s, "
+            "sweep every 15 s, circuit cooldown 30 s)."
+        )
         command = "python -m bench.faults " + " ".join(argv if argv is not None else sys.argv[1:])
         date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         REPORT_PATH.write_text(report(counts, command=command.strip(), date=date, settings=settings, about=ABOUT))

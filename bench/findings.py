@@ -3,6 +3,7 @@
 Each function reads the results of one scenario (``{"runs": {policy: json}, ...}``) and returns
 sentences, or nothing when its scenario was not run.
 """
+
 from __future__ import annotations
 
 
@@ -65,26 +66,35 @@ def preempt_fairness_findings(small: dict | None, onoff: dict | None, short: dic
     if small is not None:
         r = small["runs"]
         waits = {p: r[p]["small_tenants"]["wait_ms"]["mean"] for p in ("fairgate", "linear", "fifo")}
-        parts.append(f"small tenants wait {_s(waits['fairgate'])} on average with fairgate, {_s(waits['linear'])} "
-                     f"with the linear preset (no preempt), {_s(waits['fifo'])} with fifo "
-                     f"(fairgate preempted {r['fairgate']['aging']['preempted']:,} requests)")
+        parts.append(
+            f"small tenants wait {_s(waits['fairgate'])} on average with fairgate, {_s(waits['linear'])} "
+            f"with the linear preset (no preempt), {_s(waits['fifo'])} with fifo "
+            f"(fairgate preempted {r['fairgate']['aging']['preempted']:,} requests)"
+        )
     if onoff is not None:
         r = onoff["runs"]
-        parts.append(f"`on-off`'s Jain index is {r['fairgate']['jain_index']} with fairgate vs "
-                     f"{r['linear']['jain_index']} with linear")
+        parts.append(
+            f"`on-off`'s Jain index is {r['fairgate']['jain_index']} with fairgate vs "
+            f"{r['linear']['jain_index']} with linear"
+        )
     if not _fairness_broken(small, onoff):
         return ["Fairness under sustained overload of one class holds: " + "; ".join(parts) + "."]
     tail = ""
     if short is not None:
-        tail = (f" With a short queue (`on-off-short-queue`, depth_cap 600) waits stay below the aging zone and the "
-                f"fair-share layer alone gives Jain {short['runs']['fairgate']['jain_index']} "
-                f"(strict, FIFO inside the class: {short['runs']['strict']['jain_index']}).")
+        tail = (
+            f" With a short queue (`on-off-short-queue`, depth_cap 600) waits stay below the aging zone and the "
+            f"fair-share layer alone gives Jain {short['runs']['fairgate']['jain_index']} "
+            f"(strict, FIFO inside the class: {short['runs']['strict']['jain_index']})."
+        )
     return [
         "Engine behaviour (fairness under sustained overload of one class): depth = throughput × SLA admits about "
         "one SLA's worth of work, so in a class that stays overloaded admitted requests wait close to their SLA, "
         "cross wait_ratio 0.95 and are dispatched at preempt, earliest deadline first, which bypasses the tenant "
-        "fair share: the class becomes FIFO. Measured: " + "; ".join(parts) + "." + tail +
-        " Suggested engine fix (engine files are not mine, not changed): let preempt pick the class but keep the "
+        "fair share: the class becomes FIFO. Measured: "
+        + "; ".join(parts)
+        + "."
+        + tail
+        + " Suggested engine fix (engine files are not mine, not changed): let preempt pick the class but keep the "
         "fair-share pick inside it (preempt orders classes, not tenants), or cap admission at throughput × sla × a1 "
         "(0.5) so that admitted work is expected to start before aging begins."
     ]
@@ -111,8 +121,10 @@ def aging_storm_findings(entry: dict) -> list[str]:
 def idle_burst_findings(entry: dict) -> list[str]:
     full = {p: out["totals"]["rejected_queue_full"] for p, out in entry["runs"].items()}
     verdict = "no false queue_full" if full["fairgate"] == 0 else f"**{full['fairgate']} queue_full** (false refusals)"
-    return [f"`idle-burst`: after 30 minutes of silence fairgate gives {verdict}: the free-slot floor of the depth "
-            "limit carries the bursts while the measured rate is zero."]
+    return [
+        f"`idle-burst`: after 30 minutes of silence fairgate gives {verdict}: the free-slot floor of the depth "
+        "limit carries the bursts while the measured rate is zero."
+    ]
 
 
 def steady_findings(results: dict) -> list[str]:
@@ -120,9 +132,11 @@ def steady_findings(results: dict) -> list[str]:
     for name in ("steady-70", "steady-90"):
         if name in results:
             r = results[name]["runs"]
-            out.append(f"`{name}`: INTERACTIVE p95 fairgate {_s(r['fairgate']['classes']['INTERACTIVE']['wait_ms']['p95'])}"
-                       f", fifo {_s(r['fifo']['classes']['INTERACTIVE']['wait_ms']['p95'])}; goodput "
-                       f"{r['fairgate']['goodput_per_s']:.3f}/s vs {r['fifo']['goodput_per_s']:.3f}/s")
+            out.append(
+                f"`{name}`: INTERACTIVE p95 fairgate {_s(r['fairgate']['classes']['INTERACTIVE']['wait_ms']['p95'])}"
+                f", fifo {_s(r['fifo']['classes']['INTERACTIVE']['wait_ms']['p95'])}; goodput "
+                f"{r['fairgate']['goodput_per_s']:.3f}/s vs {r['fifo']['goodput_per_s']:.3f}/s"
+            )
     return ["; ".join(out) + "."] if out else []
 
 
@@ -131,19 +145,22 @@ def speed_findings(speed: list[dict] | None) -> list[str]:
         return []
     row = next((r for r in speed if r["waiting"] == 20_000), speed[-1])
     costs = ", ".join(f"{r['engine_pair_us']:.1f} µs at {r['waiting']:,}" for r in speed)
-    return [f"Engine speed: a submit+dispatch pair costs {costs} (logarithmic in the queue), "
-            f"{row['ratio']:.1f}x a bare heapq push+pop at {row['waiting']:,} waiting; decision p99 "
-            f"{row['decision_p99_us']:.1f} µs. A dispatch does much more than a heap pop (aging rank over the "
-            "classes, the lane's fair-share heap, backend capacity and rate windows, counters, store writes); at "
-            "small depths the fixed per-call cost dominates the ratio."]
+    return [
+        f"Engine speed: a submit+dispatch pair costs {costs} (logarithmic in the queue), "
+        f"{row['ratio']:.1f}x a bare heapq push+pop at {row['waiting']:,} waiting; decision p99 "
+        f"{row['decision_p99_us']:.1f} µs. A dispatch does much more than a heap pop (aging rank over the "
+        "classes, the lane's fair-share heap, backend capacity and rate windows, counters, store writes); at "
+        "small depths the fixed per-call cost dominates the ratio."
+    ]
 
 
 def findings(results: dict[str, dict], speed: list[dict] | None) -> list[str]:
     out: list[str] = []
     if "surge" in results:
         out += surge_findings(results["surge"])
-    out += preempt_fairness_findings(results.get("small-tenant"), results.get("on-off"),
-                                     results.get("on-off-short-queue"))
+    out += preempt_fairness_findings(
+        results.get("small-tenant"), results.get("on-off"), results.get("on-off-short-queue")
+    )
     if "aging-storm" in results:
         out += aging_storm_findings(results["aging-storm"])
     if "idle-burst" in results:

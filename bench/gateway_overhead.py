@@ -32,6 +32,7 @@ and, sampled from ``pg_stat_activity`` during the closed loop, where the billing
 connection was (idle, idle in a transaction, running, flushing WAL, waiting for a lock).
 ``--write-report`` writes bench/REPORT-gateway-postgres.md (REPORT-gateway.md keeps SQLite's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,9 @@ GENERATOR_LAG_LIMIT_MS = 10.0  # p99 of how late the generator started requests:
 SATURATION_CONNECTIONS = (128, 256, 512)
 REQUEST_TIMEOUT_S = 10.0
 WARM_UP_S = 5.0  # PostgreSQL: the closed loop through each gateway before anything is measured
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
-                   "max_tokens": 16}).encode()
+BODY = json.dumps(
+    {"model": "m", "messages": [{"role": "user", "content": "Say hello to the benchmark."}], "max_tokens": 16}
+).encode()
 GATEWAY_YAML = """scheduler:
   policy: fairgate
   classes:
@@ -107,8 +109,9 @@ class Stack:
                 self.scratch.drop()
 
 
-def stack_start(var_dir: Path, database: str = "sqlite", postgres_url: str = pg.SERVER_URL,
-                analyze: bool = True) -> Stack:
+def stack_start(
+    var_dir: Path, database: str = "sqlite", postgres_url: str = pg.SERVER_URL, analyze: bool = True
+) -> Stack:
     """The simulated backend and both gateways: on SQLite files under ``var_dir``, or with
     ``database="postgres"`` each on a scratch database of its own on ``postgres_url``'s server."""
     scratch = pg.Scratch(postgres_url.rstrip("/")) if database == "postgres" else None
@@ -121,8 +124,13 @@ def stack_start(var_dir: Path, database: str = "sqlite", postgres_url: str = pg.
                 url = scratch.create("billing_" + ("on" if flag == "1" else "off"))
                 dbnames[name] = url.rsplit("/", 1)[1]
                 env.update(DATABASE_URL=url, SECRET_KEY=pg.SECRET_KEY)
-            gateways[name] = start_gateway(var_dir / flag, GATEWAY_YAML.format(url=sim.url),
-                                           {"bench": ("bench", "INTERACTIVE")}, name=f"gateway-billing-{flag}", **env)
+            gateways[name] = start_gateway(
+                var_dir / flag,
+                GATEWAY_YAML.format(url=sim.url),
+                {"bench": ("bench", "INTERACTIVE")},
+                name=f"gateway-billing-{flag}",
+                **env,
+            )
     except BaseException:
         for server in (*gateways.values(), sim):
             server.stop()
@@ -155,10 +163,17 @@ class Phase:
 
     @classmethod
     def of(cls, target: str, result: Result, cpu_s: float | None = None) -> Phase:
-        return cls(target, result.offered_per_s, result.sent_per_s, result.ok / result.sent if result.sent else 0.0,
-                   percentile(result.latencies_ms, 0.50), percentile(result.latencies_ms, 0.99),
-                   percentile(result.send_lag_ms, 0.99), dict(result.errors),
-                   None if cpu_s is None or not result.ok else 1000.0 * cpu_s / result.ok)
+        return cls(
+            target,
+            result.offered_per_s,
+            result.sent_per_s,
+            result.ok / result.sent if result.sent else 0.0,
+            percentile(result.latencies_ms, 0.50),
+            percentile(result.latencies_ms, 0.99),
+            percentile(result.send_lag_ms, 0.99),
+            dict(result.errors),
+            None if cpu_s is None or not result.ok else 1000.0 * cpu_s / result.ok,
+        )
 
 
 async def settle_database(stack: Stack, name: str) -> None:
@@ -190,9 +205,11 @@ async def phase(stack: Stack, name: str, rate_per_s: float, duration_s: float, s
     result = await open_loop(stack.target(name), rate_per_s, duration_s, seed=seed, timeout_s=REQUEST_TIMEOUT_S)
     cpu_s = gateway.cpu_s() - cpu_before_s if gateway else None
     summary = Phase.of(name, result, cpu_s)
-    _log(f"  {name:>11} @ {rate_per_s:>5.0f}/s: sent {summary.sent_per_s:.0f}/s, ok {summary.ok_share:.1%}, "
-         f"p50 {_ms(summary.p50_ms)}, p99 {_ms(summary.p99_ms)}, send lag p99 {_ms(summary.lag_p99_ms)} "
-         f"{summary.failures or ''}")
+    _log(
+        f"  {name:>11} @ {rate_per_s:>5.0f}/s: sent {summary.sent_per_s:.0f}/s, ok {summary.ok_share:.1%}, "
+        f"p50 {_ms(summary.p50_ms)}, p99 {_ms(summary.p99_ms)}, send lag p99 {_ms(summary.lag_p99_ms)} "
+        f"{summary.failures or ''}"
+    )
     return summary
 
 
@@ -204,8 +221,9 @@ def added(gateway: Phase, direct: Phase, attr: str) -> float | None:
 def sustained(gateway: Phase, direct: Phase) -> bool:
     extra_p99 = added(gateway, direct, "p99_ms")
     generator_kept_up = gateway.lag_p99_ms is not None and gateway.lag_p99_ms < GENERATOR_LAG_LIMIT_MS
-    return (extra_p99 is not None and extra_p99 < SUSTAIN_ADDED_P99_MS and gateway.ok_share >= 0.999
-            and generator_kept_up)
+    return (
+        extra_p99 is not None and extra_p99 < SUSTAIN_ADDED_P99_MS and gateway.ok_share >= 0.999 and generator_kept_up
+    )
 
 
 async def latency_phases(stack: Stack, phase_s: float, rates=LATENCY_RATES) -> list[tuple[Phase, Phase, Phase]]:
@@ -213,8 +231,13 @@ async def latency_phases(stack: Stack, phase_s: float, rates=LATENCY_RATES) -> l
     for index, rate in enumerate(rates):
         _log(f"latency at {rate}/s")
         direct = await phase(stack, "direct", rate, phase_s, seed=index)
-        rows.append((direct, await phase(stack, "billing on", rate, phase_s, seed=index),
-                     await phase(stack, "billing off", rate, phase_s, seed=index)))
+        rows.append(
+            (
+                direct,
+                await phase(stack, "billing on", rate, phase_s, seed=index),
+                await phase(stack, "billing off", rate, phase_s, seed=index),
+            )
+        )
     return rows
 
 
@@ -242,8 +265,9 @@ class Saturated:
     waits: dict | None = None  # PostgreSQL mode: pg_stat_activity samples of its connections
 
 
-async def saturation(stack: Stack, duration_s: float, rounds: int = 2,
-                     connections: tuple[int, ...] = SATURATION_CONNECTIONS) -> dict[str, list[Saturated]]:
+async def saturation(
+    stack: Stack, duration_s: float, rounds: int = 2, connections: tuple[int, ...] = SATURATION_CONNECTIONS
+) -> dict[str, list[Saturated]]:
     _log(f"saturation, {', '.join(map(str, connections))} connections")
     runs: dict[str, list[Saturated]] = {name: [] for name in stack.gateways}
     for round_index in range(rounds):
@@ -264,8 +288,10 @@ async def saturation(stack: Stack, duration_s: float, rounds: int = 2,
                     waits = sampler.stop()
                     usage = await meter.usage(before)
                 runs[name].append(Saturated(clients, result.ok_per_s, busy, usage, waits))
-                _log(f"  {name}, {clients} connections: {result.ok_per_s:.0f} requests/s, its process "
-                     f"{busy:.0%} busy{_usage_note(usage, waits)} {result.errors or ''}")
+                _log(
+                    f"  {name}, {clients} connections: {result.ok_per_s:.0f} requests/s, its process "
+                    f"{busy:.0%} busy{_usage_note(usage, waits)} {result.errors or ''}"
+                )
     return runs
 
 
@@ -279,17 +305,22 @@ def _order(stack: Stack, round_index: int) -> list[str]:
 def _usage_note(usage: pg.Usage | None, waits: dict | None = None) -> str:
     if usage is None:
         return ""
-    note = (f", worker {usage.worker_busy:.0%}, its database {usage.database_busy or 0:.0%}, machine "
-            f"{usage.machine_busy:.2f} cores; waited for a CPU: gateway {usage.gateway_cpu_wait or 0:.0%}, worker "
-            f"{usage.worker_cpu_wait or 0:.0%}, database {usage.database_cpu_wait or 0:.0%}")
+    note = (
+        f", worker {usage.worker_busy:.0%}, its database {usage.database_busy or 0:.0%}, machine "
+        f"{usage.machine_busy:.2f} cores; waited for a CPU: gateway {usage.gateway_cpu_wait or 0:.0%}, worker "
+        f"{usage.worker_cpu_wait or 0:.0%}, database {usage.database_cpu_wait or 0:.0%}"
+    )
     if usage.batch_ms is not None:
-        note += f"; {usage.batches_per_s:.0f} batches/s of {usage.asks_per_batch:.1f} asks, {usage.batch_ms:.1f} ms each"
+        note += (
+            f"; {usage.batches_per_s:.0f} batches/s of {usage.asks_per_batch:.1f} asks, {usage.batch_ms:.1f} ms each"
+        )
     if usage.ledger_seq_scans:
         note += f"; ledger seq scans {usage.ledger_seq_scans} ({usage.ledger_seq_rows:,} rows)"
     shares = pg_report.wait_shares(waits or {})
     if shares:
-        note += "; worker's connection " + ", ".join(f"{s} {v:.0%}" for s, v in sorted(shares.items(),
-                                                                                        key=lambda kv: -kv[1]))
+        note += "; worker's connection " + ", ".join(
+            f"{s} {v:.0%}" for s, v in sorted(shares.items(), key=lambda kv: -kv[1])
+        )
     return note
 
 
@@ -315,13 +346,20 @@ async def postgres_latency(stack: Stack, phase_s: float, rates, rounds: int) -> 
                 pooled[name].append(result)
                 _log(f"    {_usage_note(usage)[2:]}")
             rows.append(row)
-        rows.append({"rate": rate, "round": "all", "usage": {},
-                     **{name: Phase.of(name, _pool(results)) for name, results in pooled.items()}})
+        rows.append(
+            {
+                "rate": rate,
+                "round": "all",
+                "usage": {},
+                **{name: Phase.of(name, _pool(results)) for name, results in pooled.items()},
+            }
+        )
     return rows
 
 
-async def _open_phase(stack: Stack, name: str, rate_per_s: float, duration_s: float,
-                      seed: int, settled: bool = False) -> tuple[Phase, Result]:
+async def _open_phase(
+    stack: Stack, name: str, rate_per_s: float, duration_s: float, seed: int, settled: bool = False
+) -> tuple[Phase, Result]:
     """`phase`, also returning the run's latencies."""
     if not settled:
         await settle_database(stack, name)
@@ -330,9 +368,11 @@ async def _open_phase(stack: Stack, name: str, rate_per_s: float, duration_s: fl
     cpu_before_s = gateway.cpu_s() if gateway else None
     result = await open_loop(stack.target(name), rate_per_s, duration_s, seed=seed, timeout_s=REQUEST_TIMEOUT_S)
     summary = Phase.of(name, result, gateway.cpu_s() - cpu_before_s if gateway else None)
-    _log(f"  {name:>11} @ {rate_per_s:>5.0f}/s: sent {summary.sent_per_s:.0f}/s, ok {summary.ok_share:.1%}, "
-         f"p50 {_ms(summary.p50_ms)}, p99 {_ms(summary.p99_ms)}, send lag p99 {_ms(summary.lag_p99_ms)} "
-         f"{summary.failures or ''}")
+    _log(
+        f"  {name:>11} @ {rate_per_s:>5.0f}/s: sent {summary.sent_per_s:.0f}/s, ok {summary.ok_share:.1%}, "
+        f"p50 {_ms(summary.p50_ms)}, p99 {_ms(summary.p99_ms)}, send lag p99 {_ms(summary.lag_p99_ms)} "
+        f"{summary.failures or ''}"
+    )
     return summary, result
 
 
@@ -373,12 +413,16 @@ async def measure_postgres(stack: Stack, args) -> dict:
     step-up (the longest part, and the least asked for: last, so a short run can skip it with --rates '')."""
     if stack.analyze:
         await warm_up(stack)
-    found = {"postgres": pg.server_settings(stack.scratch.server), "analyzed": stack.analyze,
-             "pg_latency": await postgres_latency(stack, args.phase_s, args.latency_rates, args.rounds),
-             "saturation": await saturation(stack, args.step_s, args.rounds, args.connections),
-             "rates": args.rates}
-    found["steps"] = ({name: await step_up(stack, name, args.step_s, args.rates) for name in stack.gateways}
-                      if args.rates else {})
+    found = {
+        "postgres": pg.server_settings(stack.scratch.server),
+        "analyzed": stack.analyze,
+        "pg_latency": await postgres_latency(stack, args.phase_s, args.latency_rates, args.rounds),
+        "saturation": await saturation(stack, args.step_s, args.rounds, args.connections),
+        "rates": args.rates,
+    }
+    found["steps"] = (
+        {name: await step_up(stack, name, args.step_s, args.rates) for name in stack.gateways} if args.rates else {}
+    )
     return found
 
 
@@ -399,35 +443,66 @@ def _rates(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.gateway_overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
-                        help="what both gateways run on: SQLite files (default) or scratch PostgreSQL databases")
-    parser.add_argument("--postgres-url", default=pg.SERVER_URL,
-                        help=f"the PostgreSQL server for --database postgres (default {pg.SERVER_URL})")
-    parser.add_argument("--stale-statistics", action="store_true",
-                        help="PostgreSQL: do not ANALYZE the scratch databases before each run (their ledger grows "
-                             "from empty, and the planner then scans all of it for every batch)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gateway_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="what both gateways run on: SQLite files (default) or scratch PostgreSQL databases",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=pg.SERVER_URL,
+        help=f"the PostgreSQL server for --database postgres (default {pg.SERVER_URL})",
+    )
+    parser.add_argument(
+        "--stale-statistics",
+        action="store_true",
+        help="PostgreSQL: do not ANALYZE the scratch databases before each run (their ledger grows "
+        "from empty, and the planner then scans all of it for every batch)",
+    )
     parser.add_argument("--phase-s", type=float, default=10.0, help="seconds per latency phase")
     parser.add_argument("--step-s", type=float, default=8.0, help="seconds per step-up and saturation run")
-    parser.add_argument("--latency-rates", type=_rates, default=None,
-                        help=f"e.g. 100,400 (default {','.join(map(str, LATENCY_RATES))}; on PostgreSQL "
-                             f"{','.join(map(str, POSTGRES_LATENCY_RATES))})")
+    parser.add_argument(
+        "--latency-rates",
+        type=_rates,
+        default=None,
+        help=f"e.g. 100,400 (default {','.join(map(str, LATENCY_RATES))}; on PostgreSQL "
+        f"{','.join(map(str, POSTGRES_LATENCY_RATES))})",
+    )
     parser.add_argument("--rates", type=_rates, default=STEP_RATES, help="step-up rates, e.g. 100,200,400")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="alternations of the saturation runs (on PostgreSQL also of the latency runs)")
-    parser.add_argument("--connections", type=_rates, default=SATURATION_CONNECTIONS,
-                        help="closed-loop concurrencies of the saturation runs, e.g. 128,256,512")
-    parser.add_argument("--write-report", action="store_true",
-                        help="also write the section of bench/REPORT-gateway.md (on PostgreSQL: "
-                             "bench/REPORT-gateway-postgres.md)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="alternations of the saturation runs (on PostgreSQL also of the latency runs)",
+    )
+    parser.add_argument(
+        "--connections",
+        type=_rates,
+        default=SATURATION_CONNECTIONS,
+        help="closed-loop concurrencies of the saturation runs, e.g. 128,256,512",
+    )
+    parser.add_argument(
+        "--write-report",
+        action="store_true",
+        help="also write the section of bench/REPORT-gateway.md (on PostgreSQL: bench/REPORT-gateway-postgres.md)",
+    )
     args = parser.parse_args(argv)
     if args.latency_rates is None:
         args.latency_rates = POSTGRES_LATENCY_RATES if args.database == "postgres" else LATENCY_RATES
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop our servers on kill, too
     load_before, started_s = os.getloadavg()[0], time.monotonic()
-    stack = stack_start(Path(tempfile.mkdtemp(prefix="fairgate-overhead-")), args.database, args.postgres_url,
-                        analyze=not args.stale_statistics)
+    stack = stack_start(
+        Path(tempfile.mkdtemp(prefix="fairgate-overhead-")),
+        args.database,
+        args.postgres_url,
+        analyze=not args.stale_statistics,
+    )
     try:
         found = run_sync(measure(stack, args))
     finally:

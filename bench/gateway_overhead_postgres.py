@@ -18,6 +18,7 @@ the SQLite section of bench/REPORT-gateway.md is left as it is).
 
 Nothing here imports Django; psycopg only (the gateway's driver).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- scratch databases -----------------------------------------------------------------------------
+
 
 def _connect(server: str, dbname: str = "postgres"):
     import psycopg
@@ -73,12 +75,14 @@ class Scratch:
 def server_settings(server: str) -> dict[str, str]:
     names = ("server_version", "synchronous_commit", "fsync", "wal_sync_method", "commit_delay", "shared_buffers")
     with _connect(server) as conn:
-        rows = conn.execute("SELECT name, setting, COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)",
-                            [list(names)]).fetchall()
+        rows = conn.execute(
+            "SELECT name, setting, COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)", [list(names)]
+        ).fetchall()
     return {name: f"{setting}{' x ' + unit if unit and unit != 's' else unit}" for name, setting, unit in rows}
 
 
 # --- what a run used -------------------------------------------------------------------------------
+
 
 def _proc_cpu_s(pid: int) -> float:
     try:
@@ -197,11 +201,19 @@ class Meter:
     def _database(self) -> tuple[dict[int, float], int | None, tuple[int, int]]:
         if self.dbname is None:
             return {}, None, (0, 0)
-        pids = [pid for (pid,) in self._query(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'", [self.dbname])]
+        pids = [
+            pid
+            for (pid,) in self._query(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'", [self.dbname]
+            )
+        ]
         commits = self._query("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [self.dbname])[0][0]
-        scans = self._query("SELECT COALESCE(seq_scan, 0), COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables "
-                            "WHERE relname = 'billing_ledgerentry'", [], own_database=True)
+        scans = self._query(
+            "SELECT COALESCE(seq_scan, 0), COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables "
+            "WHERE relname = 'billing_ledgerentry'",
+            [],
+            own_database=True,
+        )
         return {pid: _proc_cpu_s(pid) for pid in pids}, commits, tuple(scans[0]) if scans else (0, 0)
 
     def analyze(self) -> None:
@@ -234,8 +246,18 @@ class Meter:
         database, commits, scans = self._database()
         own = self.gateway.own_cpu_s()
         waits, database_waits = self._waits(database)
-        return Snapshot(time.monotonic(), own, self.gateway.cpu_s() - own, database, waits, database_waits,
-                        machine_cpu_s(), commits, metrics, scans)
+        return Snapshot(
+            time.monotonic(),
+            own,
+            self.gateway.cpu_s() - own,
+            database,
+            waits,
+            database_waits,
+            machine_cpu_s(),
+            commits,
+            metrics,
+            scans,
+        )
 
     async def usage(self, before: Snapshot) -> Usage:
         after = await self.take()
@@ -249,8 +271,9 @@ class Meter:
 
         batches = delta("fairgate_billing_batch_seconds_count")
         buckets, below = {}, 0.0
-        for name in sorted((n for n in after.metrics if n.startswith("fairgate_billing_batch_seconds_bucket")),
-                           key=_bound):
+        for name in sorted(
+            (n for n in after.metrics if n.startswith("fairgate_billing_batch_seconds_bucket")), key=_bound
+        ):
             bound = _bound(name)
             cumulative = delta(name)
             buckets[bound * 1000.0] = int(round(cumulative - below))
@@ -261,7 +284,8 @@ class Meter:
             worker_busy=(after.children_s - before.children_s) / seconds,
             database_busy=database,
             machine_busy=(after.machine_s - before.machine_s) / seconds,
-            commits_per_s=None if after.commits is None or before.commits is None
+            commits_per_s=None
+            if after.commits is None or before.commits is None
             else (after.commits - before.commits) / seconds,
             batches_per_s=batches / seconds,
             asks_per_batch=delta("fairgate_billing_batch_asks_sum") / batches if batches else None,
@@ -269,8 +293,9 @@ class Meter:
             batch_ms_buckets=buckets,
             gateway_cpu_wait=(after.waits_s["gateway"] - before.waits_s["gateway"]) / seconds,
             worker_cpu_wait=(after.waits_s["worker"] - before.waits_s["worker"]) / seconds,
-            database_cpu_wait=None if self.dbname is None else sum(
-                w - before.database_waits_s.get(pid, 0.0) for pid, w in after.database_waits_s.items()) / seconds,
+            database_cpu_wait=None
+            if self.dbname is None
+            else sum(w - before.database_waits_s.get(pid, 0.0) for pid, w in after.database_waits_s.items()) / seconds,
             ledger_seq_scans=None if self.dbname is None else after.ledger_scans[0] - before.ledger_scans[0],
             ledger_seq_rows=None if self.dbname is None else after.ledger_scans[1] - before.ledger_scans[1],
         )
@@ -287,6 +312,7 @@ def _bound(name: str) -> float:
 
 
 # --- what the billing worker's transactions waited on ------------------------------------------------
+
 
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
@@ -336,14 +362,18 @@ def sample(dbname: str, server: str, owners: dict[str, list[int]], interval_s: f
         me = conn.info.backend_pid
         print("ready", flush=True)
         while not stop:
-            rows = conn.execute("SELECT pid, client_port, state, wait_event_type, wait_event FROM pg_stat_activity "
-                                "WHERE datname = %s AND backend_type = 'client backend' AND pid <> %s",
-                                [dbname, me]).fetchall()
+            rows = conn.execute(
+                "SELECT pid, client_port, state, wait_event_type, wait_event FROM pg_stat_activity "
+                "WHERE datname = %s AND backend_type = 'client backend' AND pid <> %s",
+                [dbname, me],
+            ).fetchall()
             for pid, port, state, wait_type, wait_event in rows:
                 if pid not in labels:
                     inode = _port_inodes().get(port)
-                    labels[pid] = next((label for label, pids in owners.items()
-                                        if any(inode in _socket_inodes(p) for p in pids)), "other")
+                    labels[pid] = next(
+                        (label for label, pids in owners.items() if any(inode in _socket_inodes(p) for p in pids)),
+                        "other",
+                    )
                 counts.setdefault(labels[pid], Counter())[_state(state, wait_type, wait_event)] += 1
                 seen = _proc_cpu_s(pid)
                 cpu.setdefault(pid, [seen, seen])[1] = seen
@@ -364,9 +394,24 @@ class WaitSampler:
         children = Path(f"/proc/{gateway.process.pid}/task/{gateway.process.pid}/children").read_text().split()
         owners = {"gateway": [gateway.process.pid], "billing worker": [int(c) for c in children]}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.gateway_overhead_postgres", "sample", "--db", dbname, "--server", server,
-             "--owners", json.dumps(owners), "--interval-ms", str(interval_ms)],
-            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "bench.gateway_overhead_postgres",
+                "sample",
+                "--db",
+                dbname,
+                "--server",
+                server,
+                "--owners",
+                json.dumps(owners),
+                "--interval-ms",
+                str(interval_ms),
+            ],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.process.stdout.readline()  # "ready": connected, sampling (or "" if it failed)
 
     def stop(self) -> dict[str, dict[str, int]]:
@@ -379,6 +424,7 @@ class WaitSampler:
 
 
 # --- the sampler's process ---------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.gateway_overhead_postgres")

@@ -1,6 +1,7 @@
 """The report of bench.gateway_overhead's PostgreSQL mode (bench/REPORT-gateway-postgres.md): the
 tables of what each gateway's processes used and where the billing worker's connection waited,
 from the measurements of bench.gateway_overhead_postgres. Nothing here imports Django."""
+
 from __future__ import annotations
 
 import os
@@ -55,15 +56,19 @@ def _busy(busy: float | None, waited: float | None) -> str:
 def usage_columns(usage: Usage | None) -> str:
     if usage is None:
         return "– | – | – | – | – | – | –"
-    return (f"{_busy(usage.gateway_busy, usage.gateway_cpu_wait)} | {_busy(usage.worker_busy, usage.worker_cpu_wait)} | "
-            f"{_busy(usage.database_busy, usage.database_cpu_wait)} | "
-            f"{usage.machine_busy:.2f} | {_num(usage.batches_per_s, 0)} | {_num(usage.asks_per_batch)} | "
-            f"{_ms(usage.batch_ms)}")
+    return (
+        f"{_busy(usage.gateway_busy, usage.gateway_cpu_wait)} | {_busy(usage.worker_busy, usage.worker_cpu_wait)} | "
+        f"{_busy(usage.database_busy, usage.database_cpu_wait)} | "
+        f"{usage.machine_busy:.2f} | {_num(usage.batches_per_s, 0)} | {_num(usage.asks_per_batch)} | "
+        f"{_ms(usage.batch_ms)}"
+    )
 
 
-USAGE_HEADER = ("gateway busy (waiting for a CPU) | billing worker busy (waiting) | its PostgreSQL backends busy "
-                f"(waiting) | machine (cores of {os.cpu_count()}) | batches/s | asks per batch | "
-                "batch round trip (mean)")
+USAGE_HEADER = (
+    "gateway busy (waiting for a CPU) | billing worker busy (waiting) | its PostgreSQL backends busy "
+    f"(waiting) | machine (cores of {os.cpu_count()}) | batches/s | asks per batch | "
+    "batch round trip (mean)"
+)
 
 
 def render(found: dict) -> str:
@@ -73,63 +78,85 @@ def render(found: dict) -> str:
     load = found.get("load_avg")
     load_text = "" if not load else f" (1-minute load average {load[0]:.1f} before the run, {load[1]:.1f} after)"
     setting_text = ", ".join(f"`{k}` {v}" for k, v in settings.items())
-    parts = ["## Gateway overhead on PostgreSQL (`python -m bench.gateway_overhead --database postgres`)", "",
-             "One simulated backend answering after a fixed 50 ms; two gateways, each `manage.py serve` on a "
-             "scratch PostgreSQL database of its own (created and dropped by the run; `DATABASE_URL`, in-memory "
-             "channel layer), one with billing on, one with billing off (`FAIRGATE_BILLING=0`), measured "
-             f"alternately in one run. PostgreSQL: {setting_text}. {os.cpu_count()} CPU cores shared by every "
-             "process (gateways, billing worker, PostgreSQL, simulated backend, load generator, other work on "
-             f"the machine){load_text}." + (f" Took {found['took_s'] / 60:.1f} min." if found.get("took_s") else ""),
-             "", ("Planner statistics: each gateway first serves a 5-second closed loop of 64 connections (a "
-                  "production ledger is never empty), and every scratch database is ANALYZEd before each run, as "
-                  "autovacuum keeps a long-lived database's (with the statistics of an empty ledger the planner "
-                  "reads each batch's ledger entries with a sequential scan of the whole ledger: "
-                  "`--stale-statistics` measures that, without the warm-up)." if found.get("analyzed", True) else
-                  "Planner statistics: left to autovacuum (`--stale-statistics`): the ledger grows from empty "
-                  "during the run, and the planner may read each batch's ledger entries with a sequential scan "
-                  "of the whole ledger (see the ledger seq scans column)."), ""]
+    parts = [
+        "## Gateway overhead on PostgreSQL (`python -m bench.gateway_overhead --database postgres`)",
+        "",
+        "One simulated backend answering after a fixed 50 ms; two gateways, each `manage.py serve` on a "
+        "scratch PostgreSQL database of its own (created and dropped by the run; `DATABASE_URL`, in-memory "
+        "channel layer), one with billing on, one with billing off (`FAIRGATE_BILLING=0`), measured "
+        f"alternately in one run. PostgreSQL: {setting_text}. {os.cpu_count()} CPU cores shared by every "
+        "process (gateways, billing worker, PostgreSQL, simulated backend, load generator, other work on "
+        f"the machine){load_text}." + (f" Took {found['took_s'] / 60:.1f} min." if found.get("took_s") else ""),
+        "",
+        (
+            "Planner statistics: each gateway first serves a 5-second closed loop of 64 connections (a "
+            "production ledger is never empty), and every scratch database is ANALYZEd before each run, as "
+            "autovacuum keeps a long-lived database's (with the statistics of an empty ledger the planner "
+            "reads each batch's ledger entries with a sequential scan of the whole ledger: "
+            "`--stale-statistics` measures that, without the warm-up)."
+            if found.get("analyzed", True)
+            else "Planner statistics: left to autovacuum (`--stale-statistics`): the ledger grows from empty "
+            "during the run, and the planner may read each batch's ledger entries with a sequential scan "
+            "of the whole ledger (see the ledger seq scans column)."
+        ),
+        "",
+    ]
 
     for rate in dict.fromkeys(row["rate"] for row in found["pg_latency"]):
         parts += latency_section([row for row in found["pg_latency"] if row["rate"] == rate]) + [""]
     parts += saturation_section(found["saturation"], BILLING_RATIO_TARGET)
     if found.get("steps"):
         rates = found.get("rates")
-        parts += ["", "### Highest sustained rate (added p99 < 50 ms, >= 99.9% answered, generator's send lag "
-                  f"p99 < 10 ms; steps {', '.join(map(str, rates))} requests/s)", ""]
+        parts += [
+            "",
+            "### Highest sustained rate (added p99 < 50 ms, >= 99.9% answered, generator's send lag "
+            f"p99 < 10 ms; steps {', '.join(map(str, rates))} requests/s)",
+            "",
+        ]
         for name, steps in found["steps"].items():
             lines, best = step_table(name, steps)
             shown = f"{best}/s" if best else f"below {rates[0]}/s"
-            parts += lines + ["", f"- {name}: sustains {shown} (target >= {SUSTAINED_TARGET}/s: "
-                              f"{'yes' if best and best >= SUSTAINED_TARGET else '**no**'})", ""]
-    parts += ["", "### Columns", "",
-              "- *gateway busy*: the share of one core the gateway's own process used (its event loop); "
-              "*billing worker busy*: its child process that books the batches (gateway.billing_worker); "
-              "*its PostgreSQL backends busy*: the server processes of its scratch database (both of its "
-              "connections; a backend that ended during the run is not counted); *machine*: all cores busy, "
-              "in cores, every process included. In brackets: the share of the run the process (its main thread; "
-              "all backends summed) was runnable but waited for a CPU (/proc/<pid>/schedstat): time a process "
-              "lost to the machine being busy, not to what it was waiting for.",
-              "- *batch round trip*: from the Booker sending a batch to the worker to its answer being read by "
-              "the event loop (`fairgate_billing_batch_seconds`), one batch out at a time "
-              "(gateway.charging `Booker._send`); *asks per batch*: holds, settlements and releases per "
-              "transaction (`fairgate_billing_batch_asks`). Each request asks twice (hold, settlement).",
-              "- *commits/s*: transactions committed in its database (pg_stat_database.xact_commit).",
-              "- *where the billing worker's connection was*: `pg_stat_activity` of its backend sampled every "
-              f"{SAMPLE_INTERVAL_MS:.0f} ms by a process of its own: *idle* = no transaction open (waiting for "
-              "the next batch), *idle in transaction* = waiting for the worker's next statement (the worker's "
-              "Python between statements, and the socket's round trip), *running* = executing a statement, "
-              "*IO:WALSync/WALWrite* = flushing WAL at commit, *Lock:...* = waiting for a row lock."]
+            parts += lines + [
+                "",
+                f"- {name}: sustains {shown} (target >= {SUSTAINED_TARGET}/s: "
+                f"{'yes' if best and best >= SUSTAINED_TARGET else '**no**'})",
+                "",
+            ]
+    parts += [
+        "",
+        "### Columns",
+        "",
+        "- *gateway busy*: the share of one core the gateway's own process used (its event loop); "
+        "*billing worker busy*: its child process that books the batches (gateway.billing_worker); "
+        "*its PostgreSQL backends busy*: the server processes of its scratch database (both of its "
+        "connections; a backend that ended during the run is not counted); *machine*: all cores busy, "
+        "in cores, every process included. In brackets: the share of the run the process (its main thread; "
+        "all backends summed) was runnable but waited for a CPU (/proc/<pid>/schedstat): time a process "
+        "lost to the machine being busy, not to what it was waiting for.",
+        "- *batch round trip*: from the Booker sending a batch to the worker to its answer being read by "
+        "the event loop (`fairgate_billing_batch_seconds`), one batch out at a time "
+        "(gateway.charging `Booker._send`); *asks per batch*: holds, settlements and releases per "
+        "transaction (`fairgate_billing_batch_asks`). Each request asks twice (hold, settlement).",
+        "- *commits/s*: transactions committed in its database (pg_stat_database.xact_commit).",
+        "- *where the billing worker's connection was*: `pg_stat_activity` of its backend sampled every "
+        f"{SAMPLE_INTERVAL_MS:.0f} ms by a process of its own: *idle* = no transaction open (waiting for "
+        "the next batch), *idle in transaction* = waiting for the worker's next statement (the worker's "
+        "Python between statements, and the socket's round trip), *running* = executing a statement, "
+        "*IO:WALSync/WALWrite* = flushing WAL at commit, *Lock:...* = waiting for a row lock.",
+    ]
     return "\n".join(parts) + "\n"
 
 
 def latency_section(rows: list[dict]) -> list[str]:
     """rows: one per round: {"direct": Phase, "billing on": Phase, "billing off": Phase, "usage": {...}},
     plus the pooled one (round "all")."""
-    lines = [f"### Added latency at {rows[0]['rate']:.0f} requests/s (Poisson arrivals, {len(rows) - 1} alternated "
-             "rounds)", "",
-             "| round | direct p50 / p99 | billing on p50 / p99 | billing off p50 / p99 | added p99 on | "
-             "added p99 off | on / off | target (on <= 3x off) | failed on / off |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### Added latency at {rows[0]['rate']:.0f} requests/s (Poisson arrivals, {len(rows) - 1} alternated rounds)",
+        "",
+        "| round | direct p50 / p99 | billing on p50 / p99 | billing off p50 / p99 | added p99 on | "
+        "added p99 off | on / off | target (on <= 3x off) | failed on / off |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     every_round = True
     for row in rows:
         direct, on, off = row["direct"], row["billing on"], row["billing off"]
@@ -142,21 +169,30 @@ def latency_section(rows: list[dict]) -> list[str]:
             every_round = every_round and met
         verdict = "–" if ratio is None else ("yes" if met else "**no**")
         name = f"**{row['round']}**" if row["round"] == "all" else row["round"]
-        lines.append(f"| {name} | {_ms(direct.p50_ms)} / {_ms(direct.p99_ms)} | {_ms(on.p50_ms)} / {_ms(on.p99_ms)} | "
-                     f"{_ms(off.p50_ms)} / {_ms(off.p99_ms)} | {_ms(added_on)} | {_ms(added_off)} | "
-                     f"{'–' if ratio is None else f'{ratio:.1f}x'} | {verdict} | "
-                     f"{_failed(on)} / {_failed(off)} |")
-    lines += ["", "- added p99 = gateway p99 - direct p99 of the same round (a difference of percentiles); "
-              "\"all\" pools every round's latencies; its target is met only if every round's is.", "",
-              f"| round | gateway | {USAGE_HEADER} | CPU per request |", "|---|---|" + "---|" * 8]
+        lines.append(
+            f"| {name} | {_ms(direct.p50_ms)} / {_ms(direct.p99_ms)} | {_ms(on.p50_ms)} / {_ms(on.p99_ms)} | "
+            f"{_ms(off.p50_ms)} / {_ms(off.p99_ms)} | {_ms(added_on)} | {_ms(added_off)} | "
+            f"{'–' if ratio is None else f'{ratio:.1f}x'} | {verdict} | "
+            f"{_failed(on)} / {_failed(off)} |"
+        )
+    lines += [
+        "",
+        "- added p99 = gateway p99 - direct p99 of the same round (a difference of percentiles); "
+        "\"all\" pools every round's latencies; its target is met only if every round's is.",
+        "",
+        f"| round | gateway | {USAGE_HEADER} | CPU per request |",
+        "|---|---|" + "---|" * 8,
+    ]
     for row in rows:
         if row["round"] == "all":
             continue
         for name in ("billing on", "billing off"):
             phase = row[name]
             cpu = phase.gateway_cpu_ms_per_request
-            lines.append(f"| {row['round']} | {name} | {usage_columns(row['usage'].get(name))} | "
-                         f"{'–' if cpu is None else f'{cpu:.2f} ms'} |")
+            lines.append(
+                f"| {row['round']} | {name} | {usage_columns(row['usage'].get(name))} | "
+                f"{'–' if cpu is None else f'{cpu:.2f} ms'} |"
+            )
     return lines
 
 
@@ -176,54 +212,78 @@ def saturation_section(runs: dict[str, list], ratio_target: float) -> list[str]:
     def by(runs_of, clients):
         return [r for r in runs_of if r.connections == clients]
 
-    lines = [f"### Billing on vs off (closed loop, {rounds} alternated rounds)", "",
-             "| connections | billing on (per round) | mean | billing off (per round) | mean | ratio of means |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"### Billing on vs off (closed loop, {rounds} alternated rounds)",
+        "",
+        "| connections | billing on (per round) | mean | billing off (per round) | mean | ratio of means |",
+        "|---|---|---|---|---|---|",
+    ]
     means = {}
     for clients in conns:
         on, off = by(on_runs, clients), by(off_runs, clients)
         m_on, m_off = mean(r.ok_per_s for r in on), mean(r.ok_per_s for r in off) if off else 0.0
         means[clients] = (m_on, m_off)
-        lines.append(f"| {clients} | {', '.join(f'{r.ok_per_s:.0f}' for r in on)} | {m_on:.0f}/s | "
-                     f"{', '.join(f'{r.ok_per_s:.0f}' for r in off)} | {m_off:.0f}/s | "
-                     f"{m_on / m_off if m_off else 0:.0%} |")
+        lines.append(
+            f"| {clients} | {', '.join(f'{r.ok_per_s:.0f}' for r in on)} | {m_on:.0f}/s | "
+            f"{', '.join(f'{r.ok_per_s:.0f}' for r in off)} | {m_off:.0f}/s | "
+            f"{m_on / m_off if m_off else 0:.0%} |"
+        )
     peak_on = max(conns, key=lambda c: means[c][0])
     peak_off = max(conns, key=lambda c: means[c][1])
     ratio = means[peak_on][0] / means[peak_off][1] if means[peak_off][1] else 0.0
     best_on = max(r.ok_per_s for r in on_runs)
     best_off = max(r.ok_per_s for r in off_runs)
-    lines += ["", f"- throughput, the peak over the concurrencies: billing on {means[peak_on][0]:.0f}/s "
-              f"({peak_on} connections), billing off {means[peak_off][1]:.0f}/s ({peak_off} connections): "
-              f"**{ratio:.0%}** (target >= {ratio_target:.0%}: {'yes' if ratio >= ratio_target else '**no**'}); "
-              f"best single runs {best_on:.0f}/s and {best_off:.0f}/s: {best_on / best_off if best_off else 0:.0%}",
-              "", f"| connections | gateway | {USAGE_HEADER} | commits/s | ledger seq scans (rows read) |",
-              "|---|---|" + "---|" * 9]
+    lines += [
+        "",
+        f"- throughput, the peak over the concurrencies: billing on {means[peak_on][0]:.0f}/s "
+        f"({peak_on} connections), billing off {means[peak_off][1]:.0f}/s ({peak_off} connections): "
+        f"**{ratio:.0%}** (target >= {ratio_target:.0%}: {'yes' if ratio >= ratio_target else '**no**'}); "
+        f"best single runs {best_on:.0f}/s and {best_off:.0f}/s: {best_on / best_off if best_off else 0:.0%}",
+        "",
+        f"| connections | gateway | {USAGE_HEADER} | commits/s | ledger seq scans (rows read) |",
+        "|---|---|" + "---|" * 9,
+    ]
     for clients in conns:
         for name, runs_of in (("billing on", on_runs), ("billing off", off_runs)):
             mine = [r.usage for r in by(runs_of, clients) if r.usage is not None]
             scans = sum(u.ledger_seq_scans or 0 for u in mine)
             rows = sum(u.ledger_seq_rows or 0 for u in mine)
-            lines.append(f"| {clients} | {name} | {usage_columns(_mean_usage(mine))} | "
-                         f"{_num(_mean(u.commits_per_s for u in mine), 0)} | {scans} ({rows:,}) |")
+            lines.append(
+                f"| {clients} | {name} | {usage_columns(_mean_usage(mine))} | "
+                f"{_num(_mean(u.commits_per_s for u in mine), 0)} | {scans} ({rows:,}) |"
+            )
     on_waits = [r for r in on_runs if r.waits]
     if on_waits:
-        states = sorted({s for r in on_waits for s in r.waits.get("billing worker", {})},
-                        key=lambda s: (s not in WAIT_COLUMNS, WAIT_COLUMNS.index(s) if s in WAIT_COLUMNS else 0, s))
-        lines += ["", "Where the billing worker's connection was (billing on; share of the samples, means over "
-                  "the rounds):", "",
-                  "| connections | batch round trip p50 / p99 (bucket) | the worker's backend busy | "
-                  + " | ".join(states) + " |",
-                  "|---|---|---|" + "---|" * len(states)]
+        states = sorted(
+            {s for r in on_waits for s in r.waits.get("billing worker", {})},
+            key=lambda s: (s not in WAIT_COLUMNS, WAIT_COLUMNS.index(s) if s in WAIT_COLUMNS else 0, s),
+        )
+        lines += [
+            "",
+            "Where the billing worker's connection was (billing on; share of the samples, means over the rounds):",
+            "",
+            "| connections | batch round trip p50 / p99 (bucket) | the worker's backend busy | "
+            + " | ".join(states)
+            + " |",
+            "|---|---|---|" + "---|" * len(states),
+        ]
         for clients in conns:
             mine = by(on_waits, clients)
             shares = _merge_waits(mine)
             usage = _mean_usage([r.usage for r in mine if r.usage is not None])
-            quantiles = "–" if usage is None else (f"<= {_ms(usage.batch_quantile_ms(0.5))} / "
-                                                   f"<= {_ms(usage.batch_quantile_ms(0.99))}")
-            backend = _mean(r.waits["cpu_s"].get("billing worker", 0.0) / r.waits["seconds"] for r in mine
-                            if r.waits.get("seconds"))
-            lines.append(f"| {clients} | {quantiles} | {_pct(backend)} | "
-                         + " | ".join(_pct(shares.get(s, 0.0)) for s in states) + " |")
+            quantiles = (
+                "–"
+                if usage is None
+                else (f"<= {_ms(usage.batch_quantile_ms(0.5))} / <= {_ms(usage.batch_quantile_ms(0.99))}")
+            )
+            backend = _mean(
+                r.waits["cpu_s"].get("billing worker", 0.0) / r.waits["seconds"] for r in mine if r.waits.get("seconds")
+            )
+            lines.append(
+                f"| {clients} | {quantiles} | {_pct(backend)} | "
+                + " | ".join(_pct(shares.get(s, 0.0)) for s in states)
+                + " |"
+            )
     return lines
 
 
@@ -254,8 +314,11 @@ def report_write(markdown: str, path: Path = REPORT_PATH) -> Path:
     from bench.report_gateway import section_write
 
     if not path.exists():
-        path.write_text("# Fairgate live benchmarks on PostgreSQL\n\nMeasured against the real gateway "
-                        "(`manage.py serve`) on PostgreSQL and the simulated GPU backend over HTTP on this machine; "
-                        "rewritten by the command named in the section. The SQLite figures are in "
-                        "REPORT-gateway.md.\n", encoding="utf-8")
+        path.write_text(
+            "# Fairgate live benchmarks on PostgreSQL\n\nMeasured against the real gateway "
+            "(`manage.py serve`) on PostgreSQL and the simulated GPU backend over HTTP on this machine; "
+            "rewritten by the command named in the section. The SQLite figures are in "
+            "REPORT-gateway.md.\n",
+            encoding="utf-8",
+        )
     return section_write("overhead-postgres", markdown, path)

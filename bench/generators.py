@@ -20,6 +20,7 @@ Kinds:
   ``end_ms``; with ``on_ms``/``off_ms`` the source alternates on and off periods (``on-off``).
 * ``burst``: ``count`` requests spread evenly over ``[at_ms, at_ms + spread_ms)``.
 """
+
 from __future__ import annotations
 
 import random
@@ -68,7 +69,11 @@ def _make(rng: random.Random, gen: dict, tenant: str, at_ms: int, rid: str) -> T
     output_tokens = _draw(rng, gen.get("output_tokens", [100, 300])) or 0
     max_tokens = _draw(rng, gen["max_tokens"]) if "max_tokens" in gen else None
     return TraceRequest(
-        id=rid, at_ms=at_ms, tenant=tenant, declared=gen["class"], model=gen.get("model", "m"),
+        id=rid,
+        at_ms=at_ms,
+        tenant=tenant,
+        declared=gen["class"],
+        model=gen.get("model", "m"),
         prompt_tokens=_draw(rng, gen.get("prompt_tokens", [500, 1500])) or 0,
         output_tokens=output_tokens,
         service_ms=_service_ms(rng, gen.get("service_ms"), output_tokens),

@@ -11,6 +11,7 @@ for a request with ``max_tokens`` output at output/input price ratio ``--price-r
 Defaults: this repository's README (English prose), a Python module (code), the scheduler YAML
 (configuration), and the field report in ../shared/seeds (Chinese) when it is there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,16 @@ from pathlib import Path
 import django
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULTS = [REPO / "README.md", REPO / "gateway" / "exchange.py", REPO / "config" / "scheduler.example.yaml",
-            *sorted((REPO.parent / "shared" / "seeds").glob("*.txt"))]
+DEFAULTS = [
+    REPO / "README.md",
+    REPO / "gateway" / "exchange.py",
+    REPO / "config" / "scheduler.example.yaml",
+    *sorted((REPO.parent / "shared" / "seeds").glob("*.txt")),
+]
 
 
 def _prompts(text: str, size: int) -> list[str]:
-    return [text[i:i + size] for i in range(0, max(1, len(text) - size + 1), size)] or [text]
+    return [text[i : i + size] for i in range(0, max(1, len(text) - size + 1), size)] or [text]
 
 
 def measure(path: Path, *, prompt_chars: int, max_tokens: int, price_ratio: float) -> dict:
@@ -37,14 +42,21 @@ def measure(path: Path, *, prompt_chars: int, max_tokens: int, price_ratio: floa
     estimates, bounds = 0, 0
     prompts = _prompts(path.read_text(errors="replace"), prompt_chars)
     for prompt in prompts:
-        body = {"model": "m", "messages": [{"role": "system", "content": "You are helpful."},
-                                           {"role": "user", "content": prompt}], "max_tokens": max_tokens}
+        body = {
+            "model": "m",
+            "messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+        }
         payload = payload_parse(CHAT, json.dumps(body, ensure_ascii=False).encode())
         estimates += estimate_chat(payload.body["messages"])
         bounds += prompt_bound(payload)
     output = price_ratio * max_tokens * len(prompts)
-    return {"corpus": path.name, "prompts": len(prompts), "bytes_per_token": bounds / estimates,
-            "hold_ratio": (bounds + output) / (estimates + output)}
+    return {
+        "corpus": path.name,
+        "prompts": len(prompts),
+        "bytes_per_token": bounds / estimates,
+        "hold_ratio": (bounds + output) / (estimates + output),
+    }
 
 
 def main() -> None:
@@ -56,8 +68,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
-    print(f"prompts of {args.prompt_chars} characters, max_tokens {args.max_tokens}, "
-          f"output priced {args.price_ratio:g}x input\n")
+    print(
+        f"prompts of {args.prompt_chars} characters, max_tokens {args.max_tokens}, "
+        f"output priced {args.price_ratio:g}x input\n"
+    )
     print("| corpus | prompts | prompt bound / cl100k estimate | hold with the bound / hold with the estimate |")
     print("|---|---|---|---|")
     for path in [p for p in (args.files or DEFAULTS) if p.exists()]:

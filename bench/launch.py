@@ -6,6 +6,7 @@ The gateway always runs on the embedded default (a SQLite file under a temp dire
 in-memory channel layer): DATABASE_URL and REDIS_URL of the caller are dropped. Nothing here
 imports Django; the database is set up through `manage.py shell` in the gateway's environment.
 """
+
 from __future__ import annotations
 
 import json
@@ -146,19 +147,22 @@ def start_sim(var_dir: Path, name: str = "sim", **options: object) -> Server:
 def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, str]:
     drop = {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "FAIRGATE_VAR_DIR": str(var_dir),
-        "FAIRGATE_CONFIG": str(yaml_path),
-        "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "FAIRGATE_VAR_DIR": str(var_dir),
+            "FAIRGATE_CONFIG": str(yaml_path),
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
     env.update(settings)
     return env
 
 
-def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], name: str = "gateway",
-                  **settings: str) -> Server:
+def start_gateway(
+    var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], name: str = "gateway", **settings: str
+) -> Server:
     """Migrate a fresh SQLite database, load ``yaml_text``, create ``keys`` (name -> (tenant, class)),
     then ``manage.py serve``; returns once /readyz answers 200. ``settings`` are extra env vars."""
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -166,16 +170,27 @@ def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]
     yaml_path.write_text(yaml_text)
     env = gateway_env(var_dir, yaml_path, **settings)
     code = SETUP_CODE.format(yaml=str(yaml_path), keys=keys)
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"gateway setup failed:\n{done.stdout}\n{done.stderr}")
     made = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
     port = free_port()
     log_path = var_dir / f"{name}.log"
     with log_path.open("w") as log_file:
-        process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT,
-                                   env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
     server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made)
     wait_ready(server, "/readyz")
     return server

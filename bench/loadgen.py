@@ -13,6 +13,7 @@ an arrival waits for one, which its latency then includes). The generator report
 achieved send rate and how late it sent (``send_lag``), so a generator that is the bottleneck
 is visible.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -110,8 +111,15 @@ async def _one(pool: rawhttp.Pool, payload: bytes, result: Result, scheduled_s: 
         pool.give_back(pair, reusable=reusable)
 
 
-async def open_loop(target: Target, rate_per_s: float, duration_s: float, *, seed: int = 1,
-                    max_connections: int = 2000, timeout_s: float = 30.0) -> Result:
+async def open_loop(
+    target: Target,
+    rate_per_s: float,
+    duration_s: float,
+    *,
+    seed: int = 1,
+    max_connections: int = 2000,
+    timeout_s: float = 30.0,
+) -> Result:
     """Poisson arrivals at ``rate_per_s`` for ``duration_s``; waits for the stragglers."""
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)

@@ -23,6 +23,7 @@ Definitions (all times are virtual milliseconds):
 * ``decision_us``: wall-clock cost of the engine per decision: each ``submit`` is one, and a
   ``dispatch`` call that granted ``g`` requests counts as ``g`` decisions of ``cost / g``.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,12 @@ def percentile(sorted_values: list[float], p: float) -> float:
 
 def wait_summary(values: list[int]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"p50": percentile(ordered, 50), "p95": percentile(ordered, 95), "p99": percentile(ordered, 99),
-            "max": ordered[-1] if ordered else 0}
+    return {
+        "p50": percentile(ordered, 50),
+        "p95": percentile(ordered, 95),
+        "p99": percentile(ordered, 99),
+        "max": ordered[-1] if ordered else 0,
+    }
 
 
 def mean(values: list[int]) -> float:
@@ -78,10 +83,15 @@ class TenantStats:
 
     def as_dict(self) -> dict:
         ordered = sorted(self.waits)
-        return {"arrived": self.arrived, "completed": self.completed, "rejected": self.rejected,
-                "queue_timeout": self.queue_timeout, "abandoned": self.abandoned,
-                "wait_ms": {"mean": mean(self.waits), "p95": percentile(ordered, 95)},
-                "tokens_served": self.tokens_served}
+        return {
+            "arrived": self.arrived,
+            "completed": self.completed,
+            "rejected": self.rejected,
+            "queue_timeout": self.queue_timeout,
+            "abandoned": self.abandoned,
+            "wait_ms": {"mean": mean(self.waits), "p95": percentile(ordered, 95)},
+            "tokens_served": self.tokens_served,
+        }
 
 
 class JainTracker:

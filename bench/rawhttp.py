@@ -5,6 +5,7 @@ requests wait at once (httpx's pool scans its connections for every request); th
 functions keep the load generator cheap. Only what the gateway and the simulator send is
 understood: Content-Length or chunked bodies, no 1xx, no trailers.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,13 @@ def split_url(base_url: str) -> tuple[str, int]:
 
 
 def request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[str, str], method: str = "POST") -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
-             f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 

@@ -6,6 +6,7 @@ Per scenario: a side-by-side table of the four presets, with the field report's 
 ours where it has them; for ``surge`` the issue's targets (met or missed, and why) and the
 timeline next to the report's; then the engine's speed beside ``heapq`` and the findings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,23 @@ from bench.targets import surge_checks
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 POLICIES = ("fairgate", "fifo", "strict", "linear")
-REPORT_TIMES = (("09:00", 143, "1.12s", 0, 0), ("09:05", 11_872, "1.31s", 412, 0), ("09:20", 10_105, "1.28s", 2_338, 17),
-                ("10:00", 6_442, "1.35s", 6_001, 186), ("11:30", 917, "1.19s", 11_483, 742),
-                ("12:10", 0, "1.08s", 12_400, 803))
+REPORT_TIMES = (
+    ("09:00", 143, "1.12s", 0, 0),
+    ("09:05", 11_872, "1.31s", 412, 0),
+    ("09:20", 10_105, "1.28s", 2_338, 17),
+    ("10:00", 6_442, "1.35s", 6_001, 186),
+    ("11:30", 917, "1.19s", 11_483, 742),
+    ("12:10", 0, "1.08s", 12_400, 803),
+)
 FIELD = {
-    "surge": {"INTERACTIVE wait p95": "1.35 s (old FIFO: 37.4 s)",
-              "small tenants' mean wait": "3.2 s (old FIFO: 41 s)",
-              "wasted service": "< 2% (old FIFO: 19%)", "queue_full (of arrivals)": "0.3%",
-              "queue_timeout (of admitted)": "1.9%", "BATCH completed within SLA": "98.3%"},
+    "surge": {
+        "INTERACTIVE wait p95": "1.35 s (old FIFO: 37.4 s)",
+        "small tenants' mean wait": "3.2 s (old FIFO: 41 s)",
+        "wasted service": "< 2% (old FIFO: 19%)",
+        "queue_full (of arrivals)": "0.3%",
+        "queue_timeout (of admitted)": "1.9%",
+        "BATCH completed within SLA": "98.3%",
+    },
     "aging-storm": {"BATCH completed within SLA": "98.3% (linear aging: 71%)"},
 }
 
@@ -53,15 +63,21 @@ ROWS: tuple[Row, ...] = (
     ("INTERACTIVE timed out", lambda o: str(_cls(o, "INTERACTIVE")["queue_timeout"]), "INTERACTIVE"),
     ("NEAR_RT wait p95", lambda o: _s(_cls(o, "NEAR_RT")["wait_ms"]["p95"]), "NEAR_RT"),
     ("NEAR_RT timed out", lambda o: str(_cls(o, "NEAR_RT")["queue_timeout"]), "NEAR_RT"),
-    ("BATCH completed within SLA", lambda o: _pct(_cls(o, "BATCH")["completed_within_sla"],
-                                                  _cls(o, "BATCH")["admitted"]) + " of admitted", "BATCH"),
+    (
+        "BATCH completed within SLA",
+        lambda o: _pct(_cls(o, "BATCH")["completed_within_sla"], _cls(o, "BATCH")["admitted"]) + " of admitted",
+        "BATCH",
+    ),
     ("BATCH wait p95", lambda o: _s(_cls(o, "BATCH")["wait_ms"]["p95"]), "BATCH"),
     ("queue_full (of arrivals)", lambda o: _pct(o["totals"]["rejected_queue_full"], o["totals"]["arrived"]), None),
     ("queue_timeout (of admitted)", lambda o: _pct(o["totals"]["queue_timeout"], o["totals"]["admitted"]), None),
     ("abandoned (client gone, dropped)", lambda o: str(o["totals"]["abandoned"]), None),
     ("served after client gave up", lambda o: str(o["totals"]["served_after_give_up"]), None),
-    ("small tenants' mean wait", lambda o: _s(o["small_tenants"]["wait_ms"]["mean"]) if o["small_tenants"]["tenants"]
-     else "–", None),
+    (
+        "small tenants' mean wait",
+        lambda o: _s(o["small_tenants"]["wait_ms"]["mean"]) if o["small_tenants"]["tenants"] else "–",
+        None,
+    ),
     ("wasted service", lambda o: f"{o['wasted_service_ratio']:.2%}", None),
     ("goodput", lambda o: f"{o['goodput_per_s']:.3f}/s", None),
     ("Jain index (windows)", lambda o: f"{o['jain_index']} ({o['jain_samples']})", None),
@@ -105,14 +121,19 @@ def _clock_ms(hhmm: str, origin: str) -> int:
 
 def surge_timeline(out: dict, origin: str) -> str:
     rows = {r["t_ms"]: r for r in out["timeline"]}
-    lines = ["| time | in_queue (ours / report) | interactive p95 (ours / report) | batch_completed (ours / report) "
-             "| aging_preempt (ours / report) |", "|---|---|---|---|---|"]
+    lines = [
+        "| time | in_queue (ours / report) | interactive p95 (ours / report) | batch_completed (ours / report) "
+        "| aging_preempt (ours / report) |",
+        "|---|---|---|---|---|",
+    ]
     for hhmm, queue, p95, done, preempt in REPORT_TIMES:
         r = rows.get(_clock_ms(hhmm, origin))
         if r is None:
             continue
-        lines.append(f"| {hhmm} | {r['in_queue']:,} / {queue:,} | {_s(r['interactive_p95_ms'])} / {p95} | "
-                     f"{r['batch_completed']:,} / {done:,} | {r['aging_preempt']} / {preempt} |")
+        lines.append(
+            f"| {hhmm} | {r['in_queue']:,} / {queue:,} | {_s(r['interactive_p95_ms'])} / {p95} | "
+            f"{r['batch_completed']:,} / {done:,} | {r['aging_preempt']} / {preempt} |"
+        )
     return "\n".join(lines)
 
 
@@ -124,26 +145,42 @@ def targets_table(runs: dict[str, dict], speed: list[dict] | None) -> str:
 
 
 def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None) -> str:
-    parts = ["# Fairgate benchmark report", "",
-             "Generated by `python -m bench.report` (do not edit by hand). Every scenario of `bench/scenarios/` runs "
-             "through the real engine (`scheduling.engine.Scheduler`) on a virtual clock, once per preset, with the "
-             f"same trace for every preset (seed {seed if seed is not None else 'of each scenario'}). Metric "
-             "definitions: `bench/metrics.py`; simulator rules: `bench/sim.py`.", "",
-             "The live benchmarks against the real gateway over HTTP (added latency, sustained rate, billing's "
-             "throughput cost with billing on against billing off, the surge replayed live) are in "
-             "[`REPORT-gateway.md`](REPORT-gateway.md), each section rewritten by the command named in it.", ""]
+    parts = [
+        "# Fairgate benchmark report",
+        "",
+        "Generated by `python -m bench.report` (do not edit by hand). Every scenario of `bench/scenarios/` runs "
+        "through the real engine (`scheduling.engine.Scheduler`) on a virtual clock, once per preset, with the "
+        f"same trace for every preset (seed {seed if seed is not None else 'of each scenario'}). Metric "
+        "definitions: `bench/metrics.py`; simulator rules: `bench/sim.py`.",
+        "",
+        "The live benchmarks against the real gateway over HTTP (added latency, sustained rate, billing's "
+        "throughput cost with billing on against billing off, the surge replayed live) are in "
+        "[`REPORT-gateway.md`](REPORT-gateway.md), each section rewritten by the command named in it.",
+        "",
+    ]
     if "surge" in results:
         surge = results["surge"]
         parts += ["## Targets on `surge` (issue 3)", "", targets_table(surge["runs"], speed), ""]
     for name, entry in results.items():
         parts += [f"## `{name}`", "", entry["notes"], "", scenario_table(name, entry["runs"]), ""]
         if name == "surge" and entry["origin"]:
-            parts += ["Timeline (fairgate) beside the field report's. Our `batch_completed` counts every BATCH "
-                      "request (finance's 12,400 plus R&D's 1,500 and background jobs); the report's counts finance "
-                      "only.", "", surge_timeline(entry["runs"]["fairgate"], entry["origin"]), ""]
+            parts += [
+                "Timeline (fairgate) beside the field report's. Our `batch_completed` counts every BATCH "
+                "request (finance's 12,400 plus R&D's 1,500 and background jobs); the report's counts finance "
+                "only.",
+                "",
+                surge_timeline(entry["runs"]["fairgate"], entry["origin"]),
+                "",
+            ]
     if speed:
-        parts += ["## Engine speed (`python -m bench.engine_speed`)", "", " ".join(engine_speed.__doc__.split("\n\n")[2:]).strip(),
-                  "", engine_speed.table(speed), ""]
+        parts += [
+            "## Engine speed (`python -m bench.engine_speed`)",
+            "",
+            " ".join(engine_speed.__doc__.split("\n\n")[2:]).strip(),
+            "",
+            engine_speed.table(speed),
+            "",
+        ]
     parts += ["## Findings", ""] + [f"- {line}" for line in findings(results, speed)] + [""]
     return "\n".join(parts)
 

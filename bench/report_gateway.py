@@ -3,14 +3,17 @@
 bench/report.py regenerates REPORT.md from simulator runs; the live benchmarks (gateway
 overhead, surge replay) write here instead, each replacing only its own section.
 """
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 REPORT_PATH = Path(__file__).resolve().parent / "REPORT-gateway.md"
-TITLE = ("# Fairgate live benchmarks\n\nMeasured against the real gateway (`manage.py serve`) and the simulated "
-         "GPU backend over HTTP on this machine; each section is rewritten by the command named in it.\n")
+TITLE = (
+    "# Fairgate live benchmarks\n\nMeasured against the real gateway (`manage.py serve`) and the simulated "
+    "GPU backend over HTTP on this machine; each section is rewritten by the command named in it.\n"
+)
 ORDER = ("overhead", "surge")
 
 
@@ -21,7 +24,7 @@ def section_write(name: str, markdown: str, path: Path = REPORT_PATH) -> Path:
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
     else:
-        later = [n for n in ORDER[ORDER.index(name) + 1:] if f"<!-- begin:{n} -->" in text] if name in ORDER else []
+        later = [n for n in ORDER[ORDER.index(name) + 1 :] if f"<!-- begin:{n} -->" in text] if name in ORDER else []
         if later:
             marker = f"<!-- begin:{later[0]} -->"
             text = text.replace(marker, block + "\n" + marker, 1)

@@ -21,6 +21,7 @@ Top-level keys (see ``bench/scenarios/`` for examples)::
 
 Scenario ``backends`` and ``tenants`` take the place of those sections of the config.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,14 +65,23 @@ def _config(raw: Any, base: Path) -> SchedulerConfig:
 
 
 def _tenant(raw: dict) -> TenantSpec:
-    return TenantSpec(slug=raw["slug"], quota_share=float(raw["quota_share"]), name=raw.get("name", ""),
-                      classes=tuple(raw.get("classes", ())), vip=bool(raw.get("vip", False)))
+    return TenantSpec(
+        slug=raw["slug"],
+        quota_share=float(raw["quota_share"]),
+        name=raw.get("name", ""),
+        classes=tuple(raw.get("classes", ())),
+        vip=bool(raw.get("vip", False)),
+    )
 
 
 def _backend(raw: dict) -> BackendSpec:
     return BackendSpec(
-        name=raw["name"], models=tuple(raw.get("models", ["m"])), slots=int(raw["slots"]),
-        tpm=raw.get("tpm"), rpm=raw.get("rpm"), reserved_slots=int(raw.get("reserved_slots", 0)),
+        name=raw["name"],
+        models=tuple(raw.get("models", ["m"])),
+        slots=int(raw["slots"]),
+        tpm=raw.get("tpm"),
+        rpm=raw.get("rpm"),
+        reserved_slots=int(raw.get("reserved_slots", 0)),
         input_price_per_1k=Decimal(str(raw.get("input_price_per_1k", "0"))),
         output_price_per_1k=Decimal(str(raw.get("output_price_per_1k", "0"))),
     )
@@ -79,10 +89,17 @@ def _backend(raw: dict) -> BackendSpec:
 
 def _explicit(raw: dict, n: int) -> TraceRequest:
     return TraceRequest(
-        id=str(raw.get("id", f"r{n}")), at_ms=int(raw["at_ms"]), tenant=raw["tenant"], declared=raw["class"],
-        model=raw.get("model", "m"), prompt_tokens=int(raw.get("prompt_tokens", 0)),
-        output_tokens=int(raw.get("output_tokens", 0)), service_ms=int(raw["service_ms"]),
-        max_tokens=raw.get("max_tokens"), patience_ms=raw.get("patience_ms"), timeout_ms=raw.get("timeout_ms"),
+        id=str(raw.get("id", f"r{n}")),
+        at_ms=int(raw["at_ms"]),
+        tenant=raw["tenant"],
+        declared=raw["class"],
+        model=raw.get("model", "m"),
+        prompt_tokens=int(raw.get("prompt_tokens", 0)),
+        output_tokens=int(raw.get("output_tokens", 0)),
+        service_ms=int(raw["service_ms"]),
+        max_tokens=raw.get("max_tokens"),
+        patience_ms=raw.get("patience_ms"),
+        timeout_ms=raw.get("timeout_ms"),
         src_ip=raw.get("src_ip"),
     )
 
@@ -116,12 +133,19 @@ def scenario_from_dict(raw: dict, *, base: Path, seed: int | None = None) -> Sce
     config = replace(config, tenants=tenants, backends=backends)
     seed = int(raw.get("seed", 1)) if seed is None else seed
     return Scenario(
-        name=raw.get("name", "scenario"), config=config, tenants=tenants, backends=backends,
-        requests=_trace(raw, base, seed), seed=seed, notes=raw.get("notes", ""),
+        name=raw.get("name", "scenario"),
+        config=config,
+        tenants=tenants,
+        backends=backends,
+        requests=_trace(raw, base, seed),
+        seed=seed,
+        notes=raw.get("notes", ""),
         timeline_step_ms=int(raw.get("timeline_step_ms", DEFAULT_TIMELINE_STEP_MS)),
         jain_window_ms=int(raw.get("jain_window_ms", DEFAULT_JAIN_WINDOW_MS)),
-        clock_origin=raw.get("clock_origin"), small_tenants=_small_tenants(raw, config, tenants),
-        horizon_ms=raw.get("horizon_ms"), raw=raw,
+        clock_origin=raw.get("clock_origin"),
+        small_tenants=_small_tenants(raw, config, tenants),
+        horizon_ms=raw.get("horizon_ms"),
+        raw=raw,
     )
 
 

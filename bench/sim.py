@@ -17,6 +17,7 @@ A client with ``patience_ms = null`` waits until its class SLA (or its declared 
 and gives up 1 ms after it, so a policy that enforces deadlines reports ``queue_timeout``, not
 ``abandoned``. Patience is the wait for a grant: a request that is running is not abandoned.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -55,8 +56,14 @@ class Flight:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, *, policy: str | None = None, timeline_step_ms: int | None = None,
-                 progress: Callable[..., None] | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        policy: str | None = None,
+        timeline_step_ms: int | None = None,
+        progress: Callable[..., None] | None = None,
+    ) -> None:
         config = scenario.config
         self.policy = policy or config.policy.value
         self.config = apply_policy(config, self.policy)
@@ -68,8 +75,9 @@ class Simulation:
         self.classes = {c.name: ClassStats() for c in sorted(self.config.classes, key=lambda c: c.level)}
         self.tenants = {t.slug: TenantStats() for t in scenario.tenants}
         min_share = self.config.fairness.min_share
-        self.jain = JainTracker({t.slug: max(t.quota_share, min_share) for t in scenario.tenants},
-                                scenario.jain_window_ms)
+        self.jain = JainTracker(
+            {t.slug: max(t.quota_share, min_share) for t in scenario.tenants}, scenario.jain_window_ms
+        )
         self.timeline = Timeline(timeline_step_ms or scenario.timeline_step_ms)
         self.flights: dict[str, Flight] = {}
         self.events: list[tuple[int, int, int, str]] = []
@@ -107,9 +115,13 @@ class Simulation:
         if self.rules is None:
             return r.declared
         spec = self.tenant_specs.get(r.tenant)
-        facts = Facts(declared_class=r.declared, prompt_tokens=r.prompt_tokens,
-                      max_tokens=r.max_tokens if r.max_tokens is not None else r.output_tokens,
-                      tenant=r.tenant, src_ip=r.src_ip)
+        facts = Facts(
+            declared_class=r.declared,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=r.max_tokens if r.max_tokens is not None else r.output_tokens,
+            tenant=r.tenant,
+            src_ip=r.src_ip,
+        )
         cls, _rule = self.rules.classify(declared=r.declared, facts=facts, allowed=spec.classes if spec else ())
         return cls
 
@@ -156,9 +168,12 @@ class Simulation:
             self.timeline.emit(self._timeline_state())
 
     def _timeline_state(self) -> dict:
-        return {"in_queue": self.in_queue, "batch_completed": self.classes[self.batch].completed,
-                "aging_preempt": self.preempted,
-                "rejected_queue_full": sum(c.rejected_queue_full for c in self.classes.values())}
+        return {
+            "in_queue": self.in_queue,
+            "batch_completed": self.classes[self.batch].completed,
+            "aging_preempt": self.preempted,
+            "rejected_queue_full": sum(c.rejected_queue_full for c in self.classes.values()),
+        }
 
     def _schedule_wakeup(self, t_ms: int) -> None:
         wake = self.sched.next_wakeup_ms(now_ms=t_ms)
@@ -181,10 +196,17 @@ class Simulation:
             stats.downgraded_in += 1
         spec = self.tenant_specs.get(r.tenant)
         expected = r.max_tokens if r.max_tokens is not None else r.output_tokens
-        request = Request(id=r.id, tenant=r.tenant, cls=cls, model=r.model, prompt_tokens=r.prompt_tokens,
-                          expected_output_tokens=expected, enqueued_ms=t_ms,
-                          deadline_ms=t_ms + r.timeout_ms if r.timeout_ms is not None else None,
-                          vip=bool(spec and spec.vip))
+        request = Request(
+            id=r.id,
+            tenant=r.tenant,
+            cls=cls,
+            model=r.model,
+            prompt_tokens=r.prompt_tokens,
+            expected_output_tokens=expected,
+            enqueued_ms=t_ms,
+            deadline_ms=t_ms + r.timeout_ms if r.timeout_ms is not None else None,
+            vip=bool(spec and spec.vip),
+        )
         started = time.perf_counter_ns()
         admission = self.sched.submit(request, now_ms=t_ms)
         self.decisions_ns.append(time.perf_counter_ns() - started)
@@ -296,8 +318,13 @@ def progress_bar(label: str, *, stream=sys.stderr, every_s: float = 0.5) -> Call
     return show
 
 
-def simulate(scenario: Scenario, *, policy: str | None = None, timeline_step_ms: int | None = None,
-             progress: Callable[..., None] | None = None) -> Simulation:
+def simulate(
+    scenario: Scenario,
+    *,
+    policy: str | None = None,
+    timeline_step_ms: int | None = None,
+    progress: Callable[..., None] | None = None,
+) -> Simulation:
     sim = Simulation(scenario, policy=policy, timeline_step_ms=timeline_step_ms, progress=progress)
     sim.run()
     return sim

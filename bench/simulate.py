@@ -7,6 +7,7 @@
 scenario config's ``policy``. The JSON's keys are described in :mod:`bench.metrics`; apart from
 ``decision_us`` (wall-clock cost) the output is a pure function of scenario, policy and seed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,13 +26,25 @@ PROGRESS_MIN_REQUESTS = 20_000
 def _small_tenants(sim: Simulation) -> dict:
     slugs = [s for s in sim.scenario.small_tenants if s in sim.tenants]
     waits = [w for s in slugs for w in sim.tenants[s].waits]
-    return {"tenants": slugs, "completed": sum(sim.tenants[s].completed for s in slugs),
-            "wait_ms": {"mean": mean(waits), "p95": percentile(sorted(waits), 95)}}
+    return {
+        "tenants": slugs,
+        "completed": sum(sim.tenants[s].completed for s in slugs),
+        "wait_ms": {"mean": mean(waits), "p95": percentile(sorted(waits), 95)},
+    }
 
 
 def _totals(sim: Simulation) -> dict:
-    keys = ("arrived", "admitted", "completed", "completed_within_sla", "rejected_queue_full",
-            "rejected_no_backend", "queue_timeout", "abandoned", "served_after_give_up")
+    keys = (
+        "arrived",
+        "admitted",
+        "completed",
+        "completed_within_sla",
+        "rejected_queue_full",
+        "rejected_no_backend",
+        "queue_timeout",
+        "abandoned",
+        "served_after_give_up",
+    )
     totals = {k: sum(getattr(c, k) for c in sim.classes.values()) for k in keys}
     arrived, admitted = totals["arrived"] or 1, totals["admitted"] or 1
     totals["downgraded"] = sim.downgraded
@@ -51,8 +64,13 @@ def conservation_problems(sim: Simulation) -> list[str]:
         if c.admitted != c.completed + c.queue_timeout + c.abandoned:
             problems.append(f"{name}: admitted {c.admitted} != completed + queue_timeout + abandoned")
         tally = engine.get(name)
-        pairs = (("enqueued", c.admitted), ("completed", c.completed), ("queue_timeout", c.queue_timeout),
-                 ("cancelled", c.abandoned), ("rejected_queue_full", c.rejected_queue_full))
+        pairs = (
+            ("enqueued", c.admitted),
+            ("completed", c.completed),
+            ("queue_timeout", c.queue_timeout),
+            ("cancelled", c.abandoned),
+            ("rejected_queue_full", c.rejected_queue_full),
+        )
         for field, ours in pairs:
             theirs = getattr(tally, field, 0) if tally is not None else 0
             if theirs != ours:
@@ -66,26 +84,39 @@ def result(sim: Simulation) -> dict:
     decisions_us = sorted(ns / 1000.0 for ns in sim.decisions_ns)
     problems = conservation_problems(sim)
     return {
-        "scenario": sim.scenario.name, "policy": sim.policy, "seed": sim.scenario.seed,
+        "scenario": sim.scenario.name,
+        "policy": sim.policy,
+        "seed": sim.scenario.seed,
         "classes": {name: c.as_dict() for name, c in sim.classes.items()},
         "tenants": {slug: t.as_dict() for slug, t in sorted(sim.tenants.items())},
         "small_tenants": _small_tenants(sim),
         "totals": _totals(sim),
-        "jain_index": sim.jain.index(), "jain_samples": len(sim.jain.samples),
+        "jain_index": sim.jain.index(),
+        "jain_samples": len(sim.jain.samples),
         "wasted_service_ratio": round(sim.wasted_ms / sim.slot_ms, 5) if sim.slot_ms else 0.0,
         "goodput_per_s": round(sim.good / (sim.horizon_ms / 1000.0), 4),
-        "goodput_requests": sim.good, "goodput_window_ms": sim.horizon_ms,
+        "goodput_requests": sim.good,
+        "goodput_window_ms": sim.horizon_ms,
         "end_ms": sim.end_ms,
         "aging": {"boosted": sim.boosted, "preempted": sim.preempted},
-        "decision_us": {"p50": round(percentile(decisions_us, 50), 2), "p99": round(percentile(decisions_us, 99), 2),
-                        "count": len(decisions_us)},
+        "decision_us": {
+            "p50": round(percentile(decisions_us, 50), 2),
+            "p99": round(percentile(decisions_us, 99), 2),
+            "count": len(decisions_us),
+        },
         "timeline": sim.timeline.rows,
         "conservation": {"ok": not problems, "problems": problems},
     }
 
 
-def run_file(path: str | Path, *, policy: str | None = None, seed: int | None = None,
-             timeline_step_ms: int | None = None, show_progress: bool = False) -> dict:
+def run_file(
+    path: str | Path,
+    *,
+    policy: str | None = None,
+    seed: int | None = None,
+    timeline_step_ms: int | None = None,
+    show_progress: bool = False,
+) -> dict:
     scenario = load_scenario(path, seed=seed)
     progress = None
     if show_progress and len(scenario.requests) >= PROGRESS_MIN_REQUESTS:
@@ -101,14 +132,18 @@ def _summary(out: dict) -> str:
     lines = [f"{out['scenario']} / {out['policy']} (seed {out['seed']})"]
     for name, c in out["classes"].items():
         w = c["wait_ms"]
-        lines.append(f"  {name:12} arrived {c['arrived']:6}  completed {c['completed']:6}  "
-                     f"within SLA {c['completed_within_sla']:6}  full {c['rejected_queue_full']:5}  "
-                     f"timeout {c['queue_timeout']:5}  abandoned {c['abandoned']:5}  "
-                     f"wait p50/p95 {w['p50'] / 1000:.2f}/{w['p95'] / 1000:.2f} s")
-    lines.append(f"  jain {out['jain_index']}  wasted {out['wasted_service_ratio']:.2%}  "
-                 f"goodput {out['goodput_per_s']}/s  preempted {out['aging']['preempted']}  "
-                 f"decision p99 {out['decision_us']['p99']} us  conservation "
-                 f"{'ok' if out['conservation']['ok'] else out['conservation']['problems']}")
+        lines.append(
+            f"  {name:12} arrived {c['arrived']:6}  completed {c['completed']:6}  "
+            f"within SLA {c['completed_within_sla']:6}  full {c['rejected_queue_full']:5}  "
+            f"timeout {c['queue_timeout']:5}  abandoned {c['abandoned']:5}  "
+            f"wait p50/p95 {w['p50'] / 1000:.2f}/{w['p95'] / 1000:.2f} s"
+        )
+    lines.append(
+        f"  jain {out['jain_index']}  wasted {out['wasted_service_ratio']:.2%}  "
+        f"goodput {out['goodput_per_s']}/s  preempted {out['aging']['preempted']}  "
+        f"decision p99 {out['decision_us']['p99']} us  conservation "
+        f"{'ok' if out['conservation']['ok'] else out['conservation']['problems']}"
+    )
     return "\n".join(lines)
 
 
@@ -121,8 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline-step-ms", type=int)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    out = run_file(args.scenario, policy=args.policy, seed=args.seed, timeline_step_ms=args.timeline_step_ms,
-                   show_progress=not args.quiet)
+    out = run_file(
+        args.scenario,
+        policy=args.policy,
+        seed=args.seed,
+        timeline_step_ms=args.timeline_step_ms,
+        show_progress=not args.quiet,
+    )
     if args.json_out == "-":
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")

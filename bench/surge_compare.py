@@ -8,6 +8,7 @@ policy a gateway of its own (fresh SQLite database, the surge scenario's configu
 its SLAs divided by the time scale), replays the same event against it from this process
 (bench.surge), stops it, and prints both timelines and the headline figures side by side.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,20 @@ def gateway_yaml(plan: SurgePlan, policy: str, backend_url: str, slots: int) -> 
     config["policy"] = policy
     config["classes"] = [{**c, "sla_ms": plan.sla_ms(c["sla_ms"])} for c in config["classes"]]
     config["queue"] = {**config["queue"], "service_ms_prior": plan.sla_ms(SERVICE_MS_PRIOR)}
-    config["tenants"] = [{"slug": t["slug"], "name": t["slug"].title(), "quota_share": t["quota_share"],
-                          "annual_budget": 1_000_000_000} for t in scenario["tenants"]]
-    config["backends"] = [{"name": "gpu", "url": f"{backend_url}/v1", "models": [plan.model], "slots": slots,
-                           "input_price_per_1k": 0.002, "output_price_per_1k": 0.006}]
+    config["tenants"] = [
+        {"slug": t["slug"], "name": t["slug"].title(), "quota_share": t["quota_share"], "annual_budget": 1_000_000_000}
+        for t in scenario["tenants"]
+    ]
+    config["backends"] = [
+        {
+            "name": "gpu",
+            "url": f"{backend_url}/v1",
+            "models": [plan.model],
+            "slots": slots,
+            "input_price_per_1k": 0.002,
+            "output_price_per_1k": 0.006,
+        }
+    ]
     return yaml.safe_dump({"scheduler": config}, sort_keys=False)
 
 
@@ -58,15 +69,21 @@ def _log(line: str) -> None:
 
 def run_policy(plan: SurgePlan, policy: str, sim: Server, var_dir: Path, billing: bool) -> SurgeResult:
     slots = int(plan.backend_options()["slots"])
-    gateway = start_gateway(var_dir / policy, gateway_yaml(plan, policy, sim.url, slots), tenant_keys(),
-                            name=f"gateway-{policy}", FAIRGATE_BILLING="1" if billing else "0")
+    gateway = start_gateway(
+        var_dir / policy,
+        gateway_yaml(plan, policy, sim.url, slots),
+        tenant_keys(),
+        name=f"gateway-{policy}",
+        FAIRGATE_BILLING="1" if billing else "0",
+    )
     try:
         keys = dict(gateway.keys)
         batch_key = keys.pop(BATCH_TENANT)
         _log(f"== {policy}: gateway {gateway.url}, backend {sim.url}")
         cpu_before_s = gateway.cpu_s()
-        result = run_sync(replay(plan, gateway.url, batch_key=batch_key, interactive_keys=list(keys.values()),
-                                 progress=_log))
+        result = run_sync(
+            replay(plan, gateway.url, batch_key=batch_key, interactive_keys=list(keys.values()), progress=_log)
+        )
         busy = (gateway.cpu_s() - cpu_before_s) / plan.real_s(result.ended_sim_s)
         result.notes.append(f"the gateway process used {busy:.0%} of one core on average")
         return result
@@ -107,13 +124,18 @@ def render(plan: SurgePlan, results: dict[str, SurgeResult], billing: bool, took
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.surge_compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.surge_compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch-count", type=int, default=DEFAULT_BATCH_COUNT)
     parser.add_argument("--time-scale", type=float, default=60.0)
     parser.add_argument("--policies", default="fifo,fairgate")
-    parser.add_argument("--billing", choices=("on", "off"), default="off",
-                        help="off by default: on SQLite billing caps the gateway near 100 requests/s (bench.gateway_overhead)")
+    parser.add_argument(
+        "--billing",
+        choices=("on", "off"),
+        default="off",
+        help="off by default: on SQLite billing caps the gateway near 100 requests/s (bench.gateway_overhead)",
+    )
     parser.add_argument("--max-minutes", type=float, default=300.0, help="simulated minutes before giving up")
     parser.add_argument("--write-report", action="store_true", help="also write the section of bench/REPORT-gateway.md")
     args = parser.parse_args(argv)

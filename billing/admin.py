@@ -1,5 +1,6 @@
 """Admin: budgets, ledger and alerts are read-only (the ledger is append-only; corrections are
 `ledger_adjust`); a tenant's billing settings are editable and audited."""
+
 from django.contrib import admin
 
 from billing.models import Budget, BudgetAlert, LedgerEntry, TenantBilling
@@ -28,5 +29,13 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
 @admin.register(BudgetAlert)
 class BudgetAlertAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "budget", "threshold_pct", "spent", "limit", "webhook_delivered_at",
-                    "email_delivered_at", "delivery_error")
+    list_display = (
+        "created_at",
+        "budget",
+        "threshold_pct",
+        "spent",
+        "limit",
+        "webhook_delivered_at",
+        "email_delivered_at",
+        "delivery_error",
+    )

@@ -1,6 +1,7 @@
 """Budget alerts at 80 % and 100 %: stored once per budget and threshold, logged, then delivered
 after commit to the tenant's webhook (httpx) and by e-mail (Django's mail settings) by a Celery task.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,11 +28,19 @@ def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAl
     for pct in thresholds_pct:
         try:
             with transaction.atomic():
-                alert = BudgetAlert.objects.create(budget=budget, threshold_pct=pct, spent=budget.spent, limit=budget.limit)
+                alert = BudgetAlert.objects.create(
+                    budget=budget, threshold_pct=pct, spent=budget.spent, limit=budget.limit
+                )
         except IntegrityError:  # this threshold already alerted for this budget
             continue
-        logger.warning("budget %s crossed %s%%: spent %s of %s %s", budget.label, pct, budget.spent, budget.limit,
-                       settings.FAIRGATE_CURRENCY)
+        logger.warning(
+            "budget %s crossed %s%%: spent %s of %s %s",
+            budget.label,
+            pct,
+            budget.spent,
+            budget.limit,
+            settings.FAIRGATE_CURRENCY,
+        )
         transaction.on_commit(lambda pk=alert.pk: _enqueue(pk))
         created.append(alert)
     return created
@@ -49,7 +58,11 @@ def alert_payload(alert: BudgetAlert) -> dict:
         "type": "budget.threshold_crossed",
         "tenant": budget.tenant.slug,
         "budget": budget.label,
-        "period": {"kind": budget.kind, "starts_at": budget.starts_at.isoformat(), "ends_at": budget.ends_at.isoformat()},
+        "period": {
+            "kind": budget.kind,
+            "starts_at": budget.starts_at.isoformat(),
+            "ends_at": budget.ends_at.isoformat(),
+        },
         "threshold_pct": alert.threshold_pct,
         "spent": str(alert.spent),
         "limit": str(alert.limit),

@@ -29,6 +29,7 @@ Inside the transaction, in this order:
 After commit, holds are remembered in this process (billing.inflight) and `entries_booked` is
 sent (the console's live feed listens).
 """
+
 from __future__ import annotations
 
 import logging
@@ -133,13 +134,25 @@ assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields if 
 
 
 def _booked(held: HeldEntry, *, kind: str, amount: Decimal, at: datetime, **extra) -> Booked:
-    return Booked(kind=kind, at=at, tenant_id=held.tenant_id, budget_id=held.budget_id,
-                  month_budget_id=held.month_budget_id, request_id=held.request_id, class_name=held.class_name,
-                  price_version_id=held.price_version_id, model=held.model, amount=amount, factor=held.factor,
-                  owner=held.owner, **extra)
+    return Booked(
+        kind=kind,
+        at=at,
+        tenant_id=held.tenant_id,
+        budget_id=held.budget_id,
+        month_budget_id=held.month_budget_id,
+        request_id=held.request_id,
+        class_name=held.class_name,
+        price_version_id=held.price_version_id,
+        model=held.model,
+        amount=amount,
+        factor=held.factor,
+        owner=held.owner,
+        **extra,
+    )
 
 
 # --- preparing: everything that needs no lock (cached prices, budget ids, the in-flight hold) ------
+
 
 @dataclass
 class _Priced:
@@ -169,12 +182,21 @@ def _check_tokens(*counts: int) -> None:
 
 def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool = False) -> _Priced:
     version = price_version_at(class_name=class_name, at=ask.at, refresh=refresh)
-    base = upper_bound_base_cost(model=ask.model, prompt_tokens=ask.prompt_tokens,
-                                 completion_tokens=ask.max_output_tokens, refresh=refresh)
-    held = HeldEntry(request_id=ask.request_id, tenant_id=scope.tenant_id, budget_id=scope.year_id,
-                     month_budget_id=scope.month_id, class_name=class_name, price_version_id=version.pk,
-                     model=ask.model, factor=version.price_factor,
-                     amount=charge_of(base_cost=base, factor=version.price_factor), owner=ask.owner)
+    base = upper_bound_base_cost(
+        model=ask.model, prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens, refresh=refresh
+    )
+    held = HeldEntry(
+        request_id=ask.request_id,
+        tenant_id=scope.tenant_id,
+        budget_id=scope.year_id,
+        month_budget_id=scope.month_id,
+        class_name=class_name,
+        price_version_id=version.pk,
+        model=ask.model,
+        factor=version.price_factor,
+        amount=charge_of(base_cost=base, factor=version.price_factor),
+        owner=ask.owner,
+    )
     return _Priced(held, base, version.class_id, version.effective_at)
 
 
@@ -197,12 +219,14 @@ def _prepare(ask: Ask) -> _Plan:
         if plan.held is None:
             raise HoldNotFound(f"request {ask.request_id!r} has no hold")
         plan.base = backend_prices(backend_name=ask.backend_name).base_cost(
-            prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens)
+            prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens
+        )
         plan.charge = charge_of(base_cost=plan.base, factor=plan.held.factor)
     return plan
 
 
 # --- inside the transaction ------------------------------------------------------------------------
+
 
 @dataclass
 class _Row:
@@ -273,11 +297,16 @@ def _lock_and_read(plans: list[_Plan], ids: set[int]) -> tuple[dict[int, _Row], 
     never charged) is asked again: its further attempts are read too."""
     priced = [p for p in plans if p.priced is not None]
     holding = list({p.ask.request_id for p in priced})
-    versions = sorted({(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id)
-                       for p in priced})
+    versions = sorted(
+        {(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id) for p in priced}
+    )
     locked, found, superseded = statements.booking_reads(
-        sorted(ids), list({p.ask.request_id for p in plans}), holding,
-        at=max((p.ask.at for p in priced), default=None), versions=versions)
+        sorted(ids),
+        list({p.ask.request_id for p in plans}),
+        holding,
+        at=max((p.ask.at for p in priced), default=None),
+        versions=versions,
+    )
     done: Done = {}
     holds: Holds = {}
     _note_entries(found, done, holds)
@@ -354,9 +383,17 @@ def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: Holds, done: Done) -
                 row.held += held.amount
             room = _room(moved)
             plan.result = holds[key] = replace(held, room=UNLIMITED if room is None else room)
-            plan.entries.append(_booked(held, kind=Kind.HOLD, amount=held.amount, at=ask.at,
-                                        prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens,
-                                        base_cost=money(priced.base)))
+            plan.entries.append(
+                _booked(
+                    held,
+                    kind=Kind.HOLD,
+                    amount=held.amount,
+                    at=ask.at,
+                    prompt_tokens=ask.prompt_tokens,
+                    completion_tokens=ask.max_output_tokens,
+                    base_cost=money(priced.base),
+                )
+            )
             return
         if refused is None:
             refused = _refusal(blocking, held.amount)
@@ -403,25 +440,40 @@ def _decide_end(plan: _Plan, rows: dict[int, _Row], done: Done) -> None:
         ceiling = _room(moved)
     charge = plan.charge if ceiling is None else min(plan.charge, ceiling)
     unbilled = plan.charge - charge
-    plan.entries.append(_booked(held, kind=Kind.CHARGE, amount=charge, at=ask.at,
-                                backend_name=ask.backend_name, prompt_tokens=ask.prompt_tokens,
-                                completion_tokens=ask.completion_tokens, base_cost=money(plan.base),
-                                unbilled=unbilled))
+    plan.entries.append(
+        _booked(
+            held,
+            kind=Kind.CHARGE,
+            amount=charge,
+            at=ask.at,
+            backend_name=ask.backend_name,
+            prompt_tokens=ask.prompt_tokens,
+            completion_tokens=ask.completion_tokens,
+            base_cost=money(plan.base),
+            unbilled=unbilled,
+        )
+    )
     for row in moved:
         row.spent += charge
     done[rid, Kind.CHARGE] = (charge, "")
     plan.result = Charged(charge, unbilled)
     if unbilled:
-        log.warning("request %s: the backend's usage priced %s beyond what could be charged (%s); recorded as "
-                    "unbilled", rid, plan.charge, charge)
+        log.warning(
+            "request %s: the backend's usage priced %s beyond what could be charged (%s); recorded as unbilled",
+            rid,
+            plan.charge,
+            charge,
+        )
 
 
 def _write(entries: list[Booked], rows: list[_Row]) -> None:
     """Step 5: the INSERT of the entries, the UPDATE of the moved rows."""
     adapt_at = connection.ops.adapt_datetimefield_value
-    statements.booking_writes(COLUMNS, [tuple(adapt_at(entry.at) if name == "at" else getattr(entry, name)
-                                              for name in COLUMNS) for entry in entries],
-                              [(r.pk, money(r.spent), money(r.held), r.limit) for r in rows])
+    statements.booking_writes(
+        COLUMNS,
+        [tuple(adapt_at(entry.at) if name == "at" else getattr(entry, name) for name in COLUMNS) for entry in entries],
+        [(r.pk, money(r.spent), money(r.held), r.limit) for r in rows],
+    )
 
 
 def _alert(rows: list[_Row]) -> None:
@@ -435,8 +487,12 @@ def _apply(plans: list[_Plan]) -> None:
     ids = {pk for p in plans for pk in (p.priced.held if p.priced else p.held).budget_ids}
     with transaction.atomic():
         rows, done, holds, superseded = _lock_and_read(plans, ids)
-        if any(rows.get(pk) is None or rows[pk].tenant_id != p.priced.held.tenant_id
-               for p in plans if p.priced for pk in p.priced.held.budget_ids):
+        if any(
+            rows.get(pk) is None or rows[pk].tenant_id != p.priced.held.tenant_id
+            for p in plans
+            if p.priced
+            for pk in p.priced.held.budget_ids
+        ):
             raise _ScopeStale
         _reprice_superseded(plans, superseded)
         for plan in plans:
@@ -469,8 +525,9 @@ def _book_prepared(plans: list[_Plan]) -> None:
         for plan in plans:
             if plan.priced is not None:
                 ask = plan.ask
-                plan.priced = _price(ask, ask.class_name, budget_scope(tenant_slug=ask.tenant_slug, at=ask.at,
-                                                                       refresh=True))
+                plan.priced = _price(
+                    ask, ask.class_name, budget_scope(tenant_slug=ask.tenant_slug, at=ask.at, refresh=True)
+                )
         _apply(plans)  # raised before deciding anything
 
 
@@ -493,7 +550,7 @@ def book(asks: list[Ask]) -> list[object]:
         else:
             results[index] = plan.result
     for start in range(0, len(plans), MAX_BATCH):
-        chunk = plans[start:start + MAX_BATCH]
+        chunk = plans[start : start + MAX_BATCH]
         try:
             _book_prepared(chunk)
         except (OperationalError, InterfaceError):  # the database is out of reach: asking again one by one won't help
@@ -519,5 +576,3 @@ def book_one(ask: Ask) -> object:
     if isinstance(result, BaseException):
         raise result
     return result
-
-

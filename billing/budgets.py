@@ -9,6 +9,7 @@ Which rows a tenant's hold goes to (its year budget and, with a monthly cap, the
 cached per fiscal period (billing.cache); booking checks the locked rows still belong to the
 tenant and re-reads the ids if not.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,15 +52,20 @@ def billing_of(tenant: Tenant) -> TenantBilling | None:
         return None
 
 
-def _budget_get(*, tenant: Tenant, kind: str, period: Period, limit: Decimal | None,
-                found: Budget | None = None) -> Budget:
+def _budget_get(
+    *, tenant: Tenant, kind: str, period: Period, limit: Decimal | None, found: Budget | None = None
+) -> Budget:
     budget = found or Budget.objects.filter(tenant=tenant, kind=kind, starts_at=period.starts_at).first()
     if budget is None:
         try:
             with transaction.atomic():
                 budget = Budget.objects.create(
-                    tenant=tenant, kind=kind, fiscal_year=period.fiscal_year,
-                    starts_at=period.starts_at, ends_at=period.ends_at, limit=limit,
+                    tenant=tenant,
+                    kind=kind,
+                    fiscal_year=period.fiscal_year,
+                    starts_at=period.starts_at,
+                    ends_at=period.ends_at,
+                    limit=limit,
                 )
         except IntegrityError:  # created concurrently
             budget = Budget.objects.get(tenant=tenant, kind=kind, starts_at=period.starts_at)
@@ -72,8 +78,9 @@ def _budget_get(*, tenant: Tenant, kind: str, period: Period, limit: Decimal | N
 
 def budgets_for(*, tenant: Tenant, at: datetime, year: Budget | None = None) -> TenantBudgets:
     """The tenant's fiscal-year budget at `at` and, if it has a monthly cap, the month's."""
-    year = _budget_get(tenant=tenant, kind=Budget.Kind.YEAR, period=year_period_at(at), limit=tenant.annual_budget,
-                       found=year)
+    year = _budget_get(
+        tenant=tenant, kind=Budget.Kind.YEAR, period=year_period_at(at), limit=tenant.annual_budget, found=year
+    )
     settings_row = billing_of(tenant)
     month = None
     if settings_row is not None and settings_row.monthly_cap is not None:

@@ -14,6 +14,7 @@ What must be exact is not trusted to these caches: budget limits and balances ar
 budget rows' lock by billing.booking, which also re-checks that the price version picked from
 the cache is still the one in force.
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,8 +64,11 @@ class _Entry(Generic[T]):
 def caches_refresh_one(older_than_s: float = CACHE_TTL_S / 2) -> bool:
     """Reload the oldest entry of this process's caches that is at least `older_than_s` old and was
     read since it was loaded (an idle process stops reloading); whether one was."""
-    oldest = min(((found[0], cache, found[1]) for cache in _caches if (found := cache.oldest_read()) is not None),
-                 default=None, key=lambda candidate: candidate[0])
+    oldest = min(
+        ((found[0], cache, found[1]) for cache in _caches if (found := cache.oldest_read()) is not None),
+        default=None,
+        key=lambda candidate: candidate[0],
+    )
     if oldest is None or time.monotonic() - oldest[0] < older_than_s:
         return False
     _, cache, key = oldest
@@ -96,8 +100,11 @@ class TtlCache(Generic[T]):
 
     def oldest_read(self) -> tuple[float, Hashable] | None:
         """(loaded at, key) of the oldest entry read since it was loaded."""
-        return min(((self._entries[key].loaded_at_s, key) for key in self._read if key in self._entries),
-                   default=None, key=lambda found: found[0])
+        return min(
+            ((self._entries[key].loaded_at_s, key) for key in self._read if key in self._entries),
+            default=None,
+            key=lambda found: found[0],
+        )
 
     def reload(self, key: Hashable) -> None:
         """Load `key` again now (not a read). An entry whose load fails is dropped: the next `get`

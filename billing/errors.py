@@ -1,4 +1,5 @@
 """Billing's exceptions. The gateway maps them to client errors (402 budget_exhausted, ...)."""
+
 from __future__ import annotations
 
 from decimal import Decimal

@@ -20,6 +20,7 @@ promised. A live process never loses its holds to another's sweep:
   alive from then on; its late settlements are booked against what the budget still has, never
   past the limit, and the rest is recorded as unbilled (billing.booking).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,14 @@ def heartbeat_beat(*, owner: str, pid: int, recovered: bool = False, now: dateti
     if recovered:
         fields["recovered_at"] = now
     if not GatewayProcess.objects.filter(owner=owner).update(**fields):
-        GatewayProcess.objects.create(owner=owner, host=owner.split(":", 1)[0], pid=pid, started_at=now,
-                                      recovered_at=now if recovered else None, beat_at=now)
+        GatewayProcess.objects.create(
+            owner=owner,
+            host=owner.split(":", 1)[0],
+            pid=pid,
+            started_at=now,
+            recovered_at=now if recovered else None,
+            beat_at=now,
+        )
 
 
 def heartbeat_stop(*, owner: str) -> None:
@@ -81,8 +88,12 @@ def processes_dead(*, now: datetime | None = None) -> list[str]:
 
 def _open_holds(owner: str) -> list[str]:
     released = LedgerEntry.objects.filter(kind=Kind.RELEASE, request_id=OuterRef("request_id"))
-    return list(LedgerEntry.objects.filter(kind=Kind.HOLD, owner=owner).filter(~Exists(released))
-                .order_by("pk").values_list("request_id", flat=True))
+    return list(
+        LedgerEntry.objects.filter(kind=Kind.HOLD, owner=owner)
+        .filter(~Exists(released))
+        .order_by("pk")
+        .values_list("request_id", flat=True)
+    )
 
 
 def holds_release_orphaned(*, now: datetime | None = None) -> int:
@@ -94,8 +105,9 @@ def holds_release_orphaned(*, now: datetime | None = None) -> int:
         results = book([ReleaseAsk(request_id=rid, reason=OWNER_GONE_REASON, at=now) for rid in request_ids])
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            log.error("could not release %s holds of %s (the next sweep tries again): %s", len(failed), owner,
-                      failed[0])
+            log.error(
+                "could not release %s holds of %s (the next sweep tries again): %s", len(failed), owner, failed[0]
+            )
             continue
         GatewayProcess.objects.filter(owner=owner, released_at__isnull=True).update(released_at=now)
         released = sum(r is True for r in results)

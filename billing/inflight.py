@@ -5,6 +5,7 @@ exact for as long as it is kept: `budget_hold` remembers its entry after commit,
 release forget it, and a miss (another process held it, the memo was full, a retry after the
 request ended) reads the entry from the ledger. Bounded: the oldest entries go first.
 """
+
 from __future__ import annotations
 
 import threading

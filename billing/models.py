@@ -7,6 +7,7 @@ same transaction as the entries that move them; `manage.py ledger verify` recomp
 Ledger entries are never updated or deleted: the model refuses, its queryset refuses, and database
 triggers (migration 0002) refuse raw SQL too. A correction is a new `adjustment` entry.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -89,7 +90,6 @@ class LedgerQuerySet(models.QuerySet):
         raise AppendOnlyError("ledger entries cannot be deleted")
 
 
-
 class LedgerEntry(models.Model):
     class Kind(models.TextChoices):
         HOLD = "hold", "Hold"
@@ -102,8 +102,9 @@ class LedgerEntry(models.Model):
     # tenant's composite index serves its foreign key too). Budgets and price versions are never
     # deleted, so their foreign keys need no index of their own.
     at = models.DateTimeField()
-    tenant = models.ForeignKey("gateway.Tenant", on_delete=models.PROTECT, related_name="ledger_entries",
-                               db_index=False)
+    tenant = models.ForeignKey(
+        "gateway.Tenant", on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
+    )
     budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="entries", db_index=False)
     month_budget = models.ForeignKey(
         Budget, null=True, blank=True, on_delete=models.PROTECT, related_name="month_entries", db_index=False
@@ -112,7 +113,11 @@ class LedgerEntry(models.Model):
     request_id = models.CharField(max_length=200, blank=True)
     class_name = models.CharField(max_length=32, blank=True)
     price_version = models.ForeignKey(
-        "scheduling.PriceVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries",
+        "scheduling.PriceVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="ledger_entries",
         db_index=False,
     )
     model = models.CharField(max_length=200, blank=True)
@@ -122,15 +127,18 @@ class LedgerEntry(models.Model):
     base_cost = models.DecimalField(**MONEY, default=ZERO)
     factor = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"))
     amount = models.DecimalField(**MONEY)
-    overrun = models.DecimalField(**MONEY, default=ZERO,
-                                  help_text="Charged beyond the hold (before holds bounded every charge: always 0 now).")
+    overrun = models.DecimalField(
+        **MONEY, default=ZERO, help_text="Charged beyond the hold (before holds bounded every charge: always 0 now)."
+    )
     unbilled = models.DecimalField(
-        **MONEY, default=ZERO,
+        **MONEY,
+        default=ZERO,
         help_text="What the backend's usage priced beyond what could be charged: beyond the hold, or, for a late "
-                  "settlement after the hold was released, beyond what the budget still had.",
+        "settlement after the hold was released, beyond what the budget still had.",
     )
     owner = models.CharField(
-        max_length=100, blank=True,
+        max_length=100,
+        blank=True,
         help_text="The gateway process whose request this is (billing.heartbeats); empty: booked outside one.",
     )
     reason = models.CharField(max_length=500, blank=True)
@@ -201,10 +209,14 @@ class GatewayProcess(models.Model):
     beat_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True, help_text="Set by a clean stop.")
     recovered_at = models.DateTimeField(
-        null=True, blank=True, help_text="Its last beat after beats had failed (the database was out): no process "
-                                         "is taken for dead until every live one has had time to beat again.")
-    released_at = models.DateTimeField(null=True, blank=True,
-                                       help_text="Taken for dead: its open holds were released then.")
+        null=True,
+        blank=True,
+        help_text="Its last beat after beats had failed (the database was out): no process "
+        "is taken for dead until every live one has had time to beat again.",
+    )
+    released_at = models.DateTimeField(
+        null=True, blank=True, help_text="Taken for dead: its open holds were released then."
+    )
 
     class Meta:
         verbose_name_plural = "gateway processes"

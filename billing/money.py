@@ -4,6 +4,7 @@ PostgreSQL keeps NUMERIC exactly. SQLite stores decimals as binary floats, which
 for one 6-place amount below 10^9 (Django quantizes on read) but not for a SUM of many: `MoneySum`
 sums whole micro-units there instead, so reports and `ledger verify` agree with the ledger.
 """
+
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal

@@ -3,6 +3,7 @@
 A fiscal year is labelled by the calendar year in which it starts (start month 4: FY2025 runs
 from 1 April 2025 to 1 April 2026, end exclusive). Boundaries are aware datetimes at local midnight.
 """
+
 from __future__ import annotations
 
 import functools

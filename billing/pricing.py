@@ -8,6 +8,7 @@ and the version is picked by the admission time `at`, so a change scheduled for 
 from its effective time; a change that takes effect now is seen at once in this process, and
 booking re-reads the versions of a batch's classes under its lock for changes made elsewhere.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ def upper_bound_base_cost(*, model: str, prompt_tokens: int, completion_tokens: 
     if costs:
         return max(costs)
     if not refresh:
-        return upper_bound_base_cost(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                     refresh=True)
+        return upper_bound_base_cost(
+            model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, refresh=True
+        )
     raise UnknownModel(f"no enabled backend serves model {model!r}")

@@ -1,4 +1,5 @@
 """CSV export of report rows: `?format=csv` or `Accept: text/csv` on any report endpoint."""
+
 from __future__ import annotations
 
 import csv

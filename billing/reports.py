@@ -3,6 +3,7 @@
 Months are fiscal-time-zone calendar months of the charge time. Every money column is a sum of
 ledger amounts, so a report adds up to the ledger exactly.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -35,8 +36,9 @@ def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal | None:
     return None if not denominator else (numerator / denominator).quantize(SHARE)
 
 
-def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None,
-                     until: datetime | None = None) -> list[dict]:
+def charges_by_month(
+    *, tenants: QuerySet[Tenant], since: datetime | None = None, until: datetime | None = None
+) -> list[dict]:
     """Tenant × class × month: requests, tokens, base cost, charge, effective multiplier, overrun,
     and unbilled (what usage priced beyond the holds, not charged)."""
     rows = (
@@ -44,8 +46,12 @@ def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None
         .annotate(month=TruncMonth("at", tzinfo=fiscal_tz()))
         .values("tenant__slug", "class_name", "month")
         .annotate(
-            requests=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
-            base_cost=MoneySum("base_cost"), charge=MoneySum("amount"), overrun=MoneySum("overrun"),
+            requests=Count("id"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            base_cost=MoneySum("base_cost"),
+            charge=MoneySum("amount"),
+            overrun=MoneySum("overrun"),
             unbilled=MoneySum("unbilled"),
         )
         .order_by("tenant__slug", "month", "class_name")
@@ -53,13 +59,21 @@ def charges_by_month(*, tenants: QuerySet[Tenant], since: datetime | None = None
     out = []
     for row in rows:
         base, charge = or_zero(row["base_cost"]), or_zero(row["charge"])
-        out.append({
-            "tenant": row["tenant__slug"], "month": f"{row['month']:%Y-%m}", "class": row["class_name"],
-            "requests": row["requests"], "prompt_tokens": row["prompt_tokens"] or 0,
-            "completion_tokens": row["completion_tokens"] or 0, "base_cost": base, "charge": charge,
-            "effective_multiplier": _ratio(charge, base), "overrun": or_zero(row["overrun"]),
-            "unbilled": or_zero(row["unbilled"]),
-        })
+        out.append(
+            {
+                "tenant": row["tenant__slug"],
+                "month": f"{row['month']:%Y-%m}",
+                "class": row["class_name"],
+                "requests": row["requests"],
+                "prompt_tokens": row["prompt_tokens"] or 0,
+                "completion_tokens": row["completion_tokens"] or 0,
+                "base_cost": base,
+                "charge": charge,
+                "effective_multiplier": _ratio(charge, base),
+                "overrun": or_zero(row["overrun"]),
+                "unbilled": or_zero(row["unbilled"]),
+            }
+        )
     return out
 
 
@@ -74,16 +88,23 @@ def class_mix(*, tenants: QuerySet[Tenant], since: datetime | None = None, until
     out = []
     for row in rows:
         requests_total, spend_total = totals[(row["tenant"], row["month"])]
-        out.append({
-            "tenant": row["tenant"], "month": row["month"], "class": row["class"],
-            "requests": row["requests"], "request_share": _ratio(Decimal(row["requests"]), Decimal(requests_total)),
-            "charge": row["charge"], "spend_share": _ratio(row["charge"], spend_total),
-        })
+        out.append(
+            {
+                "tenant": row["tenant"],
+                "month": row["month"],
+                "class": row["class"],
+                "requests": row["requests"],
+                "request_share": _ratio(Decimal(row["requests"]), Decimal(requests_total)),
+                "charge": row["charge"],
+                "spend_share": _ratio(row["charge"], spend_total),
+            }
+        )
     return out
 
 
-def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, now: datetime | None = None,
-                with_overrun: bool = True) -> list[dict]:
+def budget_burn(
+    *, tenants: QuerySet[Tenant], fiscal_year: int | None = None, now: datetime | None = None, with_overrun: bool = True
+) -> list[dict]:
     """Per tenant, its fiscal-year budget: spent, held, remaining, projected spend at the current rate,
     and (``with_overrun``) what actual usage charged beyond the holds: a sum over the year's charges,
     where the rest reads only the budget rows."""
@@ -94,10 +115,18 @@ def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, no
         b.tenant_id: b
         for b in Budget.objects.filter(kind=Budget.Kind.YEAR, fiscal_year=fiscal_year, tenant__in=tenants)
     }
-    overruns = dict(
-        _charges(tenants=tenants, since=None, until=None).filter(budget__in=list(budgets.values()))
-        .values("budget_id").annotate(total=MoneySum("overrun")).order_by().values_list("budget_id", "total")
-    ) if with_overrun else {}
+    overruns = (
+        dict(
+            _charges(tenants=tenants, since=None, until=None)
+            .filter(budget__in=list(budgets.values()))
+            .values("budget_id")
+            .annotate(total=MoneySum("overrun"))
+            .order_by()
+            .values_list("budget_id", "total")
+        )
+        if with_overrun
+        else {}
+    )
     out = []
     for tenant in tenants.order_by("slug"):
         budget = budgets.get(tenant.pk)
@@ -105,15 +134,22 @@ def budget_burn(*, tenants: QuerySet[Tenant], fiscal_year: int | None = None, no
         spent = budget.spent if budget else ZERO
         held = budget.held if budget else ZERO
         projected = _projected(spent=spent, starts_at=period.starts_at, ends_at=period.ends_at, now=now)
-        out.append({
-            "tenant": tenant.slug, "fiscal_year": fiscal_year, "starts_at": period.starts_at, "ends_at": period.ends_at,
-            "limit": limit, "spent": spent, "held": held,
-            "remaining": None if limit is None else limit - spent - held,
-            "used_share": _ratio(spent, limit) if limit else None,
-            "projected_spend": projected,
-            "projected_remaining": None if limit is None else limit - projected,
-            **({"overrun": or_zero(overruns.get(budget.pk)) if budget else ZERO} if with_overrun else {}),
-        })
+        out.append(
+            {
+                "tenant": tenant.slug,
+                "fiscal_year": fiscal_year,
+                "starts_at": period.starts_at,
+                "ends_at": period.ends_at,
+                "limit": limit,
+                "spent": spent,
+                "held": held,
+                "remaining": None if limit is None else limit - spent - held,
+                "used_share": _ratio(spent, limit) if limit else None,
+                "projected_spend": projected,
+                "projected_remaining": None if limit is None else limit - projected,
+                **({"overrun": or_zero(overruns.get(budget.pk)) if budget else ZERO} if with_overrun else {}),
+            }
+        )
     return out
 
 
@@ -126,8 +162,15 @@ def _projected(*, spent: Decimal, starts_at: datetime, ends_at: datetime, now: d
     return money(spent * total_s / elapsed_s)
 
 
-def what_if(*, tenant: Tenant, since: datetime, until: datetime, share: Decimal,
-            from_class: str = "INTERACTIVE", to_class: str = "BATCH") -> dict:
+def what_if(
+    *,
+    tenant: Tenant,
+    since: datetime,
+    until: datetime,
+    share: Decimal,
+    from_class: str = "INTERACTIVE",
+    to_class: str = "BATCH",
+) -> dict:
     """What the tenant would have paid in [since, until) had `share` (0..1) of its `from_class`
     traffic been `to_class`: the moved requests keep their base cost and take the `to_class`
     factor in force when each was charged."""
@@ -141,9 +184,16 @@ def what_if(*, tenant: Tenant, since: datetime, until: datetime, share: Decimal,
         repriced += base * factor
     what_if_total = money(actual - share * moved_charge + share * repriced)
     return {
-        "tenant": tenant.slug, "since": since, "until": until, "from_class": from_class, "to_class": to_class,
-        "share": share, "actual": actual, "from_class_charge": moved_charge,
-        "what_if": what_if_total, "saving": actual - what_if_total,
+        "tenant": tenant.slug,
+        "since": since,
+        "until": until,
+        "from_class": from_class,
+        "to_class": to_class,
+        "share": share,
+        "actual": actual,
+        "from_class_charge": moved_charge,
+        "what_if": what_if_total,
+        "saving": actual - what_if_total,
     }
 
 
@@ -152,7 +202,8 @@ def _factor_intervals(*, class_name: str, since: datetime, until: datetime) -> l
     version also covers any time before it)."""
     versions = list(
         PriceVersion.objects.filter(priority_class__name=class_name, effective_at__lt=until)
-        .order_by("effective_at", "pk").values_list("effective_at", "price_factor")
+        .order_by("effective_at", "pk")
+        .values_list("effective_at", "price_factor")
     )
     pieces = []
     for index, (effective_at, factor) in enumerate(versions):

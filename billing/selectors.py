@@ -1,4 +1,5 @@
 """Billing reads: the budget fallback class, ledger verification, and who may see which tenant."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -34,16 +35,26 @@ def fallback_classes(*, tenant_slug: str, class_name: str, at: datetime) -> list
     declared_factor = price_version_at(class_name=class_name, at=at).price_factor
     allowed = set(tenant.allowed_classes or [])
     candidates = sorted(
-        (c for c in classes_with_price(at=at)
-         if c.price_factor is not None and c.level > declared.level and c.price_factor < declared_factor
-         and (not allowed or c.name in allowed)),
+        (
+            c
+            for c in classes_with_price(at=at)
+            if c.price_factor is not None
+            and c.level > declared.level
+            and c.price_factor < declared_factor
+            and (not allowed or c.name in allowed)
+        ),
         key=lambda c: (-c.price_factor, c.level),
     )
     return [c.name for c in candidates]
 
 
 def budget_fallback_class(
-    *, tenant_slug: str, class_name: str, model: str, prompt_tokens: int, max_output_tokens: int,
+    *,
+    tenant_slug: str,
+    class_name: str,
+    model: str,
+    prompt_tokens: int,
+    max_output_tokens: int,
     at: datetime | None = None,
 ) -> str | None:
     """The first of `fallback_classes` whose hold fits the remaining budget(s) now, or None.
@@ -80,7 +91,9 @@ def ledger_balances() -> dict[int, dict[str, Decimal]]:
     for key in ("budget_id", "month_budget_id"):
         rows = (
             LedgerEntry.objects.filter(**{f"{key}__isnull": False})
-            .values(key, "kind").annotate(total=MoneySum("amount")).order_by()
+            .values(key, "kind")
+            .annotate(total=MoneySum("amount"))
+            .order_by()
         )
         for row in rows:
             column, sign = EFFECTS[row["kind"]]

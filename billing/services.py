@@ -8,6 +8,7 @@ is cancelled or fails upstream. All three are idempotent per request id: the led
 one hold, one charge and one release per request (a unique constraint backs what booking decides
 under the budget rows' locks), and a settlement writes its release too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,23 +33,51 @@ Kind = LedgerEntry.Kind
 
 
 def budget_hold(
-    *, tenant_slug: str, request_id: str, class_name: str, model: str, prompt_tokens: int,
-    max_output_tokens: int, at: datetime | None = None, fallback: bool = False,
+    *,
+    tenant_slug: str,
+    request_id: str,
+    class_name: str,
+    model: str,
+    prompt_tokens: int,
+    max_output_tokens: int,
+    at: datetime | None = None,
+    fallback: bool = False,
 ) -> HeldEntry:
     """Hold the largest possible charge of a request; raises BudgetExhausted if it does not fit
     (with `fallback`, a tenant configured for it gets the first cheaper class that fits instead)."""
-    return book_one(HoldAsk(request_id=request_id, tenant_slug=tenant_slug, class_name=class_name, model=model,
-                            prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens,
-                            at=at or timezone.now(), fallback=fallback))
+    return book_one(
+        HoldAsk(
+            request_id=request_id,
+            tenant_slug=tenant_slug,
+            class_name=class_name,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            max_output_tokens=max_output_tokens,
+            at=at or timezone.now(),
+            fallback=fallback,
+        )
+    )
 
 
 def charge_settle(
-    *, request_id: str, backend_name: str, prompt_tokens: int, completion_tokens: int, at: datetime | None = None,
+    *,
+    request_id: str,
+    backend_name: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    at: datetime | None = None,
 ) -> Decimal:
     """Turn the hold into the actual charge at the admission price, at most the hold; release the
     hold. Applied once. Returns the charge."""
-    return book_one(SettleAsk(request_id=request_id, backend_name=backend_name, prompt_tokens=prompt_tokens,
-                              completion_tokens=completion_tokens, at=at or timezone.now())).amount
+    return book_one(
+        SettleAsk(
+            request_id=request_id,
+            backend_name=backend_name,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            at=at or timezone.now(),
+        )
+    ).amount
 
 
 def hold_release(*, request_id: str, reason: str) -> bool:
@@ -85,7 +114,12 @@ def _move_locked(locked: list[Budget], *, spent_delta: Decimal) -> None:
 
 
 def ledger_adjust(
-    *, tenant_slug: str, amount: Decimal, reason: str, author: str, at: datetime | None = None,
+    *,
+    tenant_slug: str,
+    amount: Decimal,
+    reason: str,
+    author: str,
+    at: datetime | None = None,
 ) -> LedgerEntry:
     """A correction: positive charges more, negative credits. Books to the budget(s) in force at `at`."""
     if not reason.strip() or not author.strip():
@@ -99,17 +133,28 @@ def ledger_adjust(
     with transaction.atomic():
         locked = budgets_lock(budgets.ids)
         entry = LedgerEntry.objects.create(
-            kind=Kind.ADJUSTMENT, at=at, tenant=tenant, budget=budgets.year, month_budget=budgets.month,
-            amount=amount, reason=reason, author=author,
+            kind=Kind.ADJUSTMENT,
+            at=at,
+            tenant=tenant,
+            budget=budgets.year,
+            month_budget=budgets.month,
+            amount=amount,
+            reason=reason,
+            author=author,
         )
         _move_locked(locked, spent_delta=amount)
-        audit_record(actor=author, action="adjust", entity="budget", key=budgets.year.label, field_name="spent",
-                     new=amount)
+        audit_record(
+            actor=author, action="adjust", entity="budget", key=budgets.year.label, field_name="spent", new=amount
+        )
     return entry
 
 
 def price_change(
-    *, class_name: str, price_factor: Decimal, actor: str, effective_at: datetime | None = None,
+    *,
+    class_name: str,
+    price_factor: Decimal,
+    actor: str,
+    effective_at: datetime | None = None,
 ) -> PriceVersion:
     """A new price version, now or at a future time. Admitted requests keep the version they held."""
     now = timezone.now()
@@ -122,5 +167,6 @@ def price_change(
         priority_class = PriorityClass.objects.filter(name=class_name).first()
         if priority_class is None:
             raise UnknownClass(f"no class {class_name!r}")
-        return price_set(priority_class=priority_class, price_factor=price_factor, actor=actor,
-                         effective_at=effective_at or now)
+        return price_set(
+            priority_class=priority_class, price_factor=price_factor, actor=actor, effective_at=effective_at or now
+        )

@@ -19,6 +19,7 @@
 
 Each function is one step inside the caller's transaction; the caller holds the locks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -110,9 +111,11 @@ def _in(values: Sequence[object]) -> str:
 
 
 def _lock_sql(ids: Sequence[int]) -> tuple[str, list[object]]:
-    head = (f'SELECT b.id, b.tenant_id, CASE WHEN b.kind = %s THEN t.annual_budget ELSE tb.monthly_cap END, '
-            f'b."limit", b.spent, b.held FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
-            f"LEFT JOIN {TENANT_BILLING} tb ON tb.tenant_id = b.tenant_id ")
+    head = (
+        f"SELECT b.id, b.tenant_id, CASE WHEN b.kind = %s THEN t.annual_budget ELSE tb.monthly_cap END, "
+        f'b."limit", b.spent, b.held FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
+        f"LEFT JOIN {TENANT_BILLING} tb ON tb.tenant_id = b.tenant_id "
+    )
     if _postgres():
         sql, params = head + "WHERE b.id = ANY(%s::bigint[]) ORDER BY b.id FOR UPDATE OF b", [list(sorted(ids))]
     else:
@@ -124,26 +127,33 @@ def _lock_sql(ids: Sequence[int]) -> tuple[str, list[object]]:
 def _entries_sql(ids: Sequence[str], holding: Sequence[str]) -> tuple[str, list[object]]:
     """The condition repeats the unique partial index's, so it is used."""
     if _postgres():
-        sql = (f"SELECT request_id, kind, amount, reason FROM {LEDGER} WHERE request_id = ANY(%s::varchar[]) "
-               f"AND NOT (kind = 'adjustment') AND (kind <> %s OR request_id = ANY(%s::varchar[]))")
+        sql = (
+            f"SELECT request_id, kind, amount, reason FROM {LEDGER} WHERE request_id = ANY(%s::varchar[]) "
+            f"AND NOT (kind = 'adjustment') AND (kind <> %s OR request_id = ANY(%s::varchar[]))"
+        )
         return sql, [list(ids), LedgerEntry.Kind.HOLD, list(holding)]
     holds_too = f" OR request_id IN ({_in(holding)})" if holding else ""
-    sql = (f"SELECT request_id, kind, amount, reason FROM {LEDGER} WHERE request_id IN ({_in(ids)}) "
-           f"AND NOT (kind = 'adjustment') AND (kind <> %s{holds_too})")
+    sql = (
+        f"SELECT request_id, kind, amount, reason FROM {LEDGER} WHERE request_id IN ({_in(ids)}) "
+        f"AND NOT (kind = 'adjustment') AND (kind <> %s{holds_too})"
+    )
     return sql, [*ids, LedgerEntry.Kind.HOLD, *holding]
 
 
 def _repriced_sql(at: datetime, versions: Sequence[tuple[int, datetime, int]]) -> tuple[str, list[object]]:
     adapt = connection.ops.adapt_datetimefield_value
     if _postgres():
-        sql = (f"SELECT DISTINCT pv.priority_class_id FROM {PRICE_VERSION} pv "
-               "JOIN json_to_recordset(%s::json) AS c(class_id bigint, since timestamptz, version_id bigint) "
-               "ON pv.priority_class_id = c.class_id WHERE pv.effective_at <= %s "
-               "AND (pv.effective_at > c.since OR (pv.effective_at = c.since AND pv.id > c.version_id))")
+        sql = (
+            f"SELECT DISTINCT pv.priority_class_id FROM {PRICE_VERSION} pv "
+            "JOIN json_to_recordset(%s::json) AS c(class_id bigint, since timestamptz, version_id bigint) "
+            "ON pv.priority_class_id = c.class_id WHERE pv.effective_at <= %s "
+            "AND (pv.effective_at > c.since OR (pv.effective_at = c.since AND pv.id > c.version_id))"
+        )
         keys = ("class_id", "since", "version_id")
         return sql, [_json([dict(zip(keys, version)) for version in versions]), at]
-    newer = " OR ".join(["(priority_class_id = %s AND (effective_at > %s OR (effective_at = %s AND id > %s)))"]
-                        * len(versions))
+    newer = " OR ".join(
+        ["(priority_class_id = %s AND (effective_at > %s OR (effective_at = %s AND id > %s)))"] * len(versions)
+    )
     sql = f"SELECT DISTINCT priority_class_id FROM {PRICE_VERSION} WHERE effective_at <= %s AND ({newer})"
     params = [adapt(at)]
     for class_id, since, pk in versions:
@@ -151,8 +161,14 @@ def _repriced_sql(at: datetime, versions: Sequence[tuple[int, datetime, int]]) -
     return sql, params
 
 
-def booking_reads(lock_ids: Sequence[int], ids: Sequence[str], holding: Sequence[str], *, at: datetime | None,
-                  versions: Sequence[tuple[int, datetime, int]]) -> tuple[list[Row], list[Row], set[int]]:
+def booking_reads(
+    lock_ids: Sequence[int],
+    ids: Sequence[str],
+    holding: Sequence[str],
+    *,
+    at: datetime | None,
+    versions: Sequence[tuple[int, datetime, int]],
+) -> tuple[list[Row], list[Row], set[int]]:
     """A booking's first step, in this order:
 
     1. lock the budget rows ``lock_ids`` in primary-key order: (id, tenant id, limit configured
@@ -187,19 +203,23 @@ def _insert_sql(vendor: str, columns: tuple[str, ...], rows: int) -> str:
 def _insert_statements(columns: tuple[str, ...], rows: Sequence[Row]) -> list[tuple[str, list[object]]]:
     if _postgres():
         return [(_insert_sql("postgresql", columns, 0), [_json([dict(zip(columns, row)) for row in rows])])]
-    chunks = [rows[start:start + INSERT_ROWS] for start in range(0, len(rows), INSERT_ROWS)]
-    return [(_insert_sql(connection.vendor, columns, len(chunk)), [v for row in chunk for v in row])
-            for chunk in chunks]
+    chunks = [rows[start : start + INSERT_ROWS] for start in range(0, len(rows), INSERT_ROWS)]
+    return [
+        (_insert_sql(connection.vendor, columns, len(chunk)), [v for row in chunk for v in row]) for chunk in chunks
+    ]
 
 
 def _write_sql() -> str:
-    return (f'UPDATE {BUDGET} b SET spent = v.spent, held = v.held, "limit" = v.lim '
-            "FROM json_to_recordset(%s::json) AS v(id bigint, spent numeric, held numeric, lim numeric) "
-            "WHERE b.id = v.id")
+    return (
+        f'UPDATE {BUDGET} b SET spent = v.spent, held = v.held, "limit" = v.lim '
+        "FROM json_to_recordset(%s::json) AS v(id bigint, spent numeric, held numeric, lim numeric) "
+        "WHERE b.id = v.id"
+    )
 
 
-def booking_writes(columns: tuple[str, ...], entries: Sequence[Row],
-                   budget_rows: Sequence[tuple[int, object, object, object]]) -> None:
+def booking_writes(
+    columns: tuple[str, ...], entries: Sequence[Row], budget_rows: Sequence[tuple[int, object, object, object]]
+) -> None:
     """A booking's last step: append the ledger ``entries`` (values in the order of ``columns``),
     then write (id, spent, held, limit) of each moved budget row (one round trip on PostgreSQL)."""
     batch = _insert_statements(columns, entries) if entries else []
@@ -210,5 +230,7 @@ def booking_writes(columns: tuple[str, ...], entries: Sequence[Row],
         _together(batch, rows=False)
     if budget_rows and not _postgres():
         with _cursor() as cursor:
-            cursor.executemany(f'UPDATE {BUDGET} SET spent = %s, held = %s, "limit" = %s WHERE id = %s',
-                               [(spent, held, limit, pk) for pk, spent, held, limit in budget_rows])
+            cursor.executemany(
+                f'UPDATE {BUDGET} SET spent = %s, held = %s, "limit" = %s WHERE id = %s',
+                [(spent, held, limit, pk) for pk, spent, held, limit in budget_rows],
+            )

@@ -6,6 +6,7 @@ Schedule (celery beat, ``CELERY_BEAT_SCHEDULE``): ``billing.holds_release_orphan
 live gateway's billing worker runs the same sweep, so holds are released even without beat),
 ``billing.holds_sweep`` every 5 minutes (holds older than the stale age, whoever booked them).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta

@@ -1,4 +1,5 @@
 """Included under /api/billing/ by config/urls.py."""
+
 from django.urls import path
 
 from billing import views

@@ -4,6 +4,7 @@ Scoping is enforced here for every endpoint: finance and admin users see all ten
 only their own. Asking for a tenant one may not see answers 404, exactly as for a tenant that does
 not exist.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -115,8 +116,12 @@ class WhatIfView(ReportView):
         share = self._share()
         params = request.query_params
         row = reports.what_if(
-            tenant=tenant, since=since or fiscal.starts_at, until=until or fiscal.ends_at, share=share,
-            from_class=params.get("from_class", "INTERACTIVE"), to_class=params.get("to_class", "BATCH"),
+            tenant=tenant,
+            since=since or fiscal.starts_at,
+            until=until or fiscal.ends_at,
+            share=share,
+            from_class=params.get("from_class", "INTERACTIVE"),
+            to_class=params.get("to_class", "BATCH"),
         )
         return self.rows([row])
 
@@ -135,9 +140,27 @@ class LedgerView(ReportView):
     """Raw entries, newest first: ?tenant= ?kind= ?request_id= ?limit= (≤ 1000) ?offset="""
 
     csv_name = "ledger"
-    COLUMNS = ("id", "kind", "at", "tenant__slug", "request_id", "class_name", "price_version_id", "model",
-               "backend_name", "prompt_tokens", "completion_tokens", "base_cost", "factor", "amount", "overrun",
-               "unbilled", "owner", "reason", "author")
+    COLUMNS = (
+        "id",
+        "kind",
+        "at",
+        "tenant__slug",
+        "request_id",
+        "class_name",
+        "price_version_id",
+        "model",
+        "backend_name",
+        "prompt_tokens",
+        "completion_tokens",
+        "base_cost",
+        "factor",
+        "amount",
+        "overrun",
+        "unbilled",
+        "owner",
+        "reason",
+        "author",
+    )
 
     def get(self, request):
         params = request.query_params
@@ -149,7 +172,7 @@ class LedgerView(ReportView):
         qs = qs.filter(at__gte=since) if since else qs
         qs = qs.filter(at__lt=until) if until else qs
         limit, offset = self._int("limit", 100, MAX_PAGE), self._int("offset", 0, None)
-        rows = [dict(r, tenant=r.pop("tenant__slug")) for r in qs.values(*self.COLUMNS)[offset:offset + limit]]
+        rows = [dict(r, tenant=r.pop("tenant__slug")) for r in qs.values(*self.COLUMNS)[offset : offset + limit]]
         return self.rows(rows, limit=limit, offset=offset)
 
     def _int(self, name: str, default: int, maximum: int | None) -> int:
@@ -166,9 +189,18 @@ class AlertsView(ReportView):
 
     def get(self, request):
         qs = BudgetAlert.objects.filter(budget__tenant__in=self.scope()).select_related("budget__tenant")[:MAX_PAGE]
-        rows = [{
-            "id": a.pk, "tenant": a.budget.tenant.slug, "budget": a.budget.label, "threshold_pct": a.threshold_pct,
-            "spent": a.spent, "limit": a.limit, "created_at": a.created_at,
-            "webhook_delivered_at": a.webhook_delivered_at, "email_delivered_at": a.email_delivered_at,
-        } for a in qs]
+        rows = [
+            {
+                "id": a.pk,
+                "tenant": a.budget.tenant.slug,
+                "budget": a.budget.label,
+                "threshold_pct": a.threshold_pct,
+                "spent": a.spent,
+                "limit": a.limit,
+                "created_at": a.created_at,
+                "webhook_delivered_at": a.webhook_delivered_at,
+                "email_delivered_at": a.email_delivered_at,
+            }
+            for a in qs
+        ]
         return self.rows(rows)

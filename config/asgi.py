@@ -1,5 +1,6 @@
 """ASGI entry point: the API paths through a lean Django handler, everything else through the
 full one, WebSockets through Channels; the lifespan wrapper runs the embedded dispatcher."""
+
 import os
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -17,8 +18,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from console.routing import websocket_urlpatterns  # noqa: E402
 from gateway.asgi import ApiRouter, GatewayASGIHandler, Lifespan  # noqa: E402
 
-application = Lifespan(ProtocolTypeRouter({
-    "http": ApiRouter(GatewayASGIHandler(), django_asgi_app),
-    # The console's live updates: session-authenticated, and only from our own origin (ALLOWED_HOSTS).
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-}))
+application = Lifespan(
+    ProtocolTypeRouter(
+        {
+            "http": ApiRouter(GatewayASGIHandler(), django_asgi_app),
+            # The console's live updates: session-authenticated, and only from our own origin (ALLOWED_HOSTS).
+            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
+)

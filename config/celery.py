@@ -1,4 +1,5 @@
 """The Celery app. Embedded default (no REDIS_URL): tasks run eagerly in-process."""
+
 import os
 
 from celery import Celery

@@ -1,4 +1,5 @@
 """Base for Fairgate's scripting commands: sub-commands, and user errors as one line with exit 2."""
+
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError

@@ -1,4 +1,5 @@
 """Typed environment helpers that fail loudly: a bad value stops start-up with a clear message."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Embedded default (nothing set): SQLite under var/, in-memory channel layer, eager Celery.
 Production: DATABASE_URL=postgres://..., REDIS_URL=redis://...
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +30,8 @@ def _secret_key() -> str:
     if env_str("REDIS_URL") or (database_url and not database_url.startswith(("sqlite:", "spatialite:"))):
         raise ImproperlyConfigured(
             "SECRET_KEY must be set when DATABASE_URL/REDIS_URL point at production services "
-            "(the embedded default's built-in key is public)")
+            "(the embedded default's built-in key is public)"
+        )
     return "fairgate-embedded-insecure-key-change-me"  # embedded default only
 
 
@@ -158,8 +160,9 @@ CELERY_TIMEZONE = "UTC"
 # Budget alerts (billing/alerts.py) go by e-mail through these, and to each tenant's webhook. Without
 # EMAIL_HOST mail is printed by the worker (console backend): set it in production.
 EMAIL_HOST = env_str("EMAIL_HOST", "") or ""
-EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
-                 else "django.core.mail.backends.console.EmailBackend")
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend"
+)
 EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1)
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "") or ""
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or ""
@@ -167,8 +170,10 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "fairgate@localhost") or "fairgate@localhost"
 CELERY_BEAT_SCHEDULE = {
     "billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0},
-    "billing-holds-release-orphaned": {"task": "billing.holds_release_orphaned",
-                                       "schedule": float(FAIRGATE_ORPHAN_SWEEP_S)},
+    "billing-holds-release-orphaned": {
+        "task": "billing.holds_release_orphaned",
+        "schedule": float(FAIRGATE_ORPHAN_SWEEP_S),
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -3,6 +3,7 @@
 Roles (``gateway.User.role``): ``member`` sees its own tenant only; ``finance`` sees every
 tenant's charges and budgets, read-only; ``admin`` sees everything and changes configuration.
 """
+
 from __future__ import annotations
 
 import functools

@@ -4,6 +4,7 @@ Authenticated by the session (``AuthMiddlewareStack``), origin checked in ``conf
 groups a socket joins are decided here from the user alone; what the client sends can only pick
 a request id of its own tenant to follow (``{"type": "watch", "id": ...}``), nothing else.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,14 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        await self.send_json({"type": "hello", "role": access.role_of(user), "groups": self.joined,
-                              "tenant": self.tenant.slug if self.tenant else None})
+        await self.send_json(
+            {
+                "type": "hello",
+                "role": access.role_of(user),
+                "groups": self.joined,
+                "tenant": self.tenant.slug if self.tenant else None,
+            }
+        )
         await self._send_initial()
 
     async def disconnect(self, code: int) -> None:
@@ -87,8 +94,16 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         if charge is None and (card is None or card.get("state") not in ("queued", "running")):
             charge = await database_sync_to_async(selectors.charge_of)(tenant=self.tenant, request_id=self.watch_id)
             self._charge = charge
-        text = json.dumps({"type": "card", "id": self.watch_id, "found": card is not None or charge is not None,
-                           "request": card, "charge": charge}, default=str)
+        text = json.dumps(
+            {
+                "type": "card",
+                "id": self.watch_id,
+                "found": card is not None or charge is not None,
+                "request": card,
+                "charge": charge,
+            },
+            default=str,
+        )
         if force or text != self._card_text:
             self._card_text = text
             await self.send(text_data=text)

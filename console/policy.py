@@ -8,6 +8,7 @@ scheduler within a second, without restart.
 Every function raises ``ValidationError`` whose messages say what is wrong (a rule that does not
 parse is refused with the parser's reason and column).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -64,6 +65,7 @@ def number(raw: Any, *, what: str, kind: type = Decimal) -> Any:
 
 # --- classes ------------------------------------------------------------------------------
 
+
 def class_sla_set(*, class_name: str, sla_ms: int, actor: str) -> ApplyResult:
     def change(data: dict) -> None:
         _named(data["classes"], "name", class_name, "class")["sla_ms"] = sla_ms
@@ -71,8 +73,9 @@ def class_sla_set(*, class_name: str, sla_ms: int, actor: str) -> ApplyResult:
     return policy_edit(section="classes", change=change, actor=actor)
 
 
-def class_price_set(*, class_name: str, price_factor: Decimal, actor: str,
-                    effective_at: datetime | None = None) -> PriceVersion:
+def class_price_set(
+    *, class_name: str, price_factor: Decimal, actor: str, effective_at: datetime | None = None
+) -> PriceVersion:
     """A new price version (now or at ``effective_at``); admitted requests keep theirs."""
     try:
         return price_change(class_name=class_name, price_factor=price_factor, actor=actor, effective_at=effective_at)
@@ -81,6 +84,7 @@ def class_price_set(*, class_name: str, price_factor: Decimal, actor: str,
 
 
 # --- aging and fairness -------------------------------------------------------------------
+
 
 def segments_parse(text: str) -> list[dict]:
     """Lines ``<wait_ratio> <boost> [k]``, e.g. ``0.50-0.80 linear 1.0`` or ``>=0.95 preempt``."""
@@ -118,6 +122,7 @@ def tenant_share_set(*, slug: str, quota_share: Decimal, actor: str) -> None:
 
 # --- downgrade rules ----------------------------------------------------------------------
 
+
 def rule_save(*, name: str, condition: str, action: str, enabled: bool, actor: str) -> ApplyResult:
     """Add the rule, or replace the rule of that name in its place."""
     rule = {"name": name.strip(), "if": condition.strip(), "action": action.strip(), "enabled": enabled}
@@ -144,8 +149,16 @@ def rule_delete(*, name: str, actor: str) -> ApplyResult:
 
 # --- backends -----------------------------------------------------------------------------
 
-BACKEND_FIELDS = ("slots", "tpm", "rpm", "input_price_per_1k", "output_price_per_1k", "fallback_for",
-                  "reserved_slots", "enabled")
+BACKEND_FIELDS = (
+    "slots",
+    "tpm",
+    "rpm",
+    "input_price_per_1k",
+    "output_price_per_1k",
+    "fallback_for",
+    "reserved_slots",
+    "enabled",
+)
 
 
 def backend_set(*, name: str, values: dict[str, Any], actor: str) -> ApplyResult:

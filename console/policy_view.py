@@ -1,4 +1,5 @@
 """What the policy page shows: the live configuration, price versions, and the boost curve."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -44,8 +45,11 @@ def segments_text(aging: AgingPolicy) -> str:
 def _versions(class_names: list[str]) -> dict[str, list[PriceVersion]]:
     now = timezone.now()
     out: dict[str, list] = {name: [] for name in class_names}
-    for version in PriceVersion.objects.filter(priority_class__name__in=class_names).select_related("priority_class") \
-            .order_by("-effective_at", "-pk"):
+    for version in (
+        PriceVersion.objects.filter(priority_class__name__in=class_names)
+        .select_related("priority_class")
+        .order_by("-effective_at", "-pk")
+    ):
         shown = out[version.priority_class.name]
         if len(shown) < VERSIONS_SHOWN:
             version.upcoming = version.effective_at > now
@@ -62,11 +66,15 @@ def policy_context() -> dict:
         c.price_factor = factor_text(c.price_factor)
     return {
         "classes": classes,
-        "aging": config.aging, "segments_text": segments_text(config.aging), "curve": boost_curve(config.aging),
+        "aging": config.aging,
+        "segments_text": segments_text(config.aging),
+        "curve": boost_curve(config.aging),
         "aging_modes": ("piecewise", "linear", "none"),
-        "fairness": config.fairness, "fairness_modes": [m.value for m in FairnessMode],
+        "fairness": config.fairness,
+        "fairness_modes": [m.value for m in FairnessMode],
         "tenants": Tenant.objects.filter(active=True).order_by("slug"),
-        "rules": config.downgrade_rules, "networks": config.networks,
+        "rules": config.downgrade_rules,
+        "networks": config.networks,
         "actions": [f"DOWNGRADE_TO_{c.name}" for c in config.classes],
         "backends": Backend.objects.select_related("fallback_for").order_by("name"),
         "backend_names": list(Backend.objects.order_by("name").values_list("name", flat=True)),

@@ -1,4 +1,5 @@
 """WebSocket routes of the console (mounted in config.asgi behind session auth and an origin check)."""
+
 from django.urls import path
 
 from console.consumers import ConsoleConsumer

@@ -2,6 +2,7 @@
 
 Money leaves here as exact strings (never float); times as ISO 8601.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -31,14 +32,23 @@ def budget_of(*, tenant: Tenant) -> dict:
     its budget row alone (the live console refreshes it every few seconds under traffic)."""
     rows = budget_burn(tenants=Tenant.objects.filter(pk=tenant.pk), with_overrun=False)
     row = rows[0] if rows else {}
-    return {"currency": settings.FAIRGATE_CURRENCY,
-            **{k: _text(row.get(k)) for k in ("limit", "spent", "held", "remaining", "projected_spend")}}
+    return {
+        "currency": settings.FAIRGATE_CURRENCY,
+        **{k: _text(row.get(k)) for k in ("limit", "spent", "held", "remaining", "projected_spend")},
+    }
 
 
 def charge_row(entry: LedgerEntry, slug: str) -> dict:
-    return {"request_id": public_id(entry.request_id, slug), "class": entry.class_name, "model": entry.model,
-            "prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens,
-            "factor": str(entry.factor), "amount": str(entry.amount), "at": entry.at.isoformat()}
+    return {
+        "request_id": public_id(entry.request_id, slug),
+        "class": entry.class_name,
+        "model": entry.model,
+        "prompt_tokens": entry.prompt_tokens,
+        "completion_tokens": entry.completion_tokens,
+        "factor": str(entry.factor),
+        "amount": str(entry.amount),
+        "at": entry.at.isoformat(),
+    }
 
 
 def charges_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
@@ -68,14 +78,22 @@ def hold_amounts(*, tenant_id: int, slug: str, request_ids: Iterable[str]) -> di
             missing[engine_id] = missing[rid] = rid
     if missing:
         rows = LedgerEntry.objects.of_requests(missing).filter(tenant_id=tenant_id)
-        found.update((missing[ledger_id], str(amount)) for ledger_id, kind, amount
-                     in rows.values_list("request_id", "kind", "amount") if kind == LedgerEntry.Kind.HOLD)
+        found.update(
+            (missing[ledger_id], str(amount))
+            for ledger_id, kind, amount in rows.values_list("request_id", "kind", "amount")
+            if kind == LedgerEntry.Kind.HOLD
+        )
     return found
 
 
 def downgrade_row(event: DowngradeEvent) -> dict:
-    return {"request_id": event.request_id, "from": event.from_class, "to": event.to_class, "rule": event.rule,
-            "at": event.at.isoformat()}
+    return {
+        "request_id": event.request_id,
+        "from": event.from_class,
+        "to": event.to_class,
+        "rule": event.rule,
+        "at": event.at.isoformat(),
+    }
 
 
 def downgrades_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
@@ -83,8 +101,13 @@ def downgrades_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
 
 
 def alert_row(alert: BudgetAlert) -> dict:
-    return {"budget": alert.budget.label, "threshold_pct": alert.threshold_pct, "spent": str(alert.spent),
-            "limit": str(alert.limit), "at": alert.created_at.isoformat()}
+    return {
+        "budget": alert.budget.label,
+        "threshold_pct": alert.threshold_pct,
+        "spent": str(alert.spent),
+        "limit": str(alert.limit),
+        "at": alert.created_at.isoformat(),
+    }
 
 
 def alerts_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:

@@ -3,6 +3,7 @@
 Policy edits live in ``console.policy``. Every function is keyword-only, runs in one
 transaction and raises ``ValidationError`` with a message a person can act on.
 """
+
 from __future__ import annotations
 
 from django.contrib.auth.password_validation import validate_password
@@ -16,8 +17,9 @@ from scheduling.services import audit_record
 
 
 @transaction.atomic
-def user_create(*, username: str, role: str, tenant_slug: str | None, email: str = "", password: str | None,
-                actor: str) -> User:
+def user_create(
+    *, username: str, role: str, tenant_slug: str | None, email: str = "", password: str | None, actor: str
+) -> User:
     if role not in User.Role.values:
         raise ValidationError(f"unknown role {role!r} (roles: {', '.join(User.Role.values)})")
     if User.objects.filter(username=username).exists():
@@ -37,8 +39,13 @@ def user_create(*, username: str, role: str, tenant_slug: str | None, email: str
         validate_password(password, user)
         user.set_password(password)
     user.save()
-    audit_record(actor=actor, action="create", entity="user", key=username,
-                 new={"role": role, "tenant": tenant.slug if tenant else None})
+    audit_record(
+        actor=actor,
+        action="create",
+        entity="user",
+        key=username,
+        new={"role": role, "tenant": tenant.slug if tenant else None},
+    )
     return user
 
 
@@ -52,8 +59,9 @@ def key_classes(tenant: Tenant) -> list[str]:
 def tenant_key_create(*, tenant: Tenant, default_class: str, label: str, actor: str) -> tuple[ApiKey, str]:
     """A key for the caller's own tenant; the full secret is returned once and never stored."""
     if default_class not in key_classes(tenant):
-        raise ValidationError(f"class {default_class!r} is not one your tenant may use "
-                              f"({', '.join(key_classes(tenant)) or 'none'})")
+        raise ValidationError(
+            f"class {default_class!r} is not one your tenant may use ({', '.join(key_classes(tenant)) or 'none'})"
+        )
     return apikey_create(tenant_slug=tenant.slug, default_class=default_class, label=label[:200], actor=actor)
 
 

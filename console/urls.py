@@ -1,4 +1,5 @@
 """Mounted at /console/ by config/urls.py."""
+
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
@@ -8,8 +9,11 @@ app_name = "console"
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(template_name="console/login.html", redirect_authenticated_user=True),
-         name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="console/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(next_page="/console/login/"), name="logout"),
     path("queue/", views.queue_page, name="queue"),
     path("keys/create/", views.key_create, name="key-create"),

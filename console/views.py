@@ -3,6 +3,7 @@
 Pages are server-rendered; live parts are filled by WebSocket pushes (static/console/queue.js).
 The tenant is always the one ``console.access.queue_tenant`` gives for the logged-in user.
 """
+
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
@@ -41,10 +42,14 @@ def _actor(request: HttpRequest) -> str:
 def queue_page(request: HttpRequest) -> HttpResponse:
     tenant = _tenant_or_403(request)
     context = {
-        "tenant": tenant, "budget": selectors.budget_of(tenant=tenant),
-        "charges": selectors.charges_recent(tenant=tenant), "downgrades": selectors.downgrades_recent(tenant=tenant),
-        "alerts": selectors.alerts_recent(tenant=tenant), "keys": selectors.keys_of(tenant=tenant),
-        "key_classes": services.key_classes(tenant), "ws_query": f"?tenant={tenant.slug}" if access.is_admin(request.user) else "",
+        "tenant": tenant,
+        "budget": selectors.budget_of(tenant=tenant),
+        "charges": selectors.charges_recent(tenant=tenant),
+        "downgrades": selectors.downgrades_recent(tenant=tenant),
+        "alerts": selectors.alerts_recent(tenant=tenant),
+        "keys": selectors.keys_of(tenant=tenant),
+        "key_classes": services.key_classes(tenant),
+        "ws_query": f"?tenant={tenant.slug}" if access.is_admin(request.user) else "",
     }
     return render(request, "console/queue.html", context)
 
@@ -55,13 +60,20 @@ def queue_page(request: HttpRequest) -> HttpResponse:
 def key_create(request: HttpRequest) -> HttpResponse:
     tenant = _tenant_or_403(request)
     try:
-        key, secret = services.tenant_key_create(tenant=tenant, default_class=request.POST.get("default_class", ""),
-                                                 label=request.POST.get("label", ""), actor=_actor(request))
+        key, secret = services.tenant_key_create(
+            tenant=tenant,
+            default_class=request.POST.get("default_class", ""),
+            label=request.POST.get("label", ""),
+            actor=_actor(request),
+        )
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return redirect(_queue_url(request, tenant))
-    response = render(request, "console/key_created.html", {"key": key, "secret": secret, "tenant": tenant,
-                                                             "back": _queue_url(request, tenant)})
+    response = render(
+        request,
+        "console/key_created.html",
+        {"key": key, "secret": secret, "tenant": tenant, "back": _queue_url(request, tenant)},
+    )
     return response
 
 
@@ -82,6 +94,7 @@ def _queue_url(request: HttpRequest, tenant) -> str:
 
 
 # --- JSON reads (async: the dispatcher is read on its own event loop) -------------------------
+
 
 async def _api_tenant(request: HttpRequest):
     user = await request.auser()

@@ -3,6 +3,7 @@
 Each POST calls one service of ``console.policy`` (validated like the YAML, audited) and comes
 back to the page with what happened; a refused change says why.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -68,10 +69,16 @@ def class_edit(request: HttpRequest, name: str) -> HttpResponse:
             notes.append(f"{name} SLA {sla_ms} ms")
         factor = policy.number(_post(request, "price_factor"), what="price factor")
         if factor is not None:
-            version = policy.class_price_set(class_name=name, price_factor=factor, actor=_actor(request),
-                                             effective_at=_when(_post(request, "effective_at")))
-            notes.append(f"{name} price ×{version.price_factor} (version {version.pk}) "
-                         f"from {timezone.localtime(version.effective_at):%Y-%m-%d %H:%M:%S %Z}")
+            version = policy.class_price_set(
+                class_name=name,
+                price_factor=factor,
+                actor=_actor(request),
+                effective_at=_when(_post(request, "effective_at")),
+            )
+            notes.append(
+                f"{name} price ×{version.price_factor} (version {version.pk}) "
+                f"from {timezone.localtime(version.effective_at):%Y-%m-%d %H:%M:%S %Z}"
+            )
         if not notes:
             raise ValidationError("nothing to change: give an SLA or a price factor")
         return "Saved: " + "; ".join(notes) + "."
@@ -119,9 +126,15 @@ def rule_edit(request: HttpRequest) -> HttpResponse:
     def action() -> str:
         if request.POST.get("delete"):
             return _note(policy.rule_delete(name=name, actor=_actor(request)))
-        return _note(policy.rule_save(name=name, condition=_post(request, "condition"),
-                                      action=_post(request, "action"), enabled=request.POST.get("enabled") == "on",
-                                      actor=_actor(request)))
+        return _note(
+            policy.rule_save(
+                name=name,
+                condition=_post(request, "condition"),
+                action=_post(request, "action"),
+                enabled=request.POST.get("enabled") == "on",
+                actor=_actor(request),
+            )
+        )
 
     return _apply(request, "rules", action)
 
@@ -146,5 +159,8 @@ def _backend_values(request: HttpRequest) -> dict:
 @require_POST
 @role_required(ADMIN)
 def backend_edit(request: HttpRequest, name: str) -> HttpResponse:
-    return _apply(request, "backends", lambda: _note(policy.backend_set(
-        name=name, values=_backend_values(request), actor=_actor(request))))
+    return _apply(
+        request,
+        "backends",
+        lambda: _note(policy.backend_set(name=name, values=_backend_values(request), actor=_actor(request))),
+    )

@@ -3,6 +3,7 @@
 Finance tables and charts are drawn in the browser from billing's report API (/api/billing/…),
 which scopes tenants on the server; nothing is recomputed here.
 """
+
 from __future__ import annotations
 
 from django.core.paginator import Paginator
@@ -31,5 +32,6 @@ def ops_page(request: HttpRequest) -> HttpResponse:
 def audit_page(request: HttpRequest) -> HttpResponse:
     entity = request.GET.get("entity") or ""
     page = Paginator(selectors.audit_rows(entity=entity), AUDIT_PAGE).get_page(request.GET.get("page"))
-    return render(request, "console/audit.html", {"page": page, "entity": entity,
-                                                  "entities": selectors.audit_entities()})
+    return render(
+        request, "console/audit.html", {"page": page, "entity": entity, "entities": selectors.audit_entities()}
+    )

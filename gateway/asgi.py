@@ -5,6 +5,7 @@ The API paths skip the settings' middleware stack (sessions, CSRF, auth, message
 serve browser users; each of their hooks would cost a thread hop through `sync_to_async`).
 The view chain is then fully async, so Django cancels a view whose client disconnects.
 """
+
 from __future__ import annotations
 
 import asyncio

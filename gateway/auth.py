@@ -4,6 +4,7 @@ The key's prefix finds the row; the full key is checked against the stored SHA-2
 constant time. Lookups are cached for at most ``FAIRGATE_AUTH_CACHE_MS`` (1 s by default), so a
 revoked key or a deactivated tenant stops working within that time.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,14 +45,22 @@ def _unauthorized(message: str) -> GatewayError:
 
 
 def _load(prefix: str) -> _KeyRow | None:
-    key = (ApiKey.objects.select_related("tenant")
-           .filter(prefix=prefix, revoked_at__isnull=True, tenant__active=True).first())
+    key = (
+        ApiKey.objects.select_related("tenant")
+        .filter(prefix=prefix, revoked_at__isnull=True, tenant__active=True)
+        .first()
+    )
     if key is None:
         return None
     tenant = key.tenant
-    caller = Caller(tenant=tenant.slug, tenant_id=tenant.pk, vip=tenant.vip,
-                    allowed_classes=tuple(tenant.allowed_classes or ()), default_class=key.default_class,
-                    key_prefix=prefix)
+    caller = Caller(
+        tenant=tenant.slug,
+        tenant_id=tenant.pk,
+        vip=tenant.vip,
+        allowed_classes=tuple(tenant.allowed_classes or ()),
+        default_class=key.default_class,
+        key_prefix=prefix,
+    )
     return _KeyRow(key.secret_hash, caller)
 
 

@@ -29,6 +29,7 @@ Only a broken pipe ends a worker: end of file, an error such as ECONNRESET or EP
 killed with an answer unread, or before a batch was sent), or a corrupt frame header. Would-block
 never does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -78,7 +79,8 @@ def _deliver(on_answer: Answer, answer: bytes | BaseException) -> None:
         on_answer(answer)
     except Exception as exc:
         asyncio.get_running_loop().call_exception_handler(
-            {"message": "a billing worker answer's callback failed", "exception": exc})
+            {"message": "a billing worker answer's callback failed", "exception": exc}
+        )
 
 
 def _header(size: int) -> bytes:
@@ -136,8 +138,9 @@ class Worker:
         """``owner``: the gateway process the worker beats for (billing.heartbeats); empty: none."""
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, os.getpid(), owner), name="fairgate-billing",
-                                       daemon=True)
+        self.process = context.Process(
+            target=serve, args=(child, os.getpid(), owner), name="fairgate-billing", daemon=True
+        )
         self.process.start()
         child.close()
         os.set_blocking(self.conn.fileno(), False)  # the worker's end stays blocking (a socket of its own)

@@ -27,6 +27,7 @@ Every caller still waits for its own ask to commit: a 402 or an ``X-Charge`` is 
 a booking that could still be lost. ``FAIRGATE_BILLING=0`` turns the seam into
 no-ops (used by the benchmark that measures billing's cost).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -125,8 +126,14 @@ class Booker:
 
     def _ready_worker(self) -> billing_worker.Worker | None:
         ready = self._worker_ready
-        if self._worker is None or self._worker.dead or ready is None or not ready.done() or ready.cancelled() \
-                or ready.exception() is not None:
+        if (
+            self._worker is None
+            or self._worker.dead
+            or ready is None
+            or not ready.done()
+            or ready.cancelled()
+            or ready.exception() is not None
+        ):
             return None
         return self._worker
 
@@ -145,8 +152,9 @@ class Booker:
             return
         worker.send([ask for ask, _ in batch], lambda answer: self._answered(batch, started_s, answer))
 
-    def _answered(self, batch: list[tuple[Ask, asyncio.Future | None]], started_s: float,
-                  answer: bytes | BaseException) -> None:
+    def _answered(
+        self, batch: list[tuple[Ask, asyncio.Future | None]], started_s: float, answer: bytes | BaseException
+    ) -> None:
         if isinstance(answer, billing_worker.WorkerDied):
             self._loop.create_task(self._run(batch, started_s))
         else:
@@ -171,8 +179,12 @@ class Booker:
                 break
         self._finish(batch, started_s, outcome)
 
-    def _finish(self, batch: list[tuple[Ask, asyncio.Future | None]], started_s: float,
-                outcome: BaseException | tuple[list[object], list[dict]]) -> None:
+    def _finish(
+        self,
+        batch: list[tuple[Ask, asyncio.Future | None]],
+        started_s: float,
+        outcome: BaseException | tuple[list[object], list[dict]],
+    ) -> None:
         self._in_flight = False
         try:
             if isinstance(outcome, BaseException):  # the whole batch: every caller gets the error
@@ -203,8 +215,10 @@ class Booker:
                         log.error("could not book %s for %s: %r", type(ask).__name__, ask.request_id, result)
                 elif future.cancelled():  # the caller left: a hold booked for it is given back
                     if isinstance(ask, HoldAsk) and isinstance(result, HeldEntry):
-                        self.submit(ReleaseAsk(request_id=result.request_id, reason="cancelled", at=timezone.now()),
-                                    answer=False)
+                        self.submit(
+                            ReleaseAsk(request_id=result.request_id, reason="cancelled", at=timezone.now()),
+                            answer=False,
+                        )
                 elif isinstance(result, BaseException):
                     future.set_exception(result)
                 else:
@@ -238,10 +252,19 @@ def _budget_error(exc: BudgetExhausted) -> GatewayError:
 
 
 def _submit_hold(asked: Hold, *, fallback: bool) -> asyncio.Future:
-    return booker().submit(HoldAsk(request_id=asked.request_id, tenant_slug=asked.tenant, class_name=asked.cls,
-                                   model=asked.model, prompt_tokens=asked.prompt_tokens,
-                                   max_output_tokens=asked.max_output_tokens, at=timezone.now(), fallback=fallback,
-                                   owner=process_owner()))
+    return booker().submit(
+        HoldAsk(
+            request_id=asked.request_id,
+            tenant_slug=asked.tenant,
+            class_name=asked.cls,
+            model=asked.model,
+            prompt_tokens=asked.prompt_tokens,
+            max_output_tokens=asked.max_output_tokens,
+            at=timezone.now(),
+            fallback=fallback,
+            owner=process_owner(),
+        )
+    )
 
 
 async def _held(asked: Hold, future: asyncio.Future) -> Hold:
@@ -252,15 +275,24 @@ async def _held(asked: Hold, future: asyncio.Future) -> Hold:
         raise _budget_error(exhausted) from None
     except (RequestIdUsed, RequestIdInUse) as taken:
         public_id = asked.request_id.split("/", 1)[-1]
-        why = ("was used by an earlier request that was served; send a new one" if isinstance(taken, RequestIdUsed)
-               else "is already in use by one of your live requests")
+        why = (
+            "was used by an earlier request that was served; send a new one"
+            if isinstance(taken, RequestIdUsed)
+            else "is already in use by one of your live requests"
+        )
         raise invalid_request(f"X-Request-Id '{public_id}' {why}.") from None
-    return replace(asked, request_id=held.request_id, cls=held.class_name, amount=held.amount,
-                   fallback=held.class_name != asked.cls)
+    return replace(
+        asked,
+        request_id=held.request_id,
+        cls=held.class_name,
+        amount=held.amount,
+        fallback=held.class_name != asked.cls,
+    )
 
 
-async def hold(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
-               max_output_tokens: int) -> Hold:
+async def hold(
+    *, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int, max_output_tokens: int
+) -> Hold:
     """The hold, booked: the request may go on. Refused: 402 (or a cheaper class, see above)."""
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
@@ -364,8 +396,7 @@ class EarlyHold:
 def _release_booked(future: asyncio.Future, reason: str) -> None:
     if future.cancelled() or future.exception() is not None:  # cancelled: the Booker released it
         return
-    booker().submit(ReleaseAsk(request_id=future.result().request_id, reason=reason, at=timezone.now()),
-                    answer=False)
+    booker().submit(ReleaseAsk(request_id=future.result().request_id, reason=reason, at=timezone.now()), answer=False)
 
 
 def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callable[[asyncio.Future], None]:
@@ -387,8 +418,9 @@ def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callab
     return note
 
 
-def hold_early(*, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int,
-               max_output_tokens: int) -> EarlyHold | None:
+def hold_early(
+    *, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int, max_output_tokens: int
+) -> EarlyHold | None:
     """Starts booking the hold and returns at once, if the tenant's room allows (see Rooms); else
     None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
     if not (settings.FAIRGATE_BILLING and settings.FAIRGATE_EARLY_HOLDS):
@@ -403,15 +435,23 @@ def hold_early(*, tenant: str, request_id: str, cls: str, model: str, prompt_tok
     return EarlyHold(asked, future)
 
 
-def settle(held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int,
-           partial: bool = False) -> asyncio.Future | None:
+def settle(
+    held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int, partial: bool = False
+) -> asyncio.Future | None:
     """Sends the settlement now. The future gives the ``Charged`` once it is booked, or None once
     it is kept to be booked later (gateway.unbooked). Booked even if no one waits for it.
     ``partial``: a stream the client abandoned, charged for the tokens sent."""
     if not settings.FAIRGATE_BILLING:
         return None
-    return booker().submit(SettleAsk(request_id=held.request_id, backend_name=backend, prompt_tokens=prompt_tokens,
-                                     completion_tokens=output_tokens, at=timezone.now()))
+    return booker().submit(
+        SettleAsk(
+            request_id=held.request_id,
+            backend_name=backend,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=output_tokens,
+            at=timezone.now(),
+        )
+    )
 
 
 def release(held: Hold | EarlyHold, *, reason: str) -> None:

@@ -5,6 +5,7 @@ A backend's circuit opens after ``threshold`` consecutive upstream failures and 
 its specs) and puts it back when the cool-down ends (half-open: one more failure re-opens it at
 once, a success closes it).
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -5,6 +5,7 @@ client cannot claim another address unless it connects through a proxy listed in
 ``FAIRGATE_TRUSTED_PROXIES``. The forwarded chain is read right to left, skipping trusted
 proxies; the first untrusted hop is the client.
 """
+
 from __future__ import annotations
 
 import ipaddress

@@ -13,6 +13,7 @@ each call recycles stale or expired connections itself, as a long-running worker
 answers it with 503 service_unavailable. (Billing books in a process of its own,
 gateway.billing_worker; a database it cannot reach comes back as billing's DatabaseUnavailable.)
 """
+
 from __future__ import annotations
 
 import functools

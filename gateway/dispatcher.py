@@ -9,6 +9,7 @@ cancel and requeue, and when the timer fires. A background task polls the config
 Engine request ids are ``<tenant>/<public id>``: a client's own ``X-Request-Id`` is unique per
 tenant, not globally.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,7 +62,8 @@ class Entry:
 
 def queue_timeout_error(entry: Entry) -> GatewayError:
     return GatewayError(
-        504, "queue_timeout",
+        504,
+        "queue_timeout",
         f"Request {entry.public_id} waited {entry.waited_ms} ms in class {entry.cls} without being served: "
         "the system is overloaded for this class. Do not retry now; degrade (smaller or lower-class request) "
         "or try again later.",
@@ -88,10 +90,13 @@ def _release_leftover_holds() -> None:
 class Dispatcher:
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.circuits = Circuits(threshold=settings.FAIRGATE_CIRCUIT_FAILURES,
-                                 cooldown_ms=settings.FAIRGATE_CIRCUIT_COOLDOWN_MS)
+        self.circuits = Circuits(
+            threshold=settings.FAIRGATE_CIRCUIT_FAILURES, cooldown_ms=settings.FAIRGATE_CIRCUIT_COOLDOWN_MS
+        )
         self.downgrades = DowngradeLog()
-        self.terminal = TerminalLog(keep_ms=settings.FAIRGATE_TERMINAL_KEEP_MS, max_entries=settings.FAIRGATE_TERMINAL_MAX)
+        self.terminal = TerminalLog(
+            keep_ms=settings.FAIRGATE_TERMINAL_KEEP_MS, max_entries=settings.FAIRGATE_TERMINAL_MAX
+        )
         self.live: dict[str, dict[str, Entry]] = {}  # tenant -> public id -> entry
         self.sched: Scheduler | None = None
         self.rules: CompiledRules | None = None
@@ -147,14 +152,17 @@ class Dispatcher:
         if self.sched is None:
             self.sched = Scheduler(engine_config, tenants=tenants, backends=self._effective_backends())
         else:
-            self.sched.reconfigure(now_ms=self.now_ms(), config=engine_config, tenants=tenants,
-                                   backends=self._effective_backends())
+            self.sched.reconfigure(
+                now_ms=self.now_ms(), config=engine_config, tenants=tenants, backends=self._effective_backends()
+            )
             self.pump()
 
     def _effective_backends(self) -> tuple[BackendSpec, ...]:
         now_ms = self.now_ms()
-        return tuple(replace(b, enabled=False) if b.enabled and self.circuits.is_open(b.name, now_ms) else b
-                     for b in self.backend_specs.values())
+        return tuple(
+            replace(b, enabled=False) if b.enabled and self.circuits.is_open(b.name, now_ms) else b
+            for b in self.backend_specs.values()
+        )
 
     def _backends_changed(self) -> None:
         self.sched.reconfigure(now_ms=self.now_ms(), backends=self._effective_backends())
@@ -183,14 +191,19 @@ class Dispatcher:
             served = sorted({m for b in self.backend_specs.values() if b.enabled for m in b.models})
             raise invalid_request(f"Unknown model '{model}'. Models served here: {', '.join(served) or 'none'}.")
         if not self.serves_now(model):
-            raise GatewayError(503, "no_backend", f"No enabled backend serves model '{model}' right now; "
-                                                  "try again later or use another model.")
+            raise GatewayError(
+                503,
+                "no_backend",
+                f"No enabled backend serves model '{model}' right now; try again later or use another model.",
+            )
 
     def serves_now(self, model: str) -> bool:
         """An enabled backend with a closed circuit serves ``model``."""
         now_ms = self.now_ms()
-        return any(model in b.models and b.enabled and not self.circuits.is_open(b.name, now_ms)
-                   for b in self.backend_specs.values())
+        return any(
+            model in b.models and b.enabled and not self.circuits.is_open(b.name, now_ms)
+            for b in self.backend_specs.values()
+        )
 
     def is_live(self, tenant: str, public_id: str) -> bool:
         return public_id in self.live.get(tenant, {})
@@ -203,12 +216,24 @@ class Dispatcher:
         admission = self.sched.submit(request, now_ms=now_ms)
         if not admission.admitted:
             if admission.reason == "queue_full":
-                raise GatewayError(429, "queue_full",
-                                   f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
-                                   retry_after_ms=admission.retry_after_ms or 1000)
+                raise GatewayError(
+                    429,
+                    "queue_full",
+                    f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
+                    retry_after_ms=admission.retry_after_ms or 1000,
+                )
             raise GatewayError(503, "no_backend", f"No enabled backend serves model '{request.model}' right now.")
-        entry = Entry(request.id, public_id, request.tenant, request.model, request.cls, declared_class, rule,
-                      now_ms, self.loop.create_future())
+        entry = Entry(
+            request.id,
+            public_id,
+            request.tenant,
+            request.model,
+            request.cls,
+            declared_class,
+            rule,
+            now_ms,
+            self.loop.create_future(),
+        )
         self.live.setdefault(request.tenant, {})[public_id] = entry
         self.pump()
         return entry
@@ -225,8 +250,9 @@ class Dispatcher:
         self.sched.requeue(entry.key, now_ms=now_ms, backend_retry_after_ms=max(0, retry_after_ms))
         self.pump()
 
-    def end(self, entry: Entry, outcome: str, *, prompt_tokens: int = 0, output_tokens: int = 0,
-            served: bool = False) -> bool:
+    def end(
+        self, entry: Entry, outcome: str, *, prompt_tokens: int = 0, output_tokens: int = 0, served: bool = False
+    ) -> bool:
         """Final state of a request (idempotent): completed, cancelled, upstream_error, ...
 
         ``served``: the backend did the work (also a stream cut short): the engine completes it

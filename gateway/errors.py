@@ -10,6 +10,7 @@ queue policy caused (4xx, queue_timeout, no_backend) is an expected outcome, log
 fault of the gateway or what it depends on (upstream, database) at WARNING; an unexpected
 exception at ERROR.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,15 @@ _LOG_LEVELS = {INTERNAL_ERROR: logging.ERROR, SERVICE_UNAVAILABLE: logging.WARNI
 
 
 class GatewayError(Exception):
-    def __init__(self, status: int, code: str, message: str, *, retry_after_ms: int | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        retry_after_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.code = code
@@ -58,8 +66,14 @@ class GatewayError(Exception):
         return _LOG_LEVELS.get(self.code, logging.INFO)
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "api_error"), "code": self.code,
-                          "param": None}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "api_error"),
+                "code": self.code,
+                "param": None,
+            }
+        }
 
     def response_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
@@ -93,6 +107,9 @@ def internal_error() -> GatewayError:
 
 def service_unavailable() -> GatewayError:
     """The gateway cannot reach its database: nothing was admitted or charged, a retry is safe."""
-    return GatewayError(503, SERVICE_UNAVAILABLE,
-                        "The gateway cannot reach its database right now; the request was not run. "
-                        "Retry after the Retry-After delay.", retry_after_ms=SERVICE_UNAVAILABLE_RETRY_MS)
+    return GatewayError(
+        503,
+        SERVICE_UNAVAILABLE,
+        "The gateway cannot reach its database right now; the request was not run. Retry after the Retry-After delay.",
+        retry_after_ms=SERVICE_UNAVAILABLE_RETRY_MS,
+    )

@@ -1,4 +1,5 @@
 """Downgrade events: recorded on the hot path into a buffer, written in batches off it."""
+
 from __future__ import annotations
 
 import logging
@@ -49,7 +50,13 @@ class DowngradeLog:
 
 def _write(batch: list[Downgrade]) -> None:
     DowngradeEvent.objects.bulk_create(
-        DowngradeEvent(tenant_id=d.tenant_id, request_id=d.request_id, from_class=d.from_class,
-                       to_class=d.to_class, rule=d.rule, at=d.at)
+        DowngradeEvent(
+            tenant_id=d.tenant_id,
+            request_id=d.request_id,
+            from_class=d.from_class,
+            to_class=d.to_class,
+            rule=d.rule,
+            at=d.at,
+        )
         for d in batch
     )

@@ -5,6 +5,7 @@ releases its billing hold exactly once. Ends triggered by cancellation run synch
 the engine, and the billing call runs in a task of its own, so a client that disconnects can
 neither leak a backend slot nor a hold.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,14 @@ def upstream_error(message: str) -> GatewayError:
 
 
 class Exchange:
-    def __init__(self, dispatcher: Dispatcher, entry: Entry, payload: Payload,
-                 held: charging.Hold | charging.EarlyHold, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        entry: Entry,
+        payload: Payload,
+        held: charging.Hold | charging.EarlyHold,
+        headers: dict[str, str],
+    ) -> None:
         self.d = dispatcher
         self.entry = entry
         self.payload = payload
@@ -76,8 +83,13 @@ class Exchange:
         self.billed = True
         if served:
             assert isinstance(self.held, charging.Hold), "served before its hold was confirmed"
-            self.settlement = charging.settle(self.held, backend=entry.backend or "", prompt_tokens=prompt_tokens,
-                                              output_tokens=output_tokens, partial=partial)
+            self.settlement = charging.settle(
+                self.held,
+                backend=entry.backend or "",
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                partial=partial,
+            )
         else:
             charging.release(self.held, reason=outcome)
 
@@ -173,8 +185,9 @@ class Exchange:
         self.d.upstream_result(backend, ok=False)
         self.entry.failures += 1
         if self.entry.failures > settings.FAIRGATE_UPSTREAM_RETRIES or not self.d.serves_now(self.entry.model):
-            raise upstream_error(f"The backend failed ({kind}) after {self.entry.failures} attempt(s); "
-                                 "try again later.")
+            raise upstream_error(
+                f"The backend failed ({kind}) after {self.entry.failures} attempt(s); try again later."
+            )
         self.d.requeue(self.entry, retry_after_ms=0)
 
     async def _plain(self, upstream: UpstreamResponse) -> HttpResponse:
@@ -191,8 +204,9 @@ class Exchange:
             self.finish("completed", usage=usage)
         else:
             self.finish("upstream_rejected")
-        response = HttpResponse(content, status=upstream.status_code,
-                                content_type=upstream.headers.get("content-type", "application/json"))
+        response = HttpResponse(
+            content, status=upstream.status_code, content_type=upstream.headers.get("content-type", "application/json")
+        )
         response["Content-Length"] = str(len(content))
         if self.settlement is not None:  # a client leaving now stops only this wait, not the booking
             charged = await self.settlement
@@ -203,8 +217,9 @@ class Exchange:
 
     def _stream(self, upstream: UpstreamResponse) -> StreamingHttpResponse:
         body = StreamBody(self, upstream)
-        response = RelayResponse(body, status=200,
-                                 content_type=upstream.headers.get("content-type", "text/event-stream"))
+        response = RelayResponse(
+            body, status=200, content_type=upstream.headers.get("content-type", "text/event-stream")
+        )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return _with_headers(response, relayed_headers(upstream.headers), self.response_headers())

@@ -1,4 +1,5 @@
 """From an HTTP request to its answer: auth → parse → estimate → classify (intake), hold → admit (admit), run."""
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,9 @@ def request_body(request: HttpRequest) -> bytes:
     try:
         return request.body
     except RequestDataTooBig:
-        raise GatewayError(413, "request_too_large",
-                           f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes.") from None
+        raise GatewayError(
+            413, "request_too_large", f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes."
+        ) from None
 
 
 def new_request_id() -> str:
@@ -70,9 +72,16 @@ def _declared(request: HttpRequest, caller: Caller, d: Dispatcher) -> str:
     return declared
 
 
-def _classify(d: Dispatcher, caller: Caller, declared: str, payload: Payload, src_ip: str | None) -> tuple[str, str | None]:
-    facts = Facts(declared_class=declared, prompt_tokens=payload.prompt_tokens, max_tokens=payload.max_tokens,
-                  tenant=caller.tenant, src_ip=src_ip)
+def _classify(
+    d: Dispatcher, caller: Caller, declared: str, payload: Payload, src_ip: str | None
+) -> tuple[str, str | None]:
+    facts = Facts(
+        declared_class=declared,
+        prompt_tokens=payload.prompt_tokens,
+        max_tokens=payload.max_tokens,
+        tenant=caller.tenant,
+        src_ip=src_ip,
+    )
     return d.rules.classify(declared=declared, facts=facts, allowed=caller.allowed_classes)
 
 
@@ -120,8 +129,14 @@ async def admit(asked: Asked, *, early: bool) -> Exchange:
     """Hold → admit. ``early``: the hold may be booked while the request goes on (gateway.charging)."""
     d, caller, payload = asked.d, asked.caller, asked.payload
     expected_output_tokens = payload.output_limit * payload.n
-    what = dict(tenant=caller.tenant, request_id=asked.engine_id, cls=asked.cls, model=payload.model,
-                prompt_tokens=payload.prompt_bound, max_output_tokens=expected_output_tokens)
+    what = dict(
+        tenant=caller.tenant,
+        request_id=asked.engine_id,
+        cls=asked.cls,
+        model=payload.model,
+        prompt_tokens=payload.prompt_bound,
+        max_output_tokens=expected_output_tokens,
+    )
     held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
     if held is None:
         held = await charging.hold(**what)
@@ -130,17 +145,28 @@ async def admit(asked: Asked, *, early: bool) -> Exchange:
         cls, rule = held.cls, charging.BUDGET_RULE
     now_ms = d.now_ms()
     engine_request = Request(
-        id=asked.engine_id, tenant=caller.tenant, cls=cls, model=payload.model,
-        prompt_tokens=payload.prompt_tokens, expected_output_tokens=expected_output_tokens, enqueued_ms=now_ms,
-        deadline_ms=None if asked.timeout_ms is None else now_ms + asked.timeout_ms, vip=caller.vip,
+        id=asked.engine_id,
+        tenant=caller.tenant,
+        cls=cls,
+        model=payload.model,
+        prompt_tokens=payload.prompt_tokens,
+        expected_output_tokens=expected_output_tokens,
+        enqueued_ms=now_ms,
+        deadline_ms=None if asked.timeout_ms is None else now_ms + asked.timeout_ms,
+        vip=caller.vip,
     )
     headers = {"X-Request-Id": asked.public_id, "X-Priority-Class": cls}
     if rule is not None:
         headers["X-Priority-Downgraded"] = f"{asked.declared}; rule={rule}"
         if not asked.downgrade_recorded:  # once per request, also when admitted again
             asked.downgrade_recorded = True
-            d.downgrades.record(tenant_id=caller.tenant_id, request_id=asked.public_id, from_class=asked.declared,
-                                to_class=cls, rule=rule)
+            d.downgrades.record(
+                tenant_id=caller.tenant_id,
+                request_id=asked.public_id,
+                from_class=asked.declared,
+                to_class=cls,
+                rule=rule,
+            )
             metrics.DOWNGRADES.labels(rule).inc()
     try:
         entry = d.admit(engine_request, public_id=asked.public_id, declared_class=asked.declared, rule=rule)

@@ -16,6 +16,7 @@ answered without (the database was down) need the disk, and the hot path pays no
 Files: ``FAIRGATE_VAR_DIR/journal/<owner>.jsonl``, each locked (``flock``) by its live process;
 a file whose lock can be taken belongs to a process that is gone.
 """
+
 from __future__ import annotations
 
 import fcntl

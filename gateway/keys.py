@@ -3,6 +3,7 @@
 The secret has 256 bits of entropy, so a fast hash is safe here (no password stretching needed),
 and comparison is constant-time.
 """
+
 from __future__ import annotations
 
 import hashlib

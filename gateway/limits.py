@@ -16,6 +16,7 @@
 What a backend reports beyond the hold is not charged: billing caps the charge at the hold and
 records the rest as *unbilled* (billing.booking).
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -45,14 +46,20 @@ def output_limit(payload: Payload) -> int:
     if payload.max_tokens is None:
         return default
     if payload.max_tokens > maximum:
-        raise invalid_request(f"'{payload.max_tokens_field}' is at most {maximum} for model '{payload.model}'; "
-                              f"got {payload.max_tokens}.")
+        raise invalid_request(
+            f"'{payload.max_tokens_field}' is at most {maximum} for model '{payload.model}'; got {payload.max_tokens}."
+        )
     return payload.max_tokens
 
 
 def _media_parts(messages: list[dict]) -> int:
-    return sum(1 for message in messages if isinstance(message.get("content"), list)
-               for part in message["content"] if not (isinstance(part, dict) and part.get("type") == "text"))
+    return sum(
+        1
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if not (isinstance(part, dict) and part.get("type") == "text")
+    )
 
 
 def prompt_bound(payload: Payload) -> int:

@@ -3,6 +3,7 @@
 Event counts measured at the gateway are plain counters; scheduler state (depths, limits,
 aging, backend slots) is read at scrape time from the dispatcher by a collector.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -15,28 +16,54 @@ WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1
 
 REJECTS = Counter("fairgate_rejects", "Requests answered with an error, by code.", ["code"], registry=REGISTRY)
 DOWNGRADES = Counter("fairgate_downgrades", "Class downgrades, by rule.", ["rule"], registry=REGISTRY)
-UPSTREAM_ERRORS = Counter("fairgate_upstream_errors", "Upstream failures, by backend and kind.",
-                          ["backend", "kind"], registry=REGISTRY)
-WAIT = Histogram("fairgate_queue_wait_seconds", "Time from admission to dispatch, by class.", ["cls"],
-                 buckets=WAIT_BUCKETS_S, registry=REGISTRY)
-BILLING_BATCH_ASKS = Histogram("fairgate_billing_batch_asks", "Holds, settlements and releases booked per transaction.",
-                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=REGISTRY)
-BILLING_BATCH_SECONDS = Histogram("fairgate_billing_batch_seconds", "Time to book one batch (its transaction).",
-                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
-                                  registry=REGISTRY)
-BILLING_WORKER_REPLACEMENTS = Counter("fairgate_billing_worker_replacements",
-                                      "Billing workers that ended unexpectedly (the next batch starts a new one).",
-                                      registry=REGISTRY)
+UPSTREAM_ERRORS = Counter(
+    "fairgate_upstream_errors", "Upstream failures, by backend and kind.", ["backend", "kind"], registry=REGISTRY
+)
+WAIT = Histogram(
+    "fairgate_queue_wait_seconds",
+    "Time from admission to dispatch, by class.",
+    ["cls"],
+    buckets=WAIT_BUCKETS_S,
+    registry=REGISTRY,
+)
+BILLING_BATCH_ASKS = Histogram(
+    "fairgate_billing_batch_asks",
+    "Holds, settlements and releases booked per transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    registry=REGISTRY,
+)
+BILLING_BATCH_SECONDS = Histogram(
+    "fairgate_billing_batch_seconds",
+    "Time to book one batch (its transaction).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+    registry=REGISTRY,
+)
+BILLING_WORKER_REPLACEMENTS = Counter(
+    "fairgate_billing_worker_replacements",
+    "Billing workers that ended unexpectedly (the next batch starts a new one).",
+    registry=REGISTRY,
+)
 COMPLETED = Counter("fairgate_requests_completed", "Requests served, by class.", ["cls"], registry=REGISTRY)
-BILLING_EARLY_HOLDS = Counter("fairgate_billing_early_holds", "Holds booked while their requests went on "
-                              "(gateway.charging), by answer: booked, or refused (the request was admitted again, "
-                              "hold first)", ["outcome"], registry=REGISTRY)
-BILLING_UNBILLED = Counter("fairgate_billing_unbilled", "What backends' usage priced beyond what could be charged "
-                           "(beyond the hold), in the billing currency; the ledger's unbilled column has each.",
-                           registry=REGISTRY)
-BILLING_UNBOOKED = Gauge("fairgate_billing_unbooked", "Settlements and releases that could not be booked yet "
-                         "(the database is out): kept (settlements in the local journal) and retried.",
-                         registry=REGISTRY)
+BILLING_EARLY_HOLDS = Counter(
+    "fairgate_billing_early_holds",
+    "Holds booked while their requests went on "
+    "(gateway.charging), by answer: booked, or refused (the request was admitted again, "
+    "hold first)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+BILLING_UNBILLED = Counter(
+    "fairgate_billing_unbilled",
+    "What backends' usage priced beyond what could be charged "
+    "(beyond the hold), in the billing currency; the ledger's unbilled column has each.",
+    registry=REGISTRY,
+)
+BILLING_UNBOOKED = Gauge(
+    "fairgate_billing_unbooked",
+    "Settlements and releases that could not be booked yet "
+    "(the database is out): kept (settlements in the local journal) and retried.",
+    registry=REGISTRY,
+)
 
 
 class SchedulerCollector:

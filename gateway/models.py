@@ -3,6 +3,7 @@
 The gateway owns identity because every request starts here: a key names a tenant, a tenant
 has a weight, a budget and the classes it may declare.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal

@@ -2,6 +2,7 @@
 
 It describes what Fairgate checks, not the whole OpenAI schema: other fields pass through.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -9,13 +10,22 @@ from functools import lru_cache
 _ERROR = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": "string"},
-        "param": {"type": ["string", "null"]}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "code": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+            },
+        }
+    },
 }
 _ERRORS = {
     "400": "invalid_request: malformed JSON, missing or wrong fields, unknown model or class, an output limit or n "
-           "above the maximum, an X-Request-Id already served",
+    "above the maximum, an X-Request-Id already served",
     "401": "invalid_api_key: missing, unknown or revoked key",
     "402": "budget_exhausted: the tenant's budget cannot cover the request (x-should-retry: false)",
     "404": "not_found",
@@ -24,13 +34,18 @@ _ERRORS = {
     "429": "queue_full: the class's queue is at its depth limit; retry after Retry-After seconds",
     "502": "upstream_error: the backend failed after retries",
     "503": "no_backend: no enabled backend serves the model; service_unavailable: the database is out of reach "
-           "(retry after Retry-After seconds)",
+    "(retry after Retry-After seconds)",
     "504": "queue_timeout: not dispatched before the deadline (x-should-retry: false); degrade, do not retry",
 }
-_MESSAGE = {"type": "object", "required": ["role"], "properties": {
-    "role": {"type": "string"},
-    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
-    "name": {"type": "string"}}}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string"},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+        "name": {"type": "string"},
+    },
+}
 _COMMON = {
     "model": {"type": "string", "minLength": 1},
     "stream": {"type": "boolean"},
@@ -40,24 +55,48 @@ _COMMON = {
     "temperature": {"type": "number"},
 }
 _HEADERS_IN = [
-    {"name": "X-Priority-Class", "in": "header", "schema": {"type": "string"},
-     "description": "Declared class (default: the key's class); may be lowered by downgrade rules."},
-    {"name": "X-Request-Id", "in": "header", "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:@+=~-]{1,128}$"},
-     "description": "Your own id, unique among your live requests."},
-    {"name": "X-Request-Timeout-Ms", "in": "header", "schema": {"type": "integer", "minimum": 1},
-     "description": "How long you are willing to wait in the queue."},
+    {
+        "name": "X-Priority-Class",
+        "in": "header",
+        "schema": {"type": "string"},
+        "description": "Declared class (default: the key's class); may be lowered by downgrade rules.",
+    },
+    {
+        "name": "X-Request-Id",
+        "in": "header",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:@+=~-]{1,128}$"},
+        "description": "Your own id, unique among your live requests.",
+    },
+    {
+        "name": "X-Request-Timeout-Ms",
+        "in": "header",
+        "schema": {"type": "integer", "minimum": 1},
+        "description": "How long you are willing to wait in the queue.",
+    },
 ]
-_HEADERS_OUT = {name: {"schema": {"type": "string"}, "description": text} for name, text in (
-    ("X-Request-Id", "The request's id (yours or generated)."),
-    ("X-Priority-Class", "The effective class."),
-    ("X-Priority-Downgraded", "'<declared>; rule=<rule name>' when the class was lowered."),
-    ("X-Queue-Wait-Ms", "Time spent waiting for a backend."),
-)}
-_QUEUE_ITEM = {"type": "object", "properties": {
-    "id": {"type": "string"}, "class": {"type": "string"}, "declared_class": {"type": "string"},
-    "downgrade_rule": {"type": ["string", "null"]}, "state": {"type": "string"},
-    "position": {"type": ["integer", "null"]}, "eta_ms": {"type": ["integer", "null"]},
-    "waited_ms": {"type": "integer"}, "model": {"type": "string"}}}
+_HEADERS_OUT = {
+    name: {"schema": {"type": "string"}, "description": text}
+    for name, text in (
+        ("X-Request-Id", "The request's id (yours or generated)."),
+        ("X-Priority-Class", "The effective class."),
+        ("X-Priority-Downgraded", "'<declared>; rule=<rule name>' when the class was lowered."),
+        ("X-Queue-Wait-Ms", "Time spent waiting for a backend."),
+    )
+}
+_QUEUE_ITEM = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "class": {"type": "string"},
+        "declared_class": {"type": "string"},
+        "downgrade_rule": {"type": ["string", "null"]},
+        "state": {"type": "string"},
+        "position": {"type": ["integer", "null"]},
+        "eta_ms": {"type": ["integer", "null"]},
+        "waited_ms": {"type": "integer"},
+        "model": {"type": "string"},
+    },
+}
 
 
 def _json(schema: dict) -> dict:
@@ -73,11 +112,21 @@ def _responses(ok: dict) -> dict:
 
 def _completion(path_summary: str, required: list[str], extra: dict) -> dict:
     body = {"type": "object", "required": required, "properties": {**_COMMON, **extra}, "additionalProperties": True}
-    ok = {"description": "The backend's answer, unchanged (JSON, or SSE when stream is true).",
-          "headers": _HEADERS_OUT, **_json({"type": "object"})}
+    ok = {
+        "description": "The backend's answer, unchanged (JSON, or SSE when stream is true).",
+        "headers": _HEADERS_OUT,
+        **_json({"type": "object"}),
+    }
     ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
-    return {"post": {"summary": path_summary, "security": [{"bearer": []}], "parameters": _HEADERS_IN,
-                     "requestBody": {"required": True, **_json(body)}, "responses": _responses(ok)}}
+    return {
+        "post": {
+            "summary": path_summary,
+            "security": [{"bearer": []}],
+            "parameters": _HEADERS_IN,
+            "requestBody": {"required": True, **_json(body)},
+            "responses": _responses(ok),
+        }
+    }
 
 
 def _get(summary: str, schema: dict, *, auth: bool = True, parameters: list | None = None) -> dict:
@@ -91,25 +140,42 @@ def _get(summary: str, schema: dict, *, auth: bool = True, parameters: list | No
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict:
-    prompt = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
-                        {"type": "array", "items": {"type": "integer"}}]}
+    prompt = {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "items": {"type": "integer"}},
+        ]
+    }
     listing = {"type": "object", "properties": {"object": {"type": "string"}, "data": {"type": "array"}}}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Fairgate gateway", "version": "1",
-                 "description": "OpenAI-compatible ingress with priority classes, fair queues and downgrade rules."},
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-                       "schemas": {"Error": _ERROR, "QueueItem": _QUEUE_ITEM}},
+        "info": {
+            "title": "Fairgate gateway",
+            "version": "1",
+            "description": "OpenAI-compatible ingress with priority classes, fair queues and downgrade rules.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": _ERROR, "QueueItem": _QUEUE_ITEM},
+        },
         "paths": {
-            "/v1/chat/completions": _completion("Chat completion", ["model", "messages"],
-                                                {"messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-                                                 "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1}}),
+            "/v1/chat/completions": _completion(
+                "Chat completion",
+                ["model", "messages"],
+                {
+                    "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+                    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+                },
+            ),
             "/v1/completions": _completion("Text completion", ["model", "prompt"], {"prompt": prompt}),
             "/v1/models": _get("Models served by enabled backends", listing),
             "/v1/queue": _get("Your waiting and running requests", listing),
             "/v1/queue/{request_id}": _get(
-                "One request, live or finished in the last hour", {"$ref": "#/components/schemas/QueueItem"},
-                parameters=[{"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}}]),
+                "One request, live or finished in the last hour",
+                {"$ref": "#/components/schemas/QueueItem"},
+                parameters=[{"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            ),
             "/healthz": _get("Process up", {"type": "object"}, auth=False),
             "/readyz": _get("Database, configuration and a backend ready", {"type": "object"}, auth=False),
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},

@@ -4,6 +4,7 @@ Only what the gateway needs is checked (model, messages/prompt, stream, max_toke
 max_completion_tokens, n, stream_options); every other field goes to the backend as the client
 sent it. The output limit goes upstream as the hold covers it (gateway.limits).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,10 +63,16 @@ def _check_messages(messages) -> None:
 def _check_prompt(prompt) -> None:
     if isinstance(prompt, str):
         return
-    if isinstance(prompt, list) and prompt and (
-        all(isinstance(p, str) for p in prompt)
-        or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
-        or all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt)
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and (
+            all(isinstance(p, str) for p in prompt)
+            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+            or all(
+                isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt
+            )
+        )
     ):
         return
     raise invalid_request("'prompt' must be a string, an array of strings, or an array of token ids.")
@@ -113,8 +120,9 @@ def _limit_fields(kind: str) -> tuple[str, ...]:
 
 def _output_limit_asked(body: dict, kind: str) -> tuple[int | None, str]:
     """The smaller of the output limits the client named, and the field that named it."""
-    asked = [(value, name) for name in _limit_fields(kind)
-             if (value := _optional_int(body, name, minimum=1)) is not None]
+    asked = [
+        (value, name) for name in _limit_fields(kind) if (value := _optional_int(body, name, minimum=1)) is not None
+    ]
     return min(asked) if asked else (None, "max_tokens")
 
 

@@ -4,6 +4,7 @@ One keep-alive pool (``gateway.upstream``) per backend URL and event loop. Respo
 opened as soon as status and headers are in, so a 429 or 5xx can still be retried before any
 byte reaches the client, and a 200 is relayed as it arrives.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,9 +30,12 @@ def _pool(spec: BackendSpec) -> Pool:
     key = (spec.url, id(asyncio.get_running_loop()))
     pool = _pools.get(key)
     if pool is None or pool.closed:
-        pool = _pools[key] = Pool(spec.url, connect_timeout_s=settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS / 1000,
-                                  read_timeout_s=settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS / 1000,
-                                  max_idle=spec.slots + 8)
+        pool = _pools[key] = Pool(
+            spec.url,
+            connect_timeout_s=settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS / 1000,
+            read_timeout_s=settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS / 1000,
+            max_idle=spec.slots + 8,
+        )
     return pool
 
 
@@ -118,7 +122,7 @@ class SseFilter:
         out: list[bytes] = []
         start = 0
         for match in _EVENT_END.finditer(data):
-            event = data[start:match.end()]
+            event = data[start : match.end()]
             start = match.end()
             if self._keep(event):
                 out.append(event)

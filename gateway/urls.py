@@ -1,4 +1,5 @@
 """The gateway's routes (included at the site root by config/urls.py)."""
+
 from django.urls import path
 
 from gateway import views, views_ops

@@ -4,6 +4,7 @@ Every view is key-authenticated (no sessions, no CSRF) and answers errors in the
 through `GatewayError`, mapped in `api_view`: a database that cannot be reached becomes 503
 service_unavailable with Retry-After, any other unexpected exception a plain 500 without a trace.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,16 @@ def error_response(request: HttpRequest, err: GatewayError, cause: BaseException
     if named is not None:
         err.headers.setdefault("X-Request-Id", named)
     detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
-    log.log(err.log_level, "%s %s: %s %s%s", request.method, request.path, err.status, err.code, detail,
-            exc_info=cause if err.log_level >= logging.ERROR else None)
+    log.log(
+        err.log_level,
+        "%s %s: %s %s%s",
+        request.method,
+        request.path,
+        err.status,
+        err.code,
+        detail,
+        exc_info=cause if err.log_level >= logging.ERROR else None,
+    )
     return logged(err.to_response())
 
 
@@ -73,8 +82,12 @@ def api_view(*methods: str) -> Callable[[View], View]:
         async def handler(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             try:
                 if request.method not in methods:
-                    raise GatewayError(405, "method_not_allowed", f"Use {' or '.join(methods)} on {request.path}.",
-                                       headers={"Allow": ", ".join(methods)})
+                    raise GatewayError(
+                        405,
+                        "method_not_allowed",
+                        f"Use {' or '.join(methods)} on {request.path}.",
+                        headers={"Allow": ", ".join(methods)},
+                    )
                 return await view(request, *args, **kwargs)
             except GatewayError as err:
                 return error_response(request, err)

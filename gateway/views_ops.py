@@ -1,4 +1,5 @@
 """Operations endpoints: health, readiness, metrics, the OpenAPI document, error handlers."""
+
 from __future__ import annotations
 
 import logging
@@ -60,6 +61,7 @@ async def openapi_view(request: HttpRequest) -> HttpResponse:
 
 
 # Django's own errors, in the OpenAI shape (wired as handler400/404/500 in config/urls.py).
+
 
 def handler400(request: HttpRequest, exception=None) -> HttpResponse:
     """Left for Django to log: a SuspiciousOperation (a bad Host, say) is a security event."""

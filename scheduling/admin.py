@@ -26,8 +26,15 @@ class AuditedAdmin(admin.ModelAdmin):
             audit_record(actor=actor, action="create", entity=self.audit_entity, key=str(obj))
             return
         for name in form.changed_data:
-            audit_record(actor=actor, action="update", entity=self.audit_entity, key=str(obj), field_name=name,
-                         old=getattr(old, name, None), new=getattr(obj, name, None))
+            audit_record(
+                actor=actor,
+                action="update",
+                entity=self.audit_entity,
+                key=str(obj),
+                field_name=name,
+                old=getattr(old, name, None),
+                new=getattr(obj, name, None),
+            )
 
 
 class PriceVersionInline(admin.TabularInline):
@@ -53,8 +60,14 @@ class PriorityClassAdmin(AuditedAdmin):
         for version in formset.save(commit=False):
             version.created_by = request.user.get_username()
             version.save()
-            audit_record(actor=version.created_by, action="price", entity="class", key=str(version.priority_class),
-                         field_name="price_factor", new=version.price_factor)
+            audit_record(
+                actor=version.created_by,
+                action="price",
+                entity="class",
+                key=str(version.priority_class),
+                field_name="price_factor",
+                new=version.price_factor,
+            )
 
 
 @admin.register(SchedulerPolicy)
@@ -88,8 +101,18 @@ class DowngradeRuleAdmin(AuditedAdmin):
 @admin.register(Backend)
 class BackendAdmin(AuditedAdmin):
     audit_entity = "backend"
-    list_display = ("name", "url", "slots", "reserved_slots", "tpm", "rpm", "input_price_per_1k",
-                    "output_price_per_1k", "fallback_for", "enabled")
+    list_display = (
+        "name",
+        "url",
+        "slots",
+        "reserved_slots",
+        "tpm",
+        "rpm",
+        "input_price_per_1k",
+        "output_price_per_1k",
+        "fallback_for",
+        "enabled",
+    )
     list_filter = ("enabled",)
     search_fields = ("name", "url")
 

@@ -1,4 +1,5 @@
 """Load and dump scheduler YAML files against the live configuration (used by the command and admin)."""
+
 from __future__ import annotations
 
 from pathlib import Path

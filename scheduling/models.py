@@ -1,6 +1,7 @@
 """The live scheduler configuration, as rows. `scheduling.mapping` turns these rows into the
 engine's plain `SchedulerConfig` and back; nothing is deleted that history may refer to.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -128,9 +129,7 @@ class Backend(models.Model):
     rpm = models.PositiveIntegerField(null=True, blank=True)
     input_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     output_price_per_1k = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
-    fallback_for = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="fallbacks"
-    )
+    fallback_for = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="fallbacks")
     reserved_slots = models.PositiveIntegerField(default=0)
     enabled = models.BooleanField(default=True)
 

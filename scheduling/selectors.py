@@ -1,4 +1,5 @@
 """Reads of the live configuration: rows → the engine's plain SchedulerConfig."""
+
 from __future__ import annotations
 
 from decimal import Decimal

@@ -4,6 +4,7 @@
 deactivated, never deleted, because prices, charges and events refer to them. Applying the live
 configuration to itself changes nothing (no audit row, no new price version).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -28,7 +29,17 @@ from scheduling.models import (
 )
 from scheduling.selectors import classes_with_price, policy_get
 
-SECTIONS = ("classes", "aging", "tenant_fairness", "queue", "downgrade_check", "networks", "policy", "tenants", "backends")
+SECTIONS = (
+    "classes",
+    "aging",
+    "tenant_fairness",
+    "queue",
+    "downgrade_check",
+    "networks",
+    "policy",
+    "tenants",
+    "backends",
+)
 
 
 @dataclass
@@ -40,7 +51,9 @@ class ApplyResult:
         return bool(self.changes)
 
 
-def audit_record(*, actor: str, action: str, entity: str, key: str, field_name: str = "", old: Any = None, new: Any = None) -> AuditLog:
+def audit_record(
+    *, actor: str, action: str, entity: str, key: str, field_name: str = "", old: Any = None, new: Any = None
+) -> AuditLog:
     return AuditLog.objects.create(
         actor=actor, action=action, entity=entity, key=key, field=field_name, old=_jsonable(old), new=_jsonable(new)
     )
@@ -101,7 +114,14 @@ def price_set(*, priority_class: PriorityClass, price_factor: Decimal, actor: st
         effective_at=effective_at or timezone.now(),
         created_by=actor,
     )
-    audit_record(actor=actor, action="price", entity="class", key=priority_class.name, field_name="price_factor", new=price_factor)
+    audit_record(
+        actor=actor,
+        action="price",
+        entity="class",
+        key=priority_class.name,
+        field_name="price_factor",
+        new=price_factor,
+    )
     return version
 
 
@@ -121,8 +141,13 @@ def _apply_classes(classes: tuple[ClassSpec, ...], *, actor: str, result: ApplyR
             price_set(priority_class=row, price_factor=spec.price_factor, actor=actor)
             result.changes.append(f"class {spec.name}: price_factor {old_price} -> {spec.price_factor}")
     _deactivate_absent(
-        PriorityClass.objects.all(), keep=[c.name for c in classes], key_field="name", flag="active",
-        entity="class", actor=actor, result=result,
+        PriorityClass.objects.all(),
+        keep=[c.name for c in classes],
+        key_field="name",
+        flag="active",
+        entity="class",
+        actor=actor,
+        result=result,
     )
 
 
@@ -134,7 +159,9 @@ def _apply_policy_fields(config: SchedulerConfig, sections: set[str], *, actor: 
         values["aging_mode"] = config.aging.mode
     if "tenant_fairness" in sections:
         fairness = config.fairness
-        values.update(fairness_mode=fairness.mode.value, weight_source=fairness.weight_source, min_share=fairness.min_share)
+        values.update(
+            fairness_mode=fairness.mode.value, weight_source=fairness.weight_source, min_share=fairness.min_share
+        )
     if "queue" in sections:
         values["queue"] = {k: getattr(config.queue, k) for k in config.queue.__dataclass_fields__}
     if values:
@@ -154,7 +181,9 @@ def _apply_aging_segments(config: SchedulerConfig, *, actor: str, result: ApplyR
         AgingSegment(position=i, wait_ratio_lo=lo, wait_ratio_hi=hi, boost=boost, k=k)
         for i, (lo, hi, boost, k) in enumerate(wanted)
     )
-    audit_record(actor=actor, action="update", entity="policy", key="aging", field_name="segments", old=have, new=wanted)
+    audit_record(
+        actor=actor, action="update", entity="policy", key="aging", field_name="segments", old=have, new=wanted
+    )
     result.changes.append("aging segments replaced")
 
 
@@ -163,23 +192,47 @@ def _apply_rules(config: SchedulerConfig, *, actor: str, result: ApplyResult) ->
         _sync_row(
             DowngradeRule,
             lookup={"name": rule.name},
-            values={"condition": rule.condition, "action": rule.action, "enabled": rule.enabled, "order": rule.order, "active": True},
+            values={
+                "condition": rule.condition,
+                "action": rule.action,
+                "enabled": rule.enabled,
+                "order": rule.order,
+                "active": True,
+            },
             entity="rule",
             actor=actor,
             result=result,
         )
     _deactivate_absent(
-        DowngradeRule.objects.all(), keep=[r.name for r in config.downgrade_rules], key_field="name",
-        flag="active", entity="rule", actor=actor, result=result,
+        DowngradeRule.objects.all(),
+        keep=[r.name for r in config.downgrade_rules],
+        key_field="name",
+        flag="active",
+        entity="rule",
+        actor=actor,
+        result=result,
     )
 
 
 def _apply_networks(config: SchedulerConfig, *, actor: str, result: ApplyResult) -> None:
     for name, cidrs in config.networks.items():
-        _sync_row(NetworkGroup, lookup={"name": name}, values={"cidrs": list(cidrs), "active": True},
-                  entity="network", actor=actor, result=result)
-    _deactivate_absent(NetworkGroup.objects.all(), keep=list(config.networks), key_field="name", flag="active",
-                       entity="network", actor=actor, result=result)
+        _sync_row(
+            NetworkGroup,
+            lookup={"name": name},
+            values={"cidrs": list(cidrs), "active": True},
+            entity="network",
+            actor=actor,
+            result=result,
+        )
+    _deactivate_absent(
+        NetworkGroup.objects.all(),
+        keep=list(config.networks),
+        key_field="name",
+        flag="active",
+        entity="network",
+        actor=actor,
+        result=result,
+    )
 
 
 def tenant_values(spec: TenantSpec) -> dict:
@@ -195,9 +248,18 @@ def tenant_values(spec: TenantSpec) -> dict:
 
 def _apply_tenants(tenants: tuple[TenantSpec, ...], *, actor: str, result: ApplyResult) -> None:
     for spec in tenants:
-        _sync_row(Tenant, lookup={"slug": spec.slug}, values=tenant_values(spec), entity="tenant", actor=actor, result=result)
-    _deactivate_absent(Tenant.objects.all(), keep=[t.slug for t in tenants], key_field="slug", flag="active",
-                       entity="tenant", actor=actor, result=result)
+        _sync_row(
+            Tenant, lookup={"slug": spec.slug}, values=tenant_values(spec), entity="tenant", actor=actor, result=result
+        )
+    _deactivate_absent(
+        Tenant.objects.all(),
+        keep=[t.slug for t in tenants],
+        key_field="slug",
+        flag="active",
+        entity="tenant",
+        actor=actor,
+        result=result,
+    )
 
 
 def backend_values(spec: BackendSpec) -> dict:
@@ -217,14 +279,33 @@ def backend_values(spec: BackendSpec) -> dict:
 def _apply_backends(backends: tuple[BackendSpec, ...], *, actor: str, result: ApplyResult) -> None:
     rows = {}
     for spec in backends:
-        rows[spec.name] = _sync_row(Backend, lookup={"name": spec.name}, values=backend_values(spec),
-                                    entity="backend", actor=actor, result=result)
+        rows[spec.name] = _sync_row(
+            Backend,
+            lookup={"name": spec.name},
+            values=backend_values(spec),
+            entity="backend",
+            actor=actor,
+            result=result,
+        )
     for spec in backends:  # second pass: fallbacks may name a backend defined later in the file
         fallback = rows[spec.fallback_for] if spec.fallback_for else None
-        _sync_row(Backend, lookup={"name": spec.name}, values={"fallback_for": fallback},
-                  entity="backend", actor=actor, result=result)
-    _deactivate_absent(Backend.objects.all(), keep=list(rows), key_field="name", flag="enabled",
-                       entity="backend", actor=actor, result=result)
+        _sync_row(
+            Backend,
+            lookup={"name": spec.name},
+            values={"fallback_for": fallback},
+            entity="backend",
+            actor=actor,
+            result=result,
+        )
+    _deactivate_absent(
+        Backend.objects.all(),
+        keep=list(rows),
+        key_field="name",
+        flag="enabled",
+        entity="backend",
+        actor=actor,
+        result=result,
+    )
 
 
 @transaction.atomic

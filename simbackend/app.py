@@ -154,8 +154,12 @@ class SimBackendApp:
         elif action == "allow" and isinstance(n, int) and not isinstance(n, bool) and n >= 0:
             self.gate.allow(n)
         else:
-            raise SimError(400, "invalid_gate_action",
-                           'Send {"action": "close"|"open"|"allow", "n": <int >= 0>}.', "invalid_request_error")
+            raise SimError(
+                400,
+                "invalid_gate_action",
+                'Send {"action": "close"|"open"|"allow", "n": <int >= 0>}.',
+                "invalid_request_error",
+            )
 
     def _parse(self, kind: str, raw_body: bytes) -> CompletionRequest:
         req = parse_request(kind, raw_body)
@@ -163,8 +167,7 @@ class SimBackendApp:
             raise SimError(
                 404,
                 "model_not_found",
-                f"The model '{req.model}' does not exist on this backend; "
-                f"it serves: {', '.join(self.config.models)}.",
+                f"The model '{req.model}' does not exist on this backend; it serves: {', '.join(self.config.models)}.",
                 "invalid_request_error",
             )
         return req

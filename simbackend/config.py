@@ -95,7 +95,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--default-max-tokens", type=int, default=d.default_max_tokens)
     add("--max-tokens-cap", type=int, default=d.max_tokens_cap, help="upper bound on output")
     add("--models", default="", help="comma-separated model names to accept (default: any)")
-    add("--prompt-token-factor", type=float, default=d.prompt_token_factor,
-        help="report prompt tokens as this multiple of its own count (another tokenizer)")
-    add("--extra-completion-tokens", type=int, default=d.extra_completion_tokens,
-        help="produce this many tokens beyond max_tokens (a backend that ignores the limit)")
+    add(
+        "--prompt-token-factor",
+        type=float,
+        default=d.prompt_token_factor,
+        help="report prompt tokens as this multiple of its own count (another tokenizer)",
+    )
+    add(
+        "--extra-completion-tokens",
+        type=int,
+        default=d.extra_completion_tokens,
+        help="produce this many tokens beyond max_tokens (a backend that ignores the limit)",
+    )

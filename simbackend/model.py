@@ -131,9 +131,7 @@ class Capacity:
             )
         wait_ms = self.requests.wait_ms_for(1, now_ms)
         if wait_ms > 0:
-            return Rejection(
-                "rpm", wait_ms, f"Rate limit of {self.requests.limit} requests per minute reached."
-            )
+            return Rejection("rpm", wait_ms, f"Rate limit of {self.requests.limit} requests per minute reached.")
         wait_ms = self.tokens.wait_ms_for(plan.total_tokens, now_ms)
         if wait_ms > 0:
             return Rejection(

@@ -1,5 +1,6 @@
 """Shared fixtures. Service-bound tests carry @pytest.mark.postgres / @pytest.mark.redis: without the
 service they skip and say why; with FAIRGATE_REQUIRE_SERVICES=1 (CI) they fail instead."""
+
 from __future__ import annotations
 
 import os

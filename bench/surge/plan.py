@@ -17,6 +17,7 @@ Two knobs shrink it to fit a laptop:
 
 This module is plain Python (no Django): the command and ``bench.surge_compare`` share it.
 """
+
 from __future__ import annotations
 
 import math
@@ -114,20 +115,40 @@ class SurgePlan:
 
     def describe(self) -> str:
         slots = self.backend_options()["slots"]
-        return (f"time scale {self.time_scale:g} (1 real s = {self.time_scale:g} simulated s); load scale "
-                f"{self.scale:.3g} of the field event: {self.batch_count:,} batch requests (field: "
-                f"{FIELD_BATCH_COUNT:,}), {slots} backend slots (field: {FIELD_SLOTS}), chat "
-                f"{INTERACTIVE_PER_S * self.scale:.2f}/s + near-RT {NEAR_RT_PER_S * self.scale:.2f}/s simulated "
-                f"= {self.interactive_per_real_s + self.near_rt_per_real_s:.0f} requests/s real; at most "
-                f"{self.max_open_batch:,} batch requests open at once, the batch sent within "
-                f"{self.batch_spread_sim_s / 60:g} simulated minutes")
+        return (
+            f"time scale {self.time_scale:g} (1 real s = {self.time_scale:g} simulated s); load scale "
+            f"{self.scale:.3g} of the field event: {self.batch_count:,} batch requests (field: "
+            f"{FIELD_BATCH_COUNT:,}), {slots} backend slots (field: {FIELD_SLOTS}), chat "
+            f"{INTERACTIVE_PER_S * self.scale:.2f}/s + near-RT {NEAR_RT_PER_S * self.scale:.2f}/s simulated "
+            f"= {self.interactive_per_real_s + self.near_rt_per_real_s:.0f} requests/s real; at most "
+            f"{self.max_open_batch:,} batch requests open at once, the batch sent within "
+            f"{self.batch_spread_sim_s / 60:g} simulated minutes"
+        )
 
 
 class Prompts:
     """Prompt texts of a wanted size, cut from one pre-made text (cheap to send many)."""
 
-    WORDS = ("ledger", "quarter", "invoice", "revenue", "policy", "customer", "report", "budget", "region",
-             "forecast", "margin", "vendor", "audit", "summary", "account", "balance", "growth", "review")
+    WORDS = (
+        "ledger",
+        "quarter",
+        "invoice",
+        "revenue",
+        "policy",
+        "customer",
+        "report",
+        "budget",
+        "region",
+        "forecast",
+        "margin",
+        "vendor",
+        "audit",
+        "summary",
+        "account",
+        "balance",
+        "growth",
+        "review",
+    )
 
     def __init__(self, seed: int, max_tokens: int = 4000) -> None:
         rng = random.Random(seed)

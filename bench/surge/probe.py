@@ -1,4 +1,5 @@
 """What the gateway itself says during the replay: its /metrics, read every step."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,11 @@ def parse(text: str) -> GatewayView:
             elif name == "fairgate_backend_slots_in_use":
                 totals["in_use"] += sample.value
     return GatewayView(
-        batch_waiting=int(depth.get("BATCH", 0)), waiting=int(sum(depth.values())),
-        aging_preempts=int(totals["preempts"]), aging_boosts=int(totals["boosts"]), slots_in_use=int(totals["in_use"]),
+        batch_waiting=int(depth.get("BATCH", 0)),
+        waiting=int(sum(depth.values())),
+        aging_preempts=int(totals["preempts"]),
+        aging_boosts=int(totals["boosts"]),
+        slots_in_use=int(totals["in_use"]),
     )
 
 

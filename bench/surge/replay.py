@@ -4,6 +4,7 @@ Timeline: chat and near-RT traffic from 08:55; the batch at 09:00; a sample of t
 /metrics and the client's counts every step; the replay ends one step after the last batch
 request was answered, or at ``max_sim_s``. In-flight chats then get their patience to finish.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,11 @@ def _sample(plan: SurgePlan, clock: Clock, ledger: Ledger, view, due_sim_s: floa
     batch = ledger.of("batch")
     sim_s = clock.now_sim_s()
     return Sample(
-        sim_s=sim_s, clock=plan.clock(due_sim_s), view=view,
-        batch_completed=sum(o.state == OK for o in batch), batch_failed=sum(o.state == ERROR for o in batch),
+        sim_s=sim_s,
+        clock=plan.clock(due_sim_s),
+        view=view,
+        batch_completed=sum(o.state == OK for o in batch),
+        batch_failed=sum(o.state == ERROR for o in batch),
         batch_not_sent=plan.batch_count - ledger.batch_sent if sim_s >= plan.warmup_sim_s else 0,
     )
 
@@ -32,9 +36,11 @@ def _progress_line(plan: SurgePlan, sample: Sample, ledger: Ledger) -> str:
     recent = [o for o in ledger.of("chat") if o.sent_sim_s > sample.sim_s - plan.step_sim_s]
     view = sample.view
     waiting = "?" if view is None else f"{view.batch_waiting:,} batch waiting, {view.aging_preempts} preempts"
-    return (f"[surge {sample.clock}] {waiting}; batch done {sample.batch_completed:,}/{plan.batch_count:,} "
-            f"(failed {sample.batch_failed:,}, not yet sent {sample.batch_not_sent:,}); chat p95 so far "
-            f"{p95_of(recent).text()}")
+    return (
+        f"[surge {sample.clock}] {waiting}; batch done {sample.batch_completed:,}/{plan.batch_count:,} "
+        f"(failed {sample.batch_failed:,}, not yet sent {sample.batch_not_sent:,}); chat p95 so far "
+        f"{p95_of(recent).text()}"
+    )
 
 
 def _drained_at(plan: SurgePlan, ledger: Ledger) -> float | None:
@@ -44,8 +50,14 @@ def _drained_at(plan: SurgePlan, ledger: Ledger) -> float | None:
     return max(o.done_sim_s for o in batch) - plan.warmup_sim_s
 
 
-async def replay(plan: SurgePlan, base_url: str, *, batch_key: str, interactive_keys: list[str],
-                 progress: Progress = lambda line: None) -> SurgeResult:
+async def replay(
+    plan: SurgePlan,
+    base_url: str,
+    *,
+    batch_key: str,
+    interactive_keys: list[str],
+    progress: Progress = lambda line: None,
+) -> SurgeResult:
     if not interactive_keys:
         raise ValueError("at least one interactive key is needed")
     clock = Clock(plan)

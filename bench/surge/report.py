@@ -6,6 +6,7 @@ minutes). A user who gave up counts with their patience as a lower bound: a p95 
 such a value is shown as ``>N s``. Chat requests refused by the gateway (429/504, fast) are not
 latencies: they are counted in ``chat_refused``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +15,16 @@ from bench.surge.plan import REPORT_TIMES, SurgePlan
 from bench.surge.probe import GatewayView
 from bench.surge.traffic import ERROR, GAVE_UP, OK, Ledger, Outcome
 
-COLUMNS = ("time", "in_queue", "interactive_p95", "batch_completed", "aging_preempt",
-           "chat_gave_up", "chat_refused", "batch_not_sent")
+COLUMNS = (
+    "time",
+    "in_queue",
+    "interactive_p95",
+    "batch_completed",
+    "aging_preempt",
+    "chat_gave_up",
+    "chat_refused",
+    "batch_not_sent",
+)
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,9 @@ class P95:
 
 def p95_of(outcomes: list[Outcome]) -> P95:
     """Nearest-rank p95 over answered and given-up chats (given-up ones as lower bounds)."""
-    values = sorted((o.ttft_sim_s, o.state == GAVE_UP) for o in outcomes
-                    if o.state in (OK, GAVE_UP) and o.ttft_sim_s is not None)
+    values = sorted(
+        (o.ttft_sim_s, o.state == GAVE_UP) for o in outcomes if o.state in (OK, GAVE_UP) and o.ttft_sim_s is not None
+    )
     if not values:
         return P95(None)
     rank = max(0, min(len(values) - 1, -(-95 * len(values) // 100) - 1))
@@ -90,8 +100,11 @@ class SurgeResult:
 
     def headline(self) -> dict[str, str]:
         plan = self.plan
-        windows = [p95_of(self.chats_sent_in(s.sim_s - plan.step_sim_s, s.sim_s)) for s in self.samples
-                   if s.sim_s > plan.warmup_sim_s]
+        windows = [
+            p95_of(self.chats_sent_in(s.sim_s - plan.step_sim_s, s.sim_s))
+            for s in self.samples
+            if s.sim_s > plan.warmup_sim_s
+        ]
         windows = [w for w in windows if w.value_s is not None and w.samples >= 5]
         peak = max(windows, key=lambda w: (w.value_s, w.censored), default=P95(None))
         batch = self.ledger.of("batch")

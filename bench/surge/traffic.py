@@ -3,6 +3,7 @@
 Each request leaves one ``Outcome``: when it was sent (simulated seconds since the replay
 started), how it ended, and for chat the time to first token in simulated seconds.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,8 +83,9 @@ class Traffic:
 
     def _request(self, key: str, body: dict, cls: str) -> bytes:
         headers = {"Authorization": f"Bearer {key}", "X-Priority-Class": cls}
-        return rawhttp.request_bytes(self.pool.host, self.pool.port, "/v1/chat/completions",
-                                     json.dumps(body).encode(), headers)
+        return rawhttp.request_bytes(
+            self.pool.host, self.pool.port, "/v1/chat/completions", json.dumps(body).encode(), headers
+        )
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -92,8 +94,9 @@ class Traffic:
 
     # --- open-loop arrivals of chat and near-RT ------------------------------------------
 
-    async def arrivals(self, kind: str, rate_per_real_s: float, keys: list[str], stop: asyncio.Event,
-                       seed: int) -> None:
+    async def arrivals(
+        self, kind: str, rate_per_real_s: float, keys: list[str], stop: asyncio.Event, seed: int
+    ) -> None:
         rng = random.Random(seed)
         due_sim_s = 0.0
         while not stop.is_set():

@@ -7,114 +7,212 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('gateway', '0001_initial'),
-        ('scheduling', '0001_initial'),
+        ("gateway", "0001_initial"),
+        ("scheduling", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Budget',
+            name="Budget",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('year', 'Fiscal year'), ('month', 'Fiscal month')], max_length=8)),
-                ('fiscal_year', models.PositiveIntegerField(help_text='Calendar year in which the fiscal year starts.')),
-                ('starts_at', models.DateTimeField()),
-                ('ends_at', models.DateTimeField()),
-                ('limit', models.DecimalField(blank=True, decimal_places=6, help_text='Empty: unlimited.', max_digits=20, null=True)),
-                ('spent', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=20)),
-                ('held', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=20)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='budgets', to='gateway.tenant')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("kind", models.CharField(choices=[("year", "Fiscal year"), ("month", "Fiscal month")], max_length=8)),
+                (
+                    "fiscal_year",
+                    models.PositiveIntegerField(help_text="Calendar year in which the fiscal year starts."),
+                ),
+                ("starts_at", models.DateTimeField()),
+                ("ends_at", models.DateTimeField()),
+                (
+                    "limit",
+                    models.DecimalField(
+                        blank=True, decimal_places=6, help_text="Empty: unlimited.", max_digits=20, null=True
+                    ),
+                ),
+                ("spent", models.DecimalField(decimal_places=6, default=Decimal("0"), max_digits=20)),
+                ("held", models.DecimalField(decimal_places=6, default=Decimal("0"), max_digits=20)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="budgets", to="gateway.tenant"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['tenant_id', 'starts_at', 'kind'],
+                "ordering": ["tenant_id", "starts_at", "kind"],
             },
         ),
         migrations.CreateModel(
-            name='BudgetAlert',
+            name="BudgetAlert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('threshold_pct', models.PositiveSmallIntegerField()),
-                ('spent', models.DecimalField(decimal_places=6, max_digits=20)),
-                ('limit', models.DecimalField(decimal_places=6, max_digits=20)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('webhook_delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('email_delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('delivery_attempts', models.PositiveSmallIntegerField(default=0)),
-                ('delivery_error', models.TextField(blank=True)),
-                ('budget', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='alerts', to='billing.budget')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("threshold_pct", models.PositiveSmallIntegerField()),
+                ("spent", models.DecimalField(decimal_places=6, max_digits=20)),
+                ("limit", models.DecimalField(decimal_places=6, max_digits=20)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("webhook_delivered_at", models.DateTimeField(blank=True, null=True)),
+                ("email_delivered_at", models.DateTimeField(blank=True, null=True)),
+                ("delivery_attempts", models.PositiveSmallIntegerField(default=0)),
+                ("delivery_error", models.TextField(blank=True)),
+                (
+                    "budget",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="alerts", to="billing.budget"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-pk'],
+                "ordering": ["-created_at", "-pk"],
             },
         ),
         migrations.CreateModel(
-            name='LedgerEntry',
+            name="LedgerEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('hold', 'Hold'), ('charge', 'Charge'), ('release', 'Release'), ('adjustment', 'Adjustment')], max_length=16)),
-                ('at', models.DateTimeField(db_index=True)),
-                ('request_id', models.CharField(blank=True, max_length=100)),
-                ('class_name', models.CharField(blank=True, max_length=32)),
-                ('model', models.CharField(blank=True, max_length=200)),
-                ('backend_name', models.CharField(blank=True, max_length=64)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('base_cost', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=20)),
-                ('factor', models.DecimalField(decimal_places=4, default=Decimal('1'), max_digits=8)),
-                ('amount', models.DecimalField(decimal_places=6, max_digits=20)),
-                ('overrun', models.DecimalField(decimal_places=6, default=Decimal('0'), help_text='Charge beyond the hold (tokenizer underestimate).', max_digits=20)),
-                ('reason', models.CharField(blank=True, max_length=500)),
-                ('author', models.CharField(blank=True, max_length=150)),
-                ('budget', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.budget')),
-                ('month_budget', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='month_entries', to='billing.budget')),
-                ('price_version', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='scheduling.priceversion')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='gateway.tenant')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("hold", "Hold"),
+                            ("charge", "Charge"),
+                            ("release", "Release"),
+                            ("adjustment", "Adjustment"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("at", models.DateTimeField(db_index=True)),
+                ("request_id", models.CharField(blank=True, max_length=100)),
+                ("class_name", models.CharField(blank=True, max_length=32)),
+                ("model", models.CharField(blank=True, max_length=200)),
+                ("backend_name", models.CharField(blank=True, max_length=64)),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("base_cost", models.DecimalField(decimal_places=6, default=Decimal("0"), max_digits=20)),
+                ("factor", models.DecimalField(decimal_places=4, default=Decimal("1"), max_digits=8)),
+                ("amount", models.DecimalField(decimal_places=6, max_digits=20)),
+                (
+                    "overrun",
+                    models.DecimalField(
+                        decimal_places=6,
+                        default=Decimal("0"),
+                        help_text="Charge beyond the hold (tokenizer underestimate).",
+                        max_digits=20,
+                    ),
+                ),
+                ("reason", models.CharField(blank=True, max_length=500)),
+                ("author", models.CharField(blank=True, max_length=150)),
+                (
+                    "budget",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="entries", to="billing.budget"
+                    ),
+                ),
+                (
+                    "month_budget",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="month_entries",
+                        to="billing.budget",
+                    ),
+                ),
+                (
+                    "price_version",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="ledger_entries",
+                        to="scheduling.priceversion",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="ledger_entries", to="gateway.tenant"
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'ledger entries',
-                'ordering': ['at', 'pk'],
+                "verbose_name_plural": "ledger entries",
+                "ordering": ["at", "pk"],
             },
         ),
         migrations.CreateModel(
-            name='TenantBilling',
+            name="TenantBilling",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('monthly_cap', models.DecimalField(blank=True, decimal_places=6, help_text='Empty: no monthly cap.', max_digits=20, null=True)),
-                ('fallback_on_exhausted', models.BooleanField(default=False, help_text='When the budget cannot hold a request, fall back to a cheaper class that fits.')),
-                ('webhook_url', models.URLField(blank=True, help_text='Budget alerts are POSTed here.', max_length=500)),
-                ('alert_emails', models.CharField(blank=True, help_text="Comma-separated; empty: the tenant's users.", max_length=500)),
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='billing', to='gateway.tenant')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "monthly_cap",
+                    models.DecimalField(
+                        blank=True, decimal_places=6, help_text="Empty: no monthly cap.", max_digits=20, null=True
+                    ),
+                ),
+                (
+                    "fallback_on_exhausted",
+                    models.BooleanField(
+                        default=False,
+                        help_text="When the budget cannot hold a request, fall back to a cheaper class that fits.",
+                    ),
+                ),
+                (
+                    "webhook_url",
+                    models.URLField(blank=True, help_text="Budget alerts are POSTed here.", max_length=500),
+                ),
+                (
+                    "alert_emails",
+                    models.CharField(
+                        blank=True, help_text="Comma-separated; empty: the tenant's users.", max_length=500
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="billing", to="gateway.tenant"
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'tenant billing settings',
+                "verbose_name_plural": "tenant billing settings",
             },
         ),
         migrations.AddConstraint(
-            model_name='budget',
-            constraint=models.UniqueConstraint(fields=('tenant', 'kind', 'starts_at'), name='billing_budget_one_per_period'),
+            model_name="budget",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "kind", "starts_at"), name="billing_budget_one_per_period"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='budget',
-            constraint=models.CheckConstraint(condition=models.Q(('held__gte', 0)), name='billing_budget_held_not_negative'),
+            model_name="budget",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("held__gte", 0)), name="billing_budget_held_not_negative"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='budgetalert',
-            constraint=models.UniqueConstraint(fields=('budget', 'threshold_pct'), name='billing_alert_once_per_threshold'),
+            model_name="budgetalert",
+            constraint=models.UniqueConstraint(
+                fields=("budget", "threshold_pct"), name="billing_alert_once_per_threshold"
+            ),
         ),
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(fields=['kind', 'at'], name='billing_led_kind_15b51b_idx'),
+            model_name="ledgerentry",
+            index=models.Index(fields=["kind", "at"], name="billing_led_kind_15b51b_idx"),
         ),
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(fields=['tenant', 'kind', 'at'], name='billing_led_tenant__da2ef2_idx'),
+            model_name="ledgerentry",
+            index=models.Index(fields=["tenant", "kind", "at"], name="billing_led_tenant__da2ef2_idx"),
         ),
         migrations.AddConstraint(
-            model_name='ledgerentry',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind', 'adjustment'), _negated=True), fields=('request_id', 'kind'), name='billing_ledger_once_per_request_and_kind'),
+            model_name="ledgerentry",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("kind", "adjustment"), _negated=True),
+                fields=("request_id", "kind"),
+                name="billing_ledger_once_per_request_and_kind",
+            ),
         ),
     ]

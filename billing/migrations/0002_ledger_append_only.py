@@ -2,6 +2,7 @@
 
 (TRUNCATE is left to the database owner: the test runner flushes tables with it.)
 """
+
 from django.db import migrations
 
 TABLE = "billing_ledgerentry"

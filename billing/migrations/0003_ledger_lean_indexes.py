@@ -12,8 +12,11 @@ def _single_column_indexes(schema_editor) -> dict[str, str]:
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, TABLE)
-    return {c["columns"][0]: name for name, c in constraints.items()
-            if c["index"] and not c["unique"] and not c["primary_key"] and len(c["columns"]) == 1}
+    return {
+        c["columns"][0]: name
+        for name, c in constraints.items()
+        if c["index"] and not c["unique"] and not c["primary_key"] and len(c["columns"]) == 1
+    }
 
 
 def drop_indexes(apps, schema_editor):
@@ -35,9 +38,9 @@ class Migration(migrations.Migration):
     serve its reads); only indexes change, so the table (and its append-only triggers) stays."""
 
     dependencies = [
-        ('billing', '0002_ledger_append_only'),
-        ('gateway', '0002_downgrade_event'),
-        ('scheduling', '0001_initial'),
+        ("billing", "0002_ledger_append_only"),
+        ("gateway", "0002_downgrade_event"),
+        ("scheduling", "0001_initial"),
     ]
 
     operations = [
@@ -45,29 +48,53 @@ class Migration(migrations.Migration):
             database_operations=[migrations.RunPython(drop_indexes, create_indexes)],
             state_operations=[
                 migrations.AlterField(
-                    model_name='ledgerentry',
-                    name='at',
+                    model_name="ledgerentry",
+                    name="at",
                     field=models.DateTimeField(),
                 ),
                 migrations.AlterField(
-                    model_name='ledgerentry',
-                    name='budget',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='entries', to='billing.budget'),
+                    model_name="ledgerentry",
+                    name="budget",
+                    field=models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="entries",
+                        to="billing.budget",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='ledgerentry',
-                    name='month_budget',
-                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='month_entries', to='billing.budget'),
+                    model_name="ledgerentry",
+                    name="month_budget",
+                    field=models.ForeignKey(
+                        blank=True,
+                        db_index=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="month_entries",
+                        to="billing.budget",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='ledgerentry',
-                    name='price_version',
-                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='scheduling.priceversion'),
+                    model_name="ledgerentry",
+                    name="price_version",
+                    field=models.ForeignKey(
+                        blank=True,
+                        db_index=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="ledger_entries",
+                        to="scheduling.priceversion",
+                    ),
                 ),
                 migrations.AlterField(
-                    model_name='ledgerentry',
-                    name='tenant',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='gateway.tenant'),
+                    model_name="ledgerentry",
+                    name="tenant",
+                    field=models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="ledger_entries",
+                        to="gateway.tenant",
+                    ),
                 ),
             ],
         ),

@@ -20,54 +20,82 @@ def _sqlite_triggers(statements):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('billing', '0003_ledger_lean_indexes'),
-        ('gateway', '0002_downgrade_event'),
-        ('scheduling', '0001_initial'),
+        ("billing", "0003_ledger_lean_indexes"),
+        ("gateway", "0002_downgrade_event"),
+        ("scheduling", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='GatewayProcess',
+            name="GatewayProcess",
             fields=[
-                ('owner', models.CharField(max_length=100, primary_key=True, serialize=False)),
-                ('host', models.CharField(max_length=255)),
-                ('pid', models.PositiveIntegerField()),
-                ('started_at', models.DateTimeField()),
-                ('beat_at', models.DateTimeField()),
-                ('stopped_at', models.DateTimeField(blank=True, help_text='Set by a clean stop.', null=True)),
-                ('recovered_at', models.DateTimeField(blank=True, help_text='Its last beat after beats had failed (the database was out): no process is taken for dead until every live one has had time to beat again.', null=True)),
-                ('released_at', models.DateTimeField(blank=True, help_text='Taken for dead: its open holds were released then.', null=True)),
+                ("owner", models.CharField(max_length=100, primary_key=True, serialize=False)),
+                ("host", models.CharField(max_length=255)),
+                ("pid", models.PositiveIntegerField()),
+                ("started_at", models.DateTimeField()),
+                ("beat_at", models.DateTimeField()),
+                ("stopped_at", models.DateTimeField(blank=True, help_text="Set by a clean stop.", null=True)),
+                (
+                    "recovered_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="Its last beat after beats had failed (the database was out): no process is taken for dead until every live one has had time to beat again.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "released_at",
+                    models.DateTimeField(
+                        blank=True, help_text="Taken for dead: its open holds were released then.", null=True
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'gateway processes',
+                "verbose_name_plural": "gateway processes",
             },
         ),
         migrations.AddField(
-            model_name='ledgerentry',
-            name='owner',
-            field=models.CharField(blank=True, help_text='The gateway process whose request this is (billing.heartbeats); empty: booked outside one.', max_length=100),
+            model_name="ledgerentry",
+            name="owner",
+            field=models.CharField(
+                blank=True,
+                help_text="The gateway process whose request this is (billing.heartbeats); empty: booked outside one.",
+                max_length=100,
+            ),
         ),
         migrations.AddField(
-            model_name='ledgerentry',
-            name='unbilled',
-            field=models.DecimalField(decimal_places=6, default=Decimal('0'), help_text="What the backend's usage priced beyond what could be charged: beyond the hold, or, for a late settlement after the hold was released, beyond what the budget still had.", max_digits=20),
+            model_name="ledgerentry",
+            name="unbilled",
+            field=models.DecimalField(
+                decimal_places=6,
+                default=Decimal("0"),
+                help_text="What the backend's usage priced beyond what could be charged: beyond the hold, or, for a late settlement after the hold was released, beyond what the budget still had.",
+                max_digits=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='ledgerentry',
-            name='overrun',
-            field=models.DecimalField(decimal_places=6, default=Decimal('0'), help_text='Charged beyond the hold (before holds bounded every charge: always 0 now).', max_digits=20),
+            model_name="ledgerentry",
+            name="overrun",
+            field=models.DecimalField(
+                decimal_places=6,
+                default=Decimal("0"),
+                help_text="Charged beyond the hold (before holds bounded every charge: always 0 now).",
+                max_digits=20,
+            ),
         ),
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(condition=models.Q(('kind', 'hold')), fields=['owner'], name='billing_ledger_hold_owner'),
+            model_name="ledgerentry",
+            index=models.Index(
+                condition=models.Q(("kind", "hold")), fields=["owner"], name="billing_ledger_hold_owner"
+            ),
         ),
         migrations.AlterField(
-            model_name='ledgerentry',
-            name='request_id',
+            model_name="ledgerentry",
+            name="request_id",
             field=models.CharField(blank=True, max_length=200),
         ),
-        migrations.RunPython(_sqlite_triggers(append_only.SQLITE_BACKWARD + append_only.SQLITE_FORWARD),
-                             migrations.RunPython.noop),
+        migrations.RunPython(
+            _sqlite_triggers(append_only.SQLITE_BACKWARD + append_only.SQLITE_FORWARD), migrations.RunPython.noop
+        ),
     ]

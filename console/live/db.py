@@ -1,4 +1,5 @@
 """The publisher's database reads (synchronous; it calls them through ``sync_to_async``)."""
+
 from __future__ import annotations
 
 from console import selectors
@@ -12,8 +13,10 @@ def tenant_ids(slugs: list[str]) -> dict[str, int]:
 
 
 def holds_for(wanted: dict[str, tuple[int, list[str]]]) -> dict[str, dict[str, str]]:
-    return {slug: selectors.hold_amounts(tenant_id=tenant_id, slug=slug, request_ids=ids)
-            for slug, (tenant_id, ids) in wanted.items()}
+    return {
+        slug: selectors.hold_amounts(tenant_id=tenant_id, slug=slug, request_ids=ids)
+        for slug, (tenant_id, ids) in wanted.items()
+    }
 
 
 def budgets_for(tenant_ids_: list[int]) -> dict[int, dict]:

@@ -1,5 +1,6 @@
 """Channel-layer group names: one per tenant, one per role. Isolation starts here: a socket is
 added only to the groups ``groups_for`` returns, decided on the server from the session's user."""
+
 from __future__ import annotations
 
 from console.access import ADMIN, FINANCE, role_of

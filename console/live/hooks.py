@@ -6,6 +6,7 @@ alerts are created with ``Model.objects.create``, and their receiver registers a
 publisher (coalesced into its next tick); elsewhere (a Celery worker, a command) it sends it to
 the channel layer directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,13 @@ def publish_committed(events: list[dict]) -> None:
 
 def _on_entries_booked(sender, entries: list, **kwargs) -> None:
     """Billing's booked entries (already committed): the charges go to the live console."""
-    publish_committed([{"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")}
-                       for e in entries if e.kind == LedgerEntry.Kind.CHARGE])
+    publish_committed(
+        [
+            {"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")}
+            for e in entries
+            if e.kind == LedgerEntry.Kind.CHARGE
+        ]
+    )
 
 
 def _on_budget_alert(sender, instance: BudgetAlert, created: bool, **kwargs) -> None:

@@ -12,6 +12,7 @@ and alerts through ``notify_threadsafe``); downgrade events are bulk-written by 
 (no per-row signal), so the publisher reads committed rows after a cursor once a second.
 The task ends by itself once the dispatcher it served has stopped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -210,8 +211,13 @@ class Publisher:
             self.timeline.add(sample)
         if now_wall_ms >= self._next_ops_ms:
             self._next_ops_ms = now_wall_ms + self.ops_ms
-            payload = {"type": "ops", **self.ops.build(d, wall_ms=now_wall_ms), "publisher_tick_ms": self.tick_cost_ms,
-                       "timeline": self.timeline.as_rows()[-3:], "at_ms": now_wall_ms}
+            payload = {
+                "type": "ops",
+                **self.ops.build(d, wall_ms=now_wall_ms),
+                "publisher_tick_ms": self.tick_cost_ms,
+                "timeline": self.timeline.as_rows()[-3:],
+                "at_ms": now_wall_ms,
+            }
             self.ops_text = dumps({**payload, "timeline": self.timeline.as_rows()})
             await self._send(ADMIN_GROUP, "ops.update", payload)
 

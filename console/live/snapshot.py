@@ -1,5 +1,6 @@
 """What the console shows of the running dispatcher, read on its event loop (never from a thread:
 the engine is not locked). Tenant snapshots for the queue page, counters for operations."""
+
 from __future__ import annotations
 
 import heapq
@@ -28,8 +29,9 @@ def entry_view(d: Dispatcher, entry: Entry, now_ms: int, holds=None) -> dict:
 def _shown(d: Dispatcher, entries: list[Entry]) -> list[Entry]:
     """Running first, then waiting by class level and age: the ones nearest to service."""
     levels = {c.name: c.level for c in d.config.classes}
-    return heapq.nsmallest(MAX_ROWS, entries,
-                           key=lambda e: (e.state != "running", levels.get(e.cls, 99), e.queued_since_ms))
+    return heapq.nsmallest(
+        MAX_ROWS, entries, key=lambda e: (e.state != "running", levels.get(e.cls, 99), e.queued_since_ms)
+    )
 
 
 def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None) -> dict:
@@ -45,9 +47,13 @@ def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None) -> dict:
 
 def queue_signature(queue: dict) -> tuple:
     """What makes a snapshot worth sending (waited time alone does not: the page counts it)."""
-    return (queue["total"], tuple(sorted((c, v["queued"], v["running"]) for c, v in queue["counts"].items())),
-            tuple((r["id"], r["state"], r["class"], r["position"], r["eta_ms"], r["estimated_charge"])
-                  for r in queue["rows"]))
+    return (
+        queue["total"],
+        tuple(sorted((c, v["queued"], v["running"]) for c, v in queue["counts"].items())),
+        tuple(
+            (r["id"], r["state"], r["class"], r["position"], r["eta_ms"], r["estimated_charge"]) for r in queue["rows"]
+        ),
+    )
 
 
 def shown_ids(d: Dispatcher, slug: str) -> list[str]:
@@ -66,6 +72,7 @@ def request_card(d: Dispatcher | None, slug: str, public_id: str) -> dict | None
 
 
 # --- operations ---------------------------------------------------------------------------
+
 
 def _counter_samples(counter, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
@@ -105,23 +112,37 @@ class OpsView:
         classes = []
         for spec in sorted(d.config.classes, key=lambda c: c.level):
             tally = tallies.get(spec.name)
-            classes.append({
-                "class": spec.name, "depth": sched.depth(spec.name),
-                "depth_limit": sched.depth_limit(spec.name, now_ms=now_ms),
-                "wait_p95_ms": p95_ms(tally.wait_hist, WAIT_BUCKETS_MS) if tally else None,
-                "throughput_per_min": None if wall_ms == then_ms else
-                round((completed.get(spec.name, 0) - then.get(spec.name, 0)) / minutes, 1),
-                "rejected_queue_full": tally.rejected_queue_full if tally else 0,
-                "queue_timeout": tally.queue_timeout if tally else 0,
-                "boosted": tally.boosted if tally else 0, "preempted": tally.preempted if tally else 0,
-            })
+            classes.append(
+                {
+                    "class": spec.name,
+                    "depth": sched.depth(spec.name),
+                    "depth_limit": sched.depth_limit(spec.name, now_ms=now_ms),
+                    "wait_p95_ms": p95_ms(tally.wait_hist, WAIT_BUCKETS_MS) if tally else None,
+                    "throughput_per_min": None
+                    if wall_ms == then_ms
+                    else round((completed.get(spec.name, 0) - then.get(spec.name, 0)) / minutes, 1),
+                    "rejected_queue_full": tally.rejected_queue_full if tally else 0,
+                    "queue_timeout": tally.queue_timeout if tally else 0,
+                    "boosted": tally.boosted if tally else 0,
+                    "preempted": tally.preempted if tally else 0,
+                }
+            )
         errors = _backend_errors()
         backends = []
         for name, spec in sorted(d.backend_specs.items()):
             health = d.circuits.of(name)
-            backends.append({"backend": name, "enabled": spec.enabled, "slots": spec.slots, "in_use": health.in_use,
-                             "tpm_used": health.tpm_used(now_ms), "tpm": spec.tpm, "errors": errors.get(name, 0),
-                             "circuit_open": d.circuits.is_open(name, now_ms)})
+            backends.append(
+                {
+                    "backend": name,
+                    "enabled": spec.enabled,
+                    "slots": spec.slots,
+                    "in_use": health.in_use,
+                    "tpm_used": health.tpm_used(now_ms),
+                    "tpm": spec.tpm,
+                    "errors": errors.get(name, 0),
+                    "circuit_open": d.circuits.is_open(name, now_ms),
+                }
+            )
         rejects = {code: int(v) for code, v in sorted(_counter_samples(metrics.REJECTS, "code").items())}
         return {"classes": classes, "backends": backends, "rejects": rejects, "in_queue": sched.waiting_count}
 
@@ -133,8 +154,11 @@ def timeline_sample(d: Dispatcher, *, wall_ms: int, previous_hist: list[int] | N
     hist = list(tallies[top].wait_hist) if top in tallies else [0] * (len(WAIT_BUCKETS_MS) + 1)
     window = hist if previous_hist is None else [max(0, a - b) for a, b in zip(hist, previous_hist)]
     batch = tallies.get("BATCH")
-    sample = Sample(at_ms=wall_ms, in_queue=d.sched.waiting_count,
-                    interactive_p95_ms=p95_ms(window, WAIT_BUCKETS_MS),
-                    batch_completed=batch.completed if batch else 0,
-                    aging_preempts=sum(t.preempted for t in tallies.values()))
+    sample = Sample(
+        at_ms=wall_ms,
+        in_queue=d.sched.waiting_count,
+        interactive_p95_ms=p95_ms(window, WAIT_BUCKETS_MS),
+        batch_completed=batch.completed if batch else 0,
+        aging_preempts=sum(t.preempted for t in tallies.values()),
+    )
     return sample, hist

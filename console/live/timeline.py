@@ -1,6 +1,7 @@
 """The operations timeline: a ring buffer of samples in the field report's shape
 (in_queue, interactive p95, batch completed, aging preempts), and wait percentiles from the
 engine's cumulative wait histograms. Plain Python: samples are handed in, nothing is read here."""
+
 from __future__ import annotations
 
 from collections import deque

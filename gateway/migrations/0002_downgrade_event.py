@@ -5,26 +5,33 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('gateway', '0001_initial'),
+        ("gateway", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='DowngradeEvent',
+            name="DowngradeEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('request_id', models.CharField(max_length=128)),
-                ('from_class', models.CharField(max_length=32)),
-                ('to_class', models.CharField(max_length=32)),
-                ('rule', models.CharField(max_length=64)),
-                ('at', models.DateTimeField(db_index=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='downgrades', to='gateway.tenant')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("request_id", models.CharField(max_length=128)),
+                ("from_class", models.CharField(max_length=32)),
+                ("to_class", models.CharField(max_length=32)),
+                ("rule", models.CharField(max_length=64)),
+                ("at", models.DateTimeField(db_index=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="downgrades", to="gateway.tenant"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at', '-pk'],
-                'indexes': [models.Index(fields=['tenant', 'at'], name='gateway_dow_tenant__1bf801_idx'), models.Index(fields=['rule', 'at'], name='gateway_dow_rule_d86793_idx')],
+                "ordering": ["-at", "-pk"],
+                "indexes": [
+                    models.Index(fields=["tenant", "at"], name="gateway_dow_tenant__1bf801_idx"),
+                    models.Index(fields=["rule", "at"], name="gateway_dow_rule_d86793_idx"),
+                ],
             },
         ),
     ]

@@ -4,6 +4,7 @@ Public API: :class:`Scheduler` with :class:`Admission`, :class:`Grant`, :class:`
 the value objects of :mod:`scheduling.engine.model`, :func:`apply_policy` (named presets) and
 the storage interface (:class:`SchedulerStore`, :class:`MemoryStore`).
 """
+
 from .counters import WAIT_BUCKETS_MS, Counters, Tally
 from .model import (
     AgingPolicy,
@@ -25,7 +26,26 @@ from .scheduler import Scheduler
 from .store import MemoryStore, SchedulerStore
 
 __all__ = [
-    "AgingPolicy", "AgingSegment", "Admission", "BackendSpec", "Boost", "ClassSpec", "Counters", "FairnessMode",
-    "FairnessPolicy", "Grant", "MemoryStore", "Policy", "QueuePolicy", "QueuePosition", "Request", "Scheduler",
-    "SchedulerConfig", "SchedulerStore", "Tally", "TenantSpec", "WAIT_BUCKETS_MS", "apply_policy",
+    "AgingPolicy",
+    "AgingSegment",
+    "Admission",
+    "BackendSpec",
+    "Boost",
+    "ClassSpec",
+    "Counters",
+    "FairnessMode",
+    "FairnessPolicy",
+    "Grant",
+    "MemoryStore",
+    "Policy",
+    "QueuePolicy",
+    "QueuePosition",
+    "Request",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerStore",
+    "Tally",
+    "TenantSpec",
+    "WAIT_BUCKETS_MS",
+    "apply_policy",
 ]

@@ -25,6 +25,7 @@ Retry-after for ``queue_full``: time for the queue to drain the excess over the 
 class's drain rate (measured dispatch rate, or, with none measured, its slots over the mean
 service time), clamped to ``[1 ms, sla_ms]``.
 """
+
 from __future__ import annotations
 
 import math

@@ -16,6 +16,7 @@ A gap between segments keeps the last value; an open (``hi is None``) linear seg
 Modes: ``piecewise`` (segments), ``linear`` (boost = wait_ratio, never preempts, the
 ``linear`` preset), ``none`` (no boost, no preempt).
 """
+
 from __future__ import annotations
 
 import math

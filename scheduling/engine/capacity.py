@@ -10,6 +10,7 @@ with most free slots wins (ties: configuration order). A fallback backend
 (``fallback_for`` set) serves VIP requests only, and only when no primary backend of the model
 can take the request. Windows live in the store (shared across gateway processes later).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -21,7 +22,19 @@ WINDOW_MS = 60_000
 
 
 class BackendState:
-    __slots__ = ("spec", "name", "slots", "reserved", "busy", "hold_until_ms", "tpm", "rpm", "limited", "enabled", "removed")
+    __slots__ = (
+        "spec",
+        "name",
+        "slots",
+        "reserved",
+        "busy",
+        "hold_until_ms",
+        "tpm",
+        "rpm",
+        "limited",
+        "enabled",
+        "removed",
+    )
 
     def __init__(self, spec: BackendSpec, busy: int = 0, hold_until_ms: int = 0) -> None:
         self.spec = spec
@@ -104,8 +117,9 @@ class Capacity:
             best = self._best(self._fallbacks.get(model, ()), True, est_tokens, now_ms)
         return best
 
-    def _best(self, candidates: tuple[BackendState, ...], privileged: bool, est_tokens: int,
-              now_ms: int) -> BackendState | None:
+    def _best(
+        self, candidates: tuple[BackendState, ...], privileged: bool, est_tokens: int, now_ms: int
+    ) -> BackendState | None:
         best = None
         best_free = 0
         for state in candidates:

@@ -7,6 +7,7 @@ attributes instead of looking the spec up and recomputing bounds on every decisi
 class's dispatch-rate window measures traffic, not settings: it is kept across
 reconfigurations and only referenced here.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,9 @@ from .model import ClassSpec
 class ClassPlan:
     __slots__ = ("spec", "level", "sla_ms", "preempt_wait_ms", "expires", "privileged", "dispatch_rate")
 
-    def __init__(self, spec: ClassSpec, aging: AgingCurve, *, expires: bool, top_level: int,
-                 dispatch_rate: RateWindow) -> None:
+    def __init__(
+        self, spec: ClassSpec, aging: AgingCurve, *, expires: bool, top_level: int, dispatch_rate: RateWindow
+    ) -> None:
         self.spec = spec
         self.level = spec.level
         self.sla_ms = spec.sla_ms

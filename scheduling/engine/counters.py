@@ -9,6 +9,7 @@ a waiting lower-level class thanks to aging), preempted (dispatched at preempt),
 Conservation: for every class and tenant,
 ``enqueued == completed + failed + queue_timeout + cancelled + waiting + running``.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left

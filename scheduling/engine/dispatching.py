@@ -36,6 +36,7 @@ A blocked big request may thus be overtaken by smaller ones of other lanes while
 is nearly full. With ``single_queue`` there is one lane per model holding every class in FIFO
 order, level 0, no boost (the ``fifo`` preset).
 """
+
 from __future__ import annotations
 
 import math
@@ -162,8 +163,13 @@ class DispatchMixin:
             top = age[0]
             ticket = top[2]
             valid_from_ms, valid_until_ms = lane.rank_valid_ms
-            if top is lane.rank_entry and valid_from_ms <= now_ms < valid_until_ms \
-                    and ticket.state == WAITING and ticket.lane is lane and not ticket.promoted:
+            if (
+                top is lane.rank_entry
+                and valid_from_ms <= now_ms < valid_until_ms
+                and ticket.state == WAITING
+                and ticket.lane is lane
+                and not ticket.promoted
+            ):
                 return lane.rank
         oldest = self._oldest(lane)  # drops entries of requests that left
         if oldest is None:

@@ -21,6 +21,7 @@ FIFO within a tenant. Requests leaving other than from a queue head (cancel, exp
 are removed lazily: they stay in the deque, marked, until they reach its head. Picking is
 O(log tenants) via a heap of counters with lazy (versioned) entries.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -42,8 +43,19 @@ def tenant_weights(tenants: Iterable[TenantSpec], min_share: float) -> tuple[dic
 
 
 class TenantQueue:
-    __slots__ = ("key", "store_key", "items", "head_no", "live", "dead", "promoted", "cost_sum", "counter", "version",
-                 "weight")
+    __slots__ = (
+        "key",
+        "store_key",
+        "items",
+        "head_no",
+        "live",
+        "dead",
+        "promoted",
+        "cost_sum",
+        "counter",
+        "version",
+        "weight",
+    )
 
     def __init__(self, key: str, store_key: tuple[str, str, str], counter: float, weight: float) -> None:
         self.key = key
@@ -73,11 +85,39 @@ class TenantQueue:
 class Lane:
     """Waiting requests of one class (or of every class, for ``single_queue``) for one model."""
 
-    __slots__ = ("name", "model", "level", "mode", "fifo", "by_tokens", "tenants", "heap", "live", "promoted", "vt",
-                 "age", "weights", "unknown_weight", "store", "key", "sla_ms", "rank", "rank_entry", "rank_valid_ms")
+    __slots__ = (
+        "name",
+        "model",
+        "level",
+        "mode",
+        "fifo",
+        "by_tokens",
+        "tenants",
+        "heap",
+        "live",
+        "promoted",
+        "vt",
+        "age",
+        "weights",
+        "unknown_weight",
+        "store",
+        "key",
+        "sla_ms",
+        "rank",
+        "rank_entry",
+        "rank_valid_ms",
+    )
 
-    def __init__(self, name: str, model: str, level: int, mode: FairnessMode, weights: dict[str, float],
-                 unknown_weight: float, store: SchedulerStore) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        level: int,
+        mode: FairnessMode,
+        weights: dict[str, float],
+        unknown_weight: float,
+        store: SchedulerStore,
+    ) -> None:
         self.name = name
         self.model = model
         self.key = (name, model)

@@ -4,6 +4,7 @@ Nothing here knows about Django, Redis or the clock. The YAML schema (``schema.p
 these objects, the Django models map to and from them, and the policy modules read them.
 Times are integer milliseconds; money is ``Decimal``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

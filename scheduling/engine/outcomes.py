@@ -1,4 +1,5 @@
 """What the scheduler answers: admissions, grants and queue positions."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -24,6 +24,7 @@ projection assumes every tenant's queued requests cost their mean).
 The ETA divides the requests that must start before it by the model's dispatch rate: the
 larger of the rate measured over 60 s and the model's slots over the mean service time.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,9 @@ def preempt_rank(ticket: Ticket, preempt_heap: list) -> int:
     return ahead
 
 
-def requests_ahead(ticket: Ticket, lanes: Iterable[Lane], rank: RankKey, preempt_heap: list,
-                   boosted: bool) -> tuple[int, bool]:
+def requests_ahead(
+    ticket: Ticket, lanes: Iterable[Lane], rank: RankKey, preempt_heap: list, boosted: bool
+) -> tuple[int, bool]:
     """(requests dispatched before ``ticket``, exact?) for a waiting ticket."""
     if ticket.promoted:
         return preempt_rank(ticket, preempt_heap), True

@@ -7,6 +7,7 @@
   cancellation as written.
 * ``linear``: boost = wait ratio (no preempt), otherwise as written.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -19,8 +20,9 @@ def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConf
     if policy is Policy.FAIRGATE:
         return replace(config, policy=policy)
     if policy is Policy.FIFO:
-        queue = replace(config.queue, single_queue=True, enforce_depth=False, enforce_deadline=False,
-                        honour_cancel=False)
+        queue = replace(
+            config.queue, single_queue=True, enforce_depth=False, enforce_deadline=False, honour_cancel=False
+        )
         fairness = replace(config.fairness, mode=FairnessMode.FIFO)
         return replace(config, aging=AgingPolicy(mode="none"), fairness=fairness, queue=queue, policy=policy)
     if policy is Policy.STRICT:

@@ -14,6 +14,7 @@ A condition is parsed once into a small immutable tree (never ``eval``)::
 classes (rule name ``undeclared``), then every enabled rule; the lowest resulting class wins
 and a rule never raises a request's class.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -87,6 +88,7 @@ class Facts:
 
 # --- tokenizer -------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Token:
     kind: str  # "name", "number", "string", "op", "(", ")", "end"
@@ -129,6 +131,7 @@ def _bad_char_message(text: str, pos: int) -> str:
 
 
 # --- parser ----------------------------------------------------------------------------
+
 
 class _Parser:
     def __init__(self, text: str) -> None:
@@ -266,6 +269,7 @@ def _parse_cached(text: str) -> Expr:
 
 # --- inspection and rendering ----------------------------------------------------------
 
+
 def _walk(expr: Expr) -> Iterable[Expr]:
     yield expr
     if isinstance(expr, Not):
@@ -309,6 +313,7 @@ def _render_value(value: str | int) -> str:
 
 # --- evaluation ------------------------------------------------------------------------
 
+
 def parse_networks(networks: Mapping[str, Sequence[str | IpNetwork]]) -> dict[str, tuple[IpNetwork, ...]]:
     """CIDR strings to network objects (already-parsed networks pass through)."""
     return {
@@ -330,7 +335,12 @@ def _address(src_ip: str | None) -> IpAddress | None:
 
 
 OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
-    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
 }
 
 
@@ -355,6 +365,7 @@ def evaluate(expr: Expr, facts: Facts, networks: Mapping[str, Sequence[str | IpN
 
 # --- classification --------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CompiledRule:
     name: str
@@ -366,8 +377,12 @@ class CompiledRule:
 class CompiledRules:
     """Rules parsed once, with their networks and class levels, for the gateway's hot path."""
 
-    def __init__(self, rules: Sequence[DowngradeRule], networks: Mapping[str, Sequence[str | IpNetwork]],
-                 classes: Sequence[ClassSpec]) -> None:
+    def __init__(
+        self,
+        rules: Sequence[DowngradeRule],
+        networks: Mapping[str, Sequence[str | IpNetwork]],
+        classes: Sequence[ClassSpec],
+    ) -> None:
         self.levels = {c.name: c.level for c in classes}
         self.networks = parse_networks(networks)
         self.rules = tuple(self._compile(r) for r in sorted(rules, key=lambda r: r.order) if r.enabled)
@@ -401,13 +416,21 @@ class CompiledRules:
         return min(candidates)[1], UNDECLARED_RULE
 
 
-def compile_rules(rules: Sequence[DowngradeRule], networks: Mapping[str, Sequence[str | IpNetwork]],
-                  classes: Sequence[ClassSpec]) -> CompiledRules:
+def compile_rules(
+    rules: Sequence[DowngradeRule], networks: Mapping[str, Sequence[str | IpNetwork]], classes: Sequence[ClassSpec]
+) -> CompiledRules:
     return CompiledRules(rules, networks, classes)
 
 
-def classify(*, declared: str, facts: Facts, rules: Sequence[DowngradeRule], classes: Sequence[ClassSpec],
-             networks: Mapping[str, Sequence[str | IpNetwork]], allowed: Sequence[str] = ()) -> tuple[str, str | None]:
+def classify(
+    *,
+    declared: str,
+    facts: Facts,
+    rules: Sequence[DowngradeRule],
+    classes: Sequence[ClassSpec],
+    networks: Mapping[str, Sequence[str | IpNetwork]],
+    allowed: Sequence[str] = (),
+) -> tuple[str, str | None]:
     """Effective class for a request: see the module docstring. Parses are cached, but the
     gateway should hold a ``compile_rules(...)`` result instead of calling this per request."""
     return CompiledRules(rules, networks, classes).classify(declared=declared, facts=facts, allowed=allowed)

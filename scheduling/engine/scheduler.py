@@ -16,6 +16,7 @@ finishes its running requests; waiting requests of a model left without backends
 until they expire. The per-class values every decision reads (:class:`ClassPlan`: preempt
 wait, deadline rule, privilege) are recomputed whenever the configuration is applied.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -35,8 +36,14 @@ from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerSt
 
 
 class Scheduler(DispatchMixin):
-    def __init__(self, config: SchedulerConfig, *, tenants: Iterable[TenantSpec], backends: Iterable[BackendSpec],
-                 store: SchedulerStore | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        tenants: Iterable[TenantSpec],
+        backends: Iterable[BackendSpec],
+        store: SchedulerStore | None = None,
+    ) -> None:
         self._store: SchedulerStore = store if store is not None else MemoryStore()
         self.counters = Counters()
         self._books: dict[tuple[str, str], TenantInClass] = {}  # by (class, tenant)
@@ -83,8 +90,13 @@ class Scheduler(DispatchMixin):
         self._weights()
 
     def _make_plan(self, spec: ClassSpec) -> ClassPlan:
-        return ClassPlan(spec, self._aging, expires=self._config.queue.enforce_deadline, top_level=self._top_level,
-                         dispatch_rate=adm.rate_window(self._cls_rate, spec.name))
+        return ClassPlan(
+            spec,
+            self._aging,
+            expires=self._config.queue.enforce_deadline,
+            top_level=self._top_level,
+            dispatch_rate=adm.rate_window(self._cls_rate, spec.name),
+        )
 
     def _weights(self) -> None:
         fairness = self._config.fairness
@@ -94,8 +106,14 @@ class Scheduler(DispatchMixin):
         spec = self._classes.get(cls)
         return spec if spec is not None else self._retired[cls]
 
-    def reconfigure(self, *, now_ms: int, config: SchedulerConfig | None = None,
-                    tenants: Iterable[TenantSpec] | None = None, backends: Iterable[BackendSpec] | None = None) -> None:
+    def reconfigure(
+        self,
+        *,
+        now_ms: int,
+        config: SchedulerConfig | None = None,
+        tenants: Iterable[TenantSpec] | None = None,
+        backends: Iterable[BackendSpec] | None = None,
+    ) -> None:
         """Apply new settings to the running engine; no waiting request is lost."""
         if tenants is None and config is not None and config.tenants is not None:
             tenants = config.tenants
@@ -269,8 +287,9 @@ class Scheduler(DispatchMixin):
     def complete(self, request_id: str, *, now_ms: int, prompt_tokens: int, output_tokens: int) -> None:
         ticket = self._running_ticket(request_id)
         actual_cost = prompt_tokens + 2 * output_tokens
-        self._finish_running(ticket, prompt_tokens + output_tokens - ticket.est_tokens,
-                             self._token_correction(ticket, actual_cost))
+        self._finish_running(
+            ticket, prompt_tokens + output_tokens - ticket.est_tokens, self._token_correction(ticket, actual_cost)
+        )
         service_ms = now_ms - ticket.dispatched_ms
         adm.service_mean(self._cls_service, ticket.cls).add(service_ms)
         adm.service_mean(self._model_service, ticket.model).add(service_ms)
@@ -328,8 +347,11 @@ class Scheduler(DispatchMixin):
         self._store.ticket_pop(ticket.id)
         for tally in ticket.book.tallies:
             setattr(tally, outcome, getattr(tally, outcome) + 1)
-        if ticket.cls in self._retired and not self._depth_by_cls.get(ticket.cls) \
-                and not self._running_by_cls.get(ticket.cls):
+        if (
+            ticket.cls in self._retired
+            and not self._depth_by_cls.get(ticket.cls)
+            and not self._running_by_cls.get(ticket.cls)
+        ):
             del self._retired[ticket.cls]
 
     # ----------------------------------------------------------------- queries
@@ -346,8 +368,9 @@ class Scheduler(DispatchMixin):
         lanes = [lane for lane in self._lane_list if lane.model == ticket.model]
         ranks = {lane.key: self._rank(lane, now_ms) for lane in lanes}
         boosted = self._aging_on and any(r[0] != r[1] for r in ranks.values() if len(r) > 1)
-        ahead, exact = requests_ahead(ticket, lanes, lambda ln: ranks[ln.key], self._preempt.get(ticket.model, []),
-                                      boosted)
+        ahead, exact = requests_ahead(
+            ticket, lanes, lambda ln: ranks[ln.key], self._preempt.get(ticket.model, []), boosted
+        )
         capacity = self._capacity
         slots = capacity.model_slots(ticket.model)
         rate = adm.rate_window(self._model_rate, ticket.model).count(now_ms) / adm.WINDOW_MS
@@ -385,4 +408,3 @@ class Scheduler(DispatchMixin):
     @property
     def waiting_count(self) -> int:
         return self._waiting
-

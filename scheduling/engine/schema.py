@@ -4,6 +4,7 @@
 reported as ``file:line: field: why``; all problems are collected before raising ``ConfigError``.
 Decimal fields (prices, budgets) are read from the YAML text itself, never through a float.
 """
+
 from __future__ import annotations
 
 import re
@@ -61,8 +62,9 @@ class Checker:
     def error(self, path: str, message: str, line: int | None = None) -> None:
         self.issues.append(ConfigIssue(self.source, line or self.line(path), path, message))
 
-    def get(self, data: dict, path: str, key: str, check: Callable[..., Any], *, default: Any = _REQUIRED,
-            **options: Any) -> Any:
+    def get(
+        self, data: dict, path: str, key: str, check: Callable[..., Any], *, default: Any = _REQUIRED, **options: Any
+    ) -> Any:
         value = data.get(key)
         if value is not None:
             return check(f"{path}.{key}", value, **options)
@@ -112,8 +114,9 @@ class Checker:
             return None
         return amount
 
-    def real(self, path: str, value: Any, *, low: float, high: float | None = None, open_low: bool = False,
-             rule: str = "") -> float | None:
+    def real(
+        self, path: str, value: Any, *, low: float, high: float | None = None, open_low: bool = False, rule: str = ""
+    ) -> float | None:
         if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)) or not Decimal(value).is_finite():
             self.error(path, f"must be a number, got {kind_of(value)}")
             return None
@@ -148,6 +151,7 @@ class Checker:
 
 # --- public API ------------------------------------------------------------------------
 
+
 def config_from_dict(data: dict, *, source: str = "<dict>") -> SchedulerConfig:
     """Validate the mapping found under ``scheduler:`` (no line numbers are known then)."""
     return _build(Checker(source, None), data)
@@ -181,8 +185,11 @@ def config_to_dict(config: SchedulerConfig) -> dict:
         "policy": config.policy.value,
         "classes": [_class_dict(c) for c in config.classes],
         "aging": {"mode": config.aging.mode, "segments": [_segment_dict(s) for s in config.aging.segments]},
-        "tenant_fairness": {"mode": config.fairness.mode.value, "weight_source": config.fairness.weight_source,
-                            "min_share": config.fairness.min_share},
+        "tenant_fairness": {
+            "mode": config.fairness.mode.value,
+            "weight_source": config.fairness.weight_source,
+            "min_share": config.fairness.min_share,
+        },
         "queue": _queue_dict(config.queue),
     }
     if config.networks:
@@ -211,8 +218,12 @@ def _segment_dict(s: AgingSegment) -> dict:
 
 def _queue_dict(q: QueuePolicy) -> dict:
     defaults = QueuePolicy()
-    data = {"depth_formula": q.depth_formula, "depth_cap": q.depth_cap, "on_full": q.on_full,
-            "on_timeout": q.on_timeout}
+    data = {
+        "depth_formula": q.depth_formula,
+        "depth_cap": q.depth_cap,
+        "on_full": q.on_full,
+        "on_timeout": q.on_timeout,
+    }
     extras = ("enforce_depth", "enforce_deadline", "honour_cancel", "single_queue", "service_ms_prior")
     return {**data, **{f: getattr(q, f) for f in extras if getattr(q, f) != getattr(defaults, f)}}
 
@@ -237,10 +248,18 @@ def _tenant_dict(t: TenantSpec) -> dict:
 
 
 def _backend_dict(b: BackendSpec) -> dict:
-    data: dict[str, Any] = {"name": b.name, "url": b.url, "models": list(b.models), "slots": b.slots,
-                            "tpm": b.tpm, "rpm": b.rpm, "input_price_per_1k": b.input_price_per_1k,
-                            "output_price_per_1k": b.output_price_per_1k, "fallback_for": b.fallback_for,
-                            "reserved_slots": b.reserved_slots}
+    data: dict[str, Any] = {
+        "name": b.name,
+        "url": b.url,
+        "models": list(b.models),
+        "slots": b.slots,
+        "tpm": b.tpm,
+        "rpm": b.rpm,
+        "input_price_per_1k": b.input_price_per_1k,
+        "output_price_per_1k": b.output_price_per_1k,
+        "fallback_for": b.fallback_for,
+        "reserved_slots": b.reserved_slots,
+    }
     data = {k: v for k, v in data.items() if v is not None and v != ""}
     return data if b.enabled else {**data, "enabled": False}
 
@@ -348,5 +367,4 @@ def write_yaml(document: dict) -> str:
     data.get("networks", {}).update({k: _FlowList(v) for k, v in data.get("networks", {}).items()})
     for backend in data.get("backends", []):
         backend["models"] = _FlowList(backend["models"])
-    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=200,
-                     default_flow_style=False)
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=200, default_flow_style=False)

@@ -3,6 +3,7 @@
 Each builder takes the raw value of its section and a checker that records problems with
 their field path; it returns the value object, or None when something was wrong.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -30,8 +31,17 @@ from scheduling.engine.rules import RuleSyntaxError, condition_names, parse_cond
 if TYPE_CHECKING:
     from scheduling.engine.schema import Checker
 
-SECTIONS = ("policy", "classes", "aging", "tenant_fairness", "queue", "networks", "downgrade_check",
-            "tenants", "backends")
+SECTIONS = (
+    "policy",
+    "classes",
+    "aging",
+    "tenant_fairness",
+    "queue",
+    "networks",
+    "downgrade_check",
+    "tenants",
+    "backends",
+)
 UPPER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SLUG = re.compile(r"[A-Za-z0-9_-]+")
@@ -67,6 +77,7 @@ def format_ratio(lo: float, hi: float | None) -> str:
     def number(x: float) -> str:
         text = format(Decimal(repr(x)), "f")
         return text.rstrip("0").rstrip(".") if "." in text else text
+
     return f">={number(lo)}" if hi is None else f"{number(lo)}-{number(hi)}"
 
 
@@ -114,8 +125,9 @@ def _ratio_check(ck: Checker) -> Callable[[str, Any], tuple[float, float | None]
     def check(path: str, value: Any) -> tuple[float, float | None] | None:
         bounds = parse_ratio(value) if isinstance(value, str) else None
         if bounds is None:
-            ck.error(path, f"must be a string \"a-b\" or \">=a\" with a < b, got {kind_of(value)}")
+            ck.error(path, f'must be a string "a-b" or ">=a" with a < b, got {kind_of(value)}')
         return bounds
+
     return check
 
 
@@ -126,16 +138,19 @@ def _segment_chain(ck: Checker, path: str, segments: list[AgingSegment]) -> None
         if prev is None and seg.lo != 0:
             ck.error(where, f"the first segment must start at 0, not {seg.lo:g}")
         elif prev is not None and prev.hi is None:
-            ck.error(f"{path}[{i - 1}].wait_ratio", "only the last segment may be open-ended (\">=a\")")
+            ck.error(f"{path}[{i - 1}].wait_ratio", 'only the last segment may be open-ended (">=a")')
         elif prev is not None and seg.lo < prev.hi:
             ck.error(where, f"overlaps the previous segment, which ends at {prev.hi:g}")
         elif prev is not None and seg.lo > prev.hi:
             ck.error(where, f"leaves a gap after {prev.hi:g}: segments must be contiguous")
         if prev is not None and BOOST_RANK[seg.boost] < BOOST_RANK[prev.boost]:
-            ck.error(f"{path}[{i}].boost", f"{seg.boost.value!r} after {prev.boost.value!r}: "
-                     "boosts must not weaken as the wait grows (none, linear, quadratic, preempt)")
+            ck.error(
+                f"{path}[{i}].boost",
+                f"{seg.boost.value!r} after {prev.boost.value!r}: "
+                "boosts must not weaken as the wait grows (none, linear, quadratic, preempt)",
+            )
     if segments and segments[-1].hi is not None:
-        ck.error(f"{path}[{len(segments) - 1}].wait_ratio", "the last segment must be open-ended, e.g. \">=0.95\"")
+        ck.error(f"{path}[{len(segments) - 1}].wait_ratio", 'the last segment must be open-ended, e.g. ">=0.95"')
 
 
 def _aging(ck: Checker, raw: Any) -> AgingPolicy | None:
@@ -143,8 +158,9 @@ def _aging(ck: Checker, raw: Any) -> AgingPolicy | None:
     data, start = ck.mapping(path, raw, ("mode", "segments")), len(ck.issues)
     if data is None:
         return None
-    mode = ck.get(data, path, "mode", ck.choice, options={m: m for m in ("piecewise", "linear", "none")},
-                  default="piecewise")
+    mode = ck.get(
+        data, path, "mode", ck.choice, options={m: m for m in ("piecewise", "linear", "none")}, default="piecewise"
+    )
     entries = ck.get(data, path, "segments", ck.sequence, default=[]) or []
     segments = [_segment(ck, f"{path}.segments[{i}]", e) for i, e in enumerate(entries)]
     if len(ck.issues) > start:
@@ -159,12 +175,27 @@ def _fairness(ck: Checker, raw: Any) -> FairnessPolicy | None:
     if data is None:
         return None
     return FairnessPolicy(
-        mode=ck.get(data, path, "mode", ck.choice, options={m.value: m for m in FairnessMode},
-                    default=FairnessMode.WEIGHTED_FAIR_TOKENS),
-        weight_source=ck.get(data, path, "weight_source", ck.choice, options={"quota_share": "quota_share"},
-                             default="quota_share"),
-        min_share=ck.get(data, path, "min_share", ck.real, low=0.0, high=1.0, default=FairnessPolicy.min_share,
-                         rule="between 0 and 1 (0 <= min_share <= 1)"),
+        mode=ck.get(
+            data,
+            path,
+            "mode",
+            ck.choice,
+            options={m.value: m for m in FairnessMode},
+            default=FairnessMode.WEIGHTED_FAIR_TOKENS,
+        ),
+        weight_source=ck.get(
+            data, path, "weight_source", ck.choice, options={"quota_share": "quota_share"}, default="quota_share"
+        ),
+        min_share=ck.get(
+            data,
+            path,
+            "min_share",
+            ck.real,
+            low=0.0,
+            high=1.0,
+            default=FairnessPolicy.min_share,
+            rule="between 0 and 1 (0 <= min_share <= 1)",
+        ),
     )
 
 
@@ -181,13 +212,21 @@ def _queue(ck: Checker, raw: Any) -> QueuePolicy | None:
     return QueuePolicy(
         depth_formula=DEPTH_FORMULA,
         depth_cap=ck.get(data, path, "depth_cap", ck.integer, minimum=1, default=defaults.depth_cap),
-        on_full=ck.get(data, path, "on_full", ck.choice, options={defaults.on_full: defaults.on_full},
-                       default=defaults.on_full),
-        on_timeout=ck.get(data, path, "on_timeout", ck.choice, options={defaults.on_timeout: defaults.on_timeout},
-                          default=defaults.on_timeout),
+        on_full=ck.get(
+            data, path, "on_full", ck.choice, options={defaults.on_full: defaults.on_full}, default=defaults.on_full
+        ),
+        on_timeout=ck.get(
+            data,
+            path,
+            "on_timeout",
+            ck.choice,
+            options={defaults.on_timeout: defaults.on_timeout},
+            default=defaults.on_timeout,
+        ),
         **{f: ck.get(data, path, f, ck.flag, default=getattr(defaults, f)) for f in flags},
-        service_ms_prior=ck.get(data, path, "service_ms_prior", ck.integer, minimum=1,
-                                default=defaults.service_ms_prior),
+        service_ms_prior=ck.get(
+            data, path, "service_ms_prior", ck.integer, minimum=1, default=defaults.service_ms_prior
+        ),
     )
 
 
@@ -219,21 +258,33 @@ def _networks(ck: Checker, raw: Any) -> dict[str, tuple[str, ...]]:
     return networks
 
 
-def _rule(ck: Checker, path: str, raw: Any, position: int, classes: set[str], networks: set[str]) -> DowngradeRule | None:
+def _rule(
+    ck: Checker, path: str, raw: Any, position: int, classes: set[str], networks: set[str]
+) -> DowngradeRule | None:
     data, start = ck.mapping(path, raw, ("name", "if", "action", "enabled")), len(ck.issues)
     if data is None:
         return None
-    name = ck.get(data, path, "name", ck.text, pattern=RULE_NAME, hint="letters, digits, '-', '_', '.'",
-                  default=f"rule-{position}")
+    name = ck.get(
+        data,
+        path,
+        "name",
+        ck.text,
+        pattern=RULE_NAME,
+        hint="letters, digits, '-', '_', '.'",
+        default=f"rule-{position}",
+    )
     if name is not None and name.lower() in RESERVED_RULE_NAMES:
         ck.error(f"{path}.name", f"{name!r} is reserved (reserved: {', '.join(RESERVED_RULE_NAMES)})")
     condition = ck.get(data, path, "if", ck.text)
     if condition is not None:
         _check_condition(ck, f"{path}.if", condition, classes, networks)
     action = ck.get(data, path, "action", ck.text)
-    if action is not None and not (action.startswith(ACTION_PREFIX) and action[len(ACTION_PREFIX):] in classes):
-        ck.error(f"{path}.action", f"unknown action {action!r}; expected {ACTION_PREFIX}<class>, one of: "
-                 + ", ".join(ACTION_PREFIX + c for c in sorted(classes)))
+    if action is not None and not (action.startswith(ACTION_PREFIX) and action[len(ACTION_PREFIX) :] in classes):
+        ck.error(
+            f"{path}.action",
+            f"unknown action {action!r}; expected {ACTION_PREFIX}<class>, one of: "
+            + ", ".join(ACTION_PREFIX + c for c in sorted(classes)),
+        )
     enabled = ck.get(data, path, "enabled", ck.flag, default=True)
     if len(ck.issues) > start:
         return None
@@ -290,8 +341,16 @@ def _tenant(ck: Checker, path: str, raw: Any, classes: set[str]) -> TenantSpec |
     spec = TenantSpec(
         slug=ck.get(data, path, "slug", ck.text, pattern=SLUG, hint="letters, digits, '-' and '_'"),
         name=ck.get(data, path, "name", ck.text, default=""),
-        quota_share=ck.get(data, path, "quota_share", ck.real, low=0.0, high=1.0, open_low=True,
-                           rule="in (0, 1] (0 < quota_share <= 1)"),
+        quota_share=ck.get(
+            data,
+            path,
+            "quota_share",
+            ck.real,
+            low=0.0,
+            high=1.0,
+            open_low=True,
+            rule="in (0, 1] (0 < quota_share <= 1)",
+        ),
         annual_budget=ck.get(data, path, "annual_budget", ck.decimal, default=None),
         classes=ck.get(data, path, "classes", _bind(_name_list, ck), known=classes, default=()),
         vip=ck.get(data, path, "vip", ck.flag, default=False),
@@ -312,8 +371,19 @@ def _url(ck: Checker, path: str, value: Any) -> str | None:
 
 
 def _backend(ck: Checker, path: str, raw: Any) -> BackendSpec | None:
-    keys = ("name", "url", "models", "slots", "tpm", "rpm", "input_price_per_1k", "output_price_per_1k",
-            "fallback_for", "reserved_slots", "enabled")
+    keys = (
+        "name",
+        "url",
+        "models",
+        "slots",
+        "tpm",
+        "rpm",
+        "input_price_per_1k",
+        "output_price_per_1k",
+        "fallback_for",
+        "reserved_slots",
+        "enabled",
+    )
     data, start = ck.mapping(path, raw, keys), len(ck.issues)
     if data is None:
         return None
@@ -329,7 +399,8 @@ def _backend(ck: Checker, path: str, raw: Any) -> BackendSpec | None:
         output_price_per_1k=ck.get(data, path, "output_price_per_1k", ck.decimal, default=Decimal("0")),
         fallback_for=ck.get(data, path, "fallback_for", ck.text, default=None),
         reserved_slots=ck.get(data, path, "reserved_slots", ck.integer, minimum=0, maximum=slots, default=0)
-        if slots is not None else 0,
+        if slots is not None
+        else 0,
         enabled=ck.get(data, path, "enabled", ck.flag, default=True),
     )
     if spec.models == ():
@@ -365,8 +436,9 @@ def build_sections(ck: Checker, raw: Any) -> dict[str, Any] | None:
     networks = _networks(ck, root["networks"]) if "networks" in root else {}
     fields: dict[str, Any] = {
         "classes": tuple(classes),
-        "policy": ck.get(root, "scheduler", "policy", ck.choice, options={p.value: p for p in Policy},
-                         default=Policy.FAIRGATE),
+        "policy": ck.get(
+            root, "scheduler", "policy", ck.choice, options={p.value: p for p in Policy}, default=Policy.FAIRGATE
+        ),
         "aging": _aging(ck, root["aging"]) if "aging" in root else AgingPolicy(),
         "fairness": _fairness(ck, root["tenant_fairness"]) if "tenant_fairness" in root else FairnessPolicy(),
         "queue": _queue(ck, root["queue"]) if "queue" in root else QueuePolicy(),

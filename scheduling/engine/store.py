@@ -18,6 +18,7 @@ ticket is the engine's own ``Ticket`` object (the in-memory twin), so a ticket t
 stored needs no ``ticket_put`` after it changes; the engine then skips those writes. A store
 that keeps copies is sent every change.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -34,9 +35,29 @@ class Ticket:
     """The engine's record of one admitted request (mutable; ``__slots__`` for speed)."""
 
     __slots__ = (
-        "request", "id", "tenant", "cls", "model", "enqueued_ms", "qseq", "state", "cost_tokens",
-        "est_tokens", "deadline_ms", "backend", "dispatched_ms", "charge", "charge_lane", "charge_by_tokens", "window_handle",
-        "promoted", "vip", "tq", "tq_no", "lane", "book",
+        "request",
+        "id",
+        "tenant",
+        "cls",
+        "model",
+        "enqueued_ms",
+        "qseq",
+        "state",
+        "cost_tokens",
+        "est_tokens",
+        "deadline_ms",
+        "backend",
+        "dispatched_ms",
+        "charge",
+        "charge_lane",
+        "charge_by_tokens",
+        "window_handle",
+        "promoted",
+        "vip",
+        "tq",
+        "tq_no",
+        "lane",
+        "book",
     )
 
     def __init__(self, request: Request, qseq: int, vip: bool) -> None:
@@ -67,10 +88,20 @@ class Ticket:
     def as_record(self) -> dict[str, object]:
         r = self.request
         return {
-            "id": r.id, "tenant": r.tenant, "cls": r.cls, "model": r.model, "prompt_tokens": r.prompt_tokens,
-            "expected_output_tokens": r.expected_output_tokens, "enqueued_ms": r.enqueued_ms,
-            "deadline_ms": r.deadline_ms, "vip": self.vip, "qseq": self.qseq, "state": self.state,
-            "backend": self.backend, "dispatched_ms": self.dispatched_ms, "charge": self.charge,
+            "id": r.id,
+            "tenant": r.tenant,
+            "cls": r.cls,
+            "model": r.model,
+            "prompt_tokens": r.prompt_tokens,
+            "expected_output_tokens": r.expected_output_tokens,
+            "enqueued_ms": r.enqueued_ms,
+            "deadline_ms": r.deadline_ms,
+            "vip": self.vip,
+            "qseq": self.qseq,
+            "state": self.state,
+            "backend": self.backend,
+            "dispatched_ms": self.dispatched_ms,
+            "charge": self.charge,
             "charge_lane": list(self.charge_lane) if self.charge_lane else None,
             "charge_by_tokens": self.charge_by_tokens,
             "window_handle": self.window_handle,

@@ -8,135 +8,190 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AgingSegment',
+            name="AgingSegment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('position', models.PositiveIntegerField(unique=True)),
-                ('wait_ratio_lo', models.FloatField()),
-                ('wait_ratio_hi', models.FloatField(blank=True, help_text='Empty: open-ended.', null=True)),
-                ('boost', models.CharField(choices=[('none', 'None'), ('linear', 'Linear'), ('quadratic', 'Quadratic'), ('preempt', 'Preempt')], max_length=16)),
-                ('k', models.FloatField(default=0.0)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("position", models.PositiveIntegerField(unique=True)),
+                ("wait_ratio_lo", models.FloatField()),
+                ("wait_ratio_hi", models.FloatField(blank=True, help_text="Empty: open-ended.", null=True)),
+                (
+                    "boost",
+                    models.CharField(
+                        choices=[
+                            ("none", "None"),
+                            ("linear", "Linear"),
+                            ("quadratic", "Quadratic"),
+                            ("preempt", "Preempt"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("k", models.FloatField(default=0.0)),
             ],
             options={
-                'ordering': ['position'],
+                "ordering": ["position"],
             },
         ),
         migrations.CreateModel(
-            name='AuditLog',
+            name="AuditLog",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('actor', models.CharField(max_length=150)),
-                ('action', models.CharField(max_length=32)),
-                ('entity', models.CharField(max_length=64)),
-                ('key', models.CharField(max_length=200)),
-                ('field', models.CharField(blank=True, max_length=64)),
-                ('old', models.JSONField(blank=True, null=True)),
-                ('new', models.JSONField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("actor", models.CharField(max_length=150)),
+                ("action", models.CharField(max_length=32)),
+                ("entity", models.CharField(max_length=64)),
+                ("key", models.CharField(max_length=200)),
+                ("field", models.CharField(blank=True, max_length=64)),
+                ("old", models.JSONField(blank=True, null=True)),
+                ("new", models.JSONField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-at', '-pk'],
+                "ordering": ["-at", "-pk"],
             },
         ),
         migrations.CreateModel(
-            name='DowngradeRule',
+            name="DowngradeRule",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True)),
-                ('condition', models.TextField()),
-                ('action', models.CharField(max_length=64)),
-                ('enabled', models.BooleanField(default=True)),
-                ('order', models.PositiveIntegerField(default=0)),
-                ('active', models.BooleanField(default=True, help_text='False once absent from a loaded file.')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=64, unique=True)),
+                ("condition", models.TextField()),
+                ("action", models.CharField(max_length=64)),
+                ("enabled", models.BooleanField(default=True)),
+                ("order", models.PositiveIntegerField(default=0)),
+                ("active", models.BooleanField(default=True, help_text="False once absent from a loaded file.")),
             ],
             options={
-                'ordering': ['order', 'name'],
+                "ordering": ["order", "name"],
             },
         ),
         migrations.CreateModel(
-            name='NetworkGroup',
+            name="NetworkGroup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True)),
-                ('cidrs', models.JSONField(default=list)),
-                ('active', models.BooleanField(default=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=64, unique=True)),
+                ("cidrs", models.JSONField(default=list)),
+                ("active", models.BooleanField(default=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='PriorityClass',
+            name="PriorityClass",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=32, unique=True)),
-                ('level', models.PositiveIntegerField(help_text='0 is served first.')),
-                ('sla_ms', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
-                ('active', models.BooleanField(default=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=32, unique=True)),
+                ("level", models.PositiveIntegerField(help_text="0 is served first.")),
+                ("sla_ms", models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
+                ("active", models.BooleanField(default=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'verbose_name_plural': 'priority classes',
-                'ordering': ['level', 'name'],
+                "verbose_name_plural": "priority classes",
+                "ordering": ["level", "name"],
             },
         ),
         migrations.CreateModel(
-            name='SchedulerPolicy',
+            name="SchedulerPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('policy', models.CharField(default='fairgate', max_length=16)),
-                ('aging_mode', models.CharField(choices=[('piecewise', 'Piecewise'), ('linear', 'Linear'), ('none', 'None')], default='piecewise', max_length=16)),
-                ('fairness_mode', models.CharField(choices=[('weighted_fair_tokens', 'Weighted Fair Tokens'), ('weighted_round_robin', 'Weighted Round Robin'), ('fifo', 'Fifo')], default='weighted_fair_tokens', max_length=32)),
-                ('weight_source', models.CharField(default='quota_share', max_length=32)),
-                ('min_share', models.FloatField(default=0.02)),
-                ('queue', models.JSONField(default=dict, help_text='The queue section (depth_cap, codes, extensions).')),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("policy", models.CharField(default="fairgate", max_length=16)),
+                (
+                    "aging_mode",
+                    models.CharField(
+                        choices=[("piecewise", "Piecewise"), ("linear", "Linear"), ("none", "None")],
+                        default="piecewise",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "fairness_mode",
+                    models.CharField(
+                        choices=[
+                            ("weighted_fair_tokens", "Weighted Fair Tokens"),
+                            ("weighted_round_robin", "Weighted Round Robin"),
+                            ("fifo", "Fifo"),
+                        ],
+                        default="weighted_fair_tokens",
+                        max_length=32,
+                    ),
+                ),
+                ("weight_source", models.CharField(default="quota_share", max_length=32)),
+                ("min_share", models.FloatField(default=0.02)),
+                (
+                    "queue",
+                    models.JSONField(default=dict, help_text="The queue section (depth_cap, codes, extensions)."),
+                ),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'verbose_name_plural': 'scheduler policy',
+                "verbose_name_plural": "scheduler policy",
             },
         ),
         migrations.CreateModel(
-            name='Backend',
+            name="Backend",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True)),
-                ('url', models.URLField(blank=True, max_length=500)),
-                ('model_names', models.JSONField(default=list, help_text='Model names this backend serves.')),
-                ('slots', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
-                ('tpm', models.PositiveIntegerField(blank=True, null=True)),
-                ('rpm', models.PositiveIntegerField(blank=True, null=True)),
-                ('input_price_per_1k', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=12)),
-                ('output_price_per_1k', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=12)),
-                ('reserved_slots', models.PositiveIntegerField(default=0)),
-                ('enabled', models.BooleanField(default=True)),
-                ('fallback_for', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='fallbacks', to='scheduling.backend')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=64, unique=True)),
+                ("url", models.URLField(blank=True, max_length=500)),
+                ("model_names", models.JSONField(default=list, help_text="Model names this backend serves.")),
+                ("slots", models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
+                ("tpm", models.PositiveIntegerField(blank=True, null=True)),
+                ("rpm", models.PositiveIntegerField(blank=True, null=True)),
+                ("input_price_per_1k", models.DecimalField(decimal_places=6, default=Decimal("0"), max_digits=12)),
+                ("output_price_per_1k", models.DecimalField(decimal_places=6, default=Decimal("0"), max_digits=12)),
+                ("reserved_slots", models.PositiveIntegerField(default=0)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "fallback_for",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="fallbacks",
+                        to="scheduling.backend",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='PriceVersion',
+            name="PriceVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('price_factor', models.DecimalField(decimal_places=4, max_digits=8, validators=[django.core.validators.MinValueValidator(Decimal('0'))])),
-                ('effective_at', models.DateTimeField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.CharField(blank=True, max_length=150)),
-                ('priority_class', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='prices', to='scheduling.priorityclass')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "price_factor",
+                    models.DecimalField(
+                        decimal_places=4,
+                        max_digits=8,
+                        validators=[django.core.validators.MinValueValidator(Decimal("0"))],
+                    ),
+                ),
+                ("effective_at", models.DateTimeField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("created_by", models.CharField(blank=True, max_length=150)),
+                (
+                    "priority_class",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="prices",
+                        to="scheduling.priorityclass",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['priority_class__level', '-effective_at', '-pk'],
-                'indexes': [models.Index(fields=['priority_class', 'effective_at'], name='scheduling__priorit_2feb39_idx')],
+                "ordering": ["priority_class__level", "-effective_at", "-pk"],
+                "indexes": [
+                    models.Index(fields=["priority_class", "effective_at"], name="scheduling__priorit_2feb39_idx")
+                ],
             },
         ),
     ]

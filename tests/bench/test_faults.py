@@ -2,6 +2,7 @@
 worker under a small load, on the production shape (Procfile's web, worker and beat; a scratch
 PostgreSQL database; a Redis db number of its own). It never restarts the shared servers. Checks
 that the counts it reports are consistent and meet the finance targets; never how fast anything was."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,24 @@ REDIS_DB = 7  # of its own: not the bench's default (9), nor CI's (14)
 
 
 def test_a_killed_billing_worker_leaves_nothing_held_and_every_served_request_charged_once(tmp_path):
-    opts = faults.parse_args(["--only", "kill-worker", "--requests", "40", "--duration-s", "6", "--clients", "6",
-                              "--settle-s", "5", "--redis-db", str(REDIS_DB), "--var-dir", str(tmp_path)])
+    opts = faults.parse_args(
+        [
+            "--only",
+            "kill-worker",
+            "--requests",
+            "40",
+            "--duration-s",
+            "6",
+            "--clients",
+            "6",
+            "--settle-s",
+            "5",
+            "--redis-db",
+            str(REDIS_DB),
+            "--var-dir",
+            str(tmp_path),
+        ]
+    )
     (count,) = faults.run(opts)
     assert count.fault == "kill-worker" and count.rounds == 1
     assert count.tried == 40

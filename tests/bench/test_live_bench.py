@@ -1,6 +1,7 @@
 """The live benchmarks: the surge replay (`manage.py surge`, bench.surge_compare) and the gateway
 overhead benchmark, at tiny sizes. They check that the runs complete and report numbers, never
 how fast anything was. Pure helpers (percentiles, parsing, report sections) are tested offline."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,11 +44,17 @@ def test_p95_marks_a_user_who_gave_up_as_a_lower_bound():
 
 
 def test_metrics_are_read_from_the_exposition():
-    text = "\n".join([
-        "# TYPE fairgate_queue_depth gauge", 'fairgate_queue_depth{cls="BATCH"} 7.0', 'fairgate_queue_depth{cls="INTERACTIVE"} 2.0',
-        "# TYPE fairgate_aging_preempts counter", 'fairgate_aging_preempts_total{cls="INTERACTIVE"} 3.0',
-        'fairgate_aging_preempts_total{cls="BATCH"} 1.0', "",
-    ])
+    text = "\n".join(
+        [
+            "# TYPE fairgate_queue_depth gauge",
+            'fairgate_queue_depth{cls="BATCH"} 7.0',
+            'fairgate_queue_depth{cls="INTERACTIVE"} 2.0',
+            "# TYPE fairgate_aging_preempts counter",
+            'fairgate_aging_preempts_total{cls="INTERACTIVE"} 3.0',
+            'fairgate_aging_preempts_total{cls="BATCH"} 1.0',
+            "",
+        ]
+    )
     view = parse(text)
     assert (view.batch_waiting, view.waiting, view.aging_preempts) == (7, 9, 4)
 
@@ -74,9 +81,18 @@ def test_report_sections_are_replaced_not_duplicated(tmp_path: Path):
 
 
 def test_overhead_postgres_batch_quantiles_come_from_the_histogram_buckets():
-    usage = overhead_pg.Usage(seconds=1.0, gateway_busy=0.5, worker_busy=0.2, database_busy=0.1, machine_busy=1.0,
-                              commits_per_s=10.0, batches_per_s=10.0, asks_per_batch=2.0, batch_ms=3.0,
-                              batch_ms_buckets={1.0: 5, 5.0: 4, 50.0: 1, float("inf"): 0})
+    usage = overhead_pg.Usage(
+        seconds=1.0,
+        gateway_busy=0.5,
+        worker_busy=0.2,
+        database_busy=0.1,
+        machine_busy=1.0,
+        commits_per_s=10.0,
+        batches_per_s=10.0,
+        asks_per_batch=2.0,
+        batch_ms=3.0,
+        batch_ms_buckets={1.0: 5, 5.0: 4, 50.0: 1, float("inf"): 0},
+    )
     assert usage.batch_quantile_ms(0.5) == 1.0 and usage.batch_quantile_ms(0.9) == 5.0
     assert usage.batch_quantile_ms(0.99) == 50.0
     waits = {"billing worker": {"idle": 3, "active, running": 1}, "gateway": {"idle": 4}}
@@ -90,16 +106,40 @@ def test_overhead_postgres_batch_quantiles_come_from_the_histogram_buckets():
 def test_surge_replay_replays_a_tiny_surge_and_prints_the_timeline(tmp_path: Path):
     plan = SurgePlan(batch_count=50, time_scale=120, load_scale=0.1, max_sim_s=3 * 3600)
     sim = start_sim(tmp_path, **plan.backend_options())
-    gateway = start_gateway(tmp_path / "gw", gateway_yaml(plan, "fairgate", sim.url, plan.backend_options()["slots"]),
-                            tenant_keys(), FAIRGATE_BILLING="0")
+    gateway = start_gateway(
+        tmp_path / "gw",
+        gateway_yaml(plan, "fairgate", sim.url, plan.backend_options()["slots"]),
+        tenant_keys(),
+        FAIRGATE_BILLING="0",
+    )
     try:
         keys = dict(gateway.keys)
         batch_key = keys.pop(BATCH_TENANT)
         done = subprocess.run(
-            [sys.executable, "-m", "bench.surge", "--gateway", gateway.url, "--batch-key", batch_key,
-             "--interactive-keys", ",".join(keys.values()), "--batch-count", "50", "--time-scale", "120",
-             "--load-scale", "0.1", "--max-minutes", "180"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "bench.surge",
+                "--gateway",
+                gateway.url,
+                "--batch-key",
+                batch_key,
+                "--interactive-keys",
+                ",".join(keys.values()),
+                "--batch-count",
+                "50",
+                "--time-scale",
+                "120",
+                "--load-scale",
+                "0.1",
+                "--max-minutes",
+                "180",
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         gateway.stop()
         sim.stop()
@@ -146,8 +186,9 @@ def test_overhead_benchmark_on_postgres_uses_scratch_databases_and_reports_the_b
     finally:
         stack.stop()
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        left = conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)",
-                            [list(stack.dbnames.values())]).fetchall()
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)", [list(stack.dbnames.values())]
+        ).fetchall()
     assert left == []  # created and dropped by the run
     direct, on, off = (found["pg_latency"][0][name] for name in ("direct", "billing on", "billing off"))
     assert direct.ok_share > 0 and on.ok_share > 0 and off.ok_share > 0

@@ -1,4 +1,5 @@
 """Metric helpers and trace generators of the simulator."""
+
 from __future__ import annotations
 
 import pytest
@@ -49,15 +50,27 @@ def test_a_tenant_whose_queue_emptied_is_not_counted_as_backlogged() -> None:
 
 
 def test_burst_spreads_its_count_evenly() -> None:
-    reqs = generate({"kind": "burst", "tenant": "f", "class": "BATCH", "count": 4, "at_ms": 100, "spread_ms": 8,
-                     "service_ms": 5}, index=0, seed=1)
+    reqs = generate(
+        {"kind": "burst", "tenant": "f", "class": "BATCH", "count": 4, "at_ms": 100, "spread_ms": 8, "service_ms": 5},
+        index=0,
+        seed=1,
+    )
     assert [r.at_ms for r in reqs] == [100, 102, 104, 106]
     assert {r.service_ms for r in reqs} == {5} and len({r.id for r in reqs}) == 4
 
 
 def test_poisson_is_seeded_and_respects_on_off_periods() -> None:
-    gen = {"kind": "poisson", "tenant": ["x", "y"], "class": "BATCH", "rate_per_s": 20, "start_ms": 0,
-           "end_ms": 4000, "on_ms": 1000, "off_ms": 1000, "service_ms": {"base_ms": 100, "per_output_token_ms": 2}}
+    gen = {
+        "kind": "poisson",
+        "tenant": ["x", "y"],
+        "class": "BATCH",
+        "rate_per_s": 20,
+        "start_ms": 0,
+        "end_ms": 4000,
+        "on_ms": 1000,
+        "off_ms": 1000,
+        "service_ms": {"base_ms": 100, "per_output_token_ms": 2},
+    }
     first, again, other = (generate(gen, index=0, seed=s) for s in (1, 1, 2))
     assert first == again and first != other
     assert all((r.at_ms % 2000) < 1000 for r in first)

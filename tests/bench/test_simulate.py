@@ -1,4 +1,5 @@
 """The simulator drives the real engine: outcomes, metrics and the CLI on small scenarios."""
+
 from __future__ import annotations
 
 import json
@@ -28,21 +29,43 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 def test_same_seed_gives_identical_json_apart_from_decision_cost(surge_path: Path) -> None:
     first, second = run_file(surge_path, policy="fairgate"), run_file(surge_path, policy="fairgate")
     assert json.dumps(_without_decision_cost(first), sort_keys=True) == json.dumps(
-        _without_decision_cost(second), sort_keys=True)
+        _without_decision_cost(second), sort_keys=True
+    )
 
 
 def test_another_seed_gives_another_trace(surge_path: Path) -> None:
-    assert run_file(surge_path, policy="fairgate", seed=8)["classes"] != run_file(surge_path, policy="fairgate")["classes"]
+    assert (
+        run_file(surge_path, policy="fairgate", seed=8)["classes"] != run_file(surge_path, policy="fairgate")["classes"]
+    )
 
 
 def test_output_has_the_issue_keys(runs: dict[str, dict]) -> None:
     out = runs["fairgate"]
-    assert {"scenario", "policy", "seed", "classes", "tenants", "jain_index", "wasted_service_ratio",
-            "goodput_per_s", "aging", "decision_us", "timeline"} <= set(out)
+    assert {
+        "scenario",
+        "policy",
+        "seed",
+        "classes",
+        "tenants",
+        "jain_index",
+        "wasted_service_ratio",
+        "goodput_per_s",
+        "aging",
+        "decision_us",
+        "timeline",
+    } <= set(out)
     assert out["scenario"] == "tiny-surge" and out["policy"] == "fairgate" and out["seed"] == 7
     cls = out["classes"]["INTERACTIVE"]
-    assert {"arrived", "admitted", "completed", "completed_within_sla", "rejected_queue_full", "queue_timeout",
-            "abandoned", "wait_ms"} <= set(cls)
+    assert {
+        "arrived",
+        "admitted",
+        "completed",
+        "completed_within_sla",
+        "rejected_queue_full",
+        "queue_timeout",
+        "abandoned",
+        "wait_ms",
+    } <= set(cls)
     assert set(cls["wait_ms"]) == {"p50", "p95", "p99", "max"}
     assert {"completed", "wait_ms", "tokens_served"} <= set(out["tenants"]["fin"])
     assert set(out["tenants"]["fin"]["wait_ms"]) == {"mean", "p95"}
@@ -87,13 +110,33 @@ def test_downgrade_rules_apply_to_declared_classes(runs: dict[str, dict]) -> Non
 
 
 def _one_slot(policy: str, tmp_path: Path) -> dict:
-    doc = {"name": "one-slot", "config": CONFIG, "backends": [{"name": "gpu", "models": ["m"], "slots": 1}],
-           "tenants": [{"slug": "a", "quota_share": 0.5}, {"slug": "b", "quota_share": 0.5}],
-           "requests": [
-               {"id": "long", "at_ms": 0, "tenant": "a", "class": "BATCH", "service_ms": 10_000,
-                "prompt_tokens": 10, "output_tokens": 10},
-               {"id": "chat", "at_ms": 100, "tenant": "b", "class": "INTERACTIVE", "service_ms": 500,
-                "prompt_tokens": 10, "output_tokens": 10, "patience_ms": 1000}]}
+    doc = {
+        "name": "one-slot",
+        "config": CONFIG,
+        "backends": [{"name": "gpu", "models": ["m"], "slots": 1}],
+        "tenants": [{"slug": "a", "quota_share": 0.5}, {"slug": "b", "quota_share": 0.5}],
+        "requests": [
+            {
+                "id": "long",
+                "at_ms": 0,
+                "tenant": "a",
+                "class": "BATCH",
+                "service_ms": 10_000,
+                "prompt_tokens": 10,
+                "output_tokens": 10,
+            },
+            {
+                "id": "chat",
+                "at_ms": 100,
+                "tenant": "b",
+                "class": "INTERACTIVE",
+                "service_ms": 500,
+                "prompt_tokens": 10,
+                "output_tokens": 10,
+                "patience_ms": 1000,
+            },
+        ],
+    }
     return run_file(write(tmp_path, doc), policy=policy)
 
 
@@ -121,9 +164,25 @@ def test_shipped_idle_burst_is_never_refused() -> None:
 def test_cli_runs_a_scenario_and_writes_json(surge_path: Path, tmp_path: Path) -> None:
     out_path = tmp_path / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.simulate", str(surge_path), "--policy", "strict", "--seed", "3",
-         "--json", str(out_path), "--timeline-step-ms", "30000"],
-        cwd=REPO, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "bench.simulate",
+            str(surge_path),
+            "--policy",
+            "strict",
+            "--seed",
+            "3",
+            "--json",
+            str(out_path),
+            "--timeline-step-ms",
+            "30000",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(out_path.read_text())
     assert (out["policy"], out["seed"]) == ("strict", 3)
@@ -132,15 +191,33 @@ def test_cli_runs_a_scenario_and_writes_json(surge_path: Path, tmp_path: Path) -
 
 
 def test_cli_refuses_an_unknown_policy(surge_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.simulate", str(surge_path), "--policy", "lifo"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.simulate", str(surge_path), "--policy", "lifo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "lifo" in proc.stderr
 
 
 def test_config_may_be_a_yaml_file_with_its_own_tenants_and_backends(tmp_path: Path) -> None:
-    doc = {"name": "yaml", "config": str(REPO / "config" / "scheduler.example.yaml"),
-           "requests": [{"id": "q1", "at_ms": 0, "tenant": "support", "class": "INTERACTIVE", "model": "sim-llama",
-                         "service_ms": 100, "prompt_tokens": 9000, "output_tokens": 10}]}
+    doc = {
+        "name": "yaml",
+        "config": str(REPO / "config" / "scheduler.example.yaml"),
+        "requests": [
+            {
+                "id": "q1",
+                "at_ms": 0,
+                "tenant": "support",
+                "class": "INTERACTIVE",
+                "model": "sim-llama",
+                "service_ms": 100,
+                "prompt_tokens": 9000,
+                "output_tokens": 10,
+            }
+        ],
+    }
     out = run_file(write(tmp_path, doc))
     assert out["policy"] == "fairgate"
     assert out["classes"]["NEAR_RT"]["completed"] == 1  # long prompt: downgraded by the example's rule

@@ -1,4 +1,5 @@
 """Billing fixtures: four priced classes, three backends, tenants alpha/beta/gamma, and personas."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -21,11 +22,20 @@ def make_world() -> dict[str, Tenant]:
         row = PriorityClass.objects.create(name=name, level=level, sla_ms=1000 * (level + 1))
         price_set(priority_class=row, price_factor=D(factor), actor="fixture", effective_at=LONG_AGO)
     # per 1k tokens: gpu-a is the dearest enabled backend for model "m"; gpu-x is dearer but disabled
-    Backend.objects.create(name="gpu-a", model_names=["m"], slots=4, input_price_per_1k=D("1"), output_price_per_1k=D("2"))
-    Backend.objects.create(name="gpu-b", model_names=["m", "n"], slots=4, input_price_per_1k=D("0.5"),
-                           output_price_per_1k=D("1"))
-    Backend.objects.create(name="gpu-x", model_names=["m"], slots=1, input_price_per_1k=D("100"),
-                           output_price_per_1k=D("100"), enabled=False)
+    Backend.objects.create(
+        name="gpu-a", model_names=["m"], slots=4, input_price_per_1k=D("1"), output_price_per_1k=D("2")
+    )
+    Backend.objects.create(
+        name="gpu-b", model_names=["m", "n"], slots=4, input_price_per_1k=D("0.5"), output_price_per_1k=D("1")
+    )
+    Backend.objects.create(
+        name="gpu-x",
+        model_names=["m"],
+        slots=1,
+        input_price_per_1k=D("100"),
+        output_price_per_1k=D("100"),
+        enabled=False,
+    )
     return {
         "alpha": Tenant.objects.create(slug="alpha", name="Alpha", quota_share=D("0.5"), annual_budget=D("1000")),
         "beta": Tenant.objects.create(slug="beta", name="Beta", quota_share=D("0.3"), annual_budget=D("1000")),

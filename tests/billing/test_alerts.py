@@ -1,4 +1,5 @@
 """Budget alerts at 80 % and 100 %: stored once, logged, delivered by webhook and e-mail."""
+
 from __future__ import annotations
 
 from decimal import Decimal as D
@@ -36,9 +37,12 @@ def webhook(monkeypatch):
     return calls
 
 
-def test_crossing_80_and_100_percent_alerts_once_each(world, webhook, mailoutbox, django_capture_on_commit_callbacks, caplog):
-    TenantBilling.objects.create(tenant=world["alpha"], webhook_url="https://hooks.example/alpha",
-                                 alert_emails="cfo@alpha.example")
+def test_crossing_80_and_100_percent_alerts_once_each(
+    world, webhook, mailoutbox, django_capture_on_commit_callbacks, caplog
+):
+    TenantBilling.objects.create(
+        tenant=world["alpha"], webhook_url="https://hooks.example/alpha", alert_emails="cfo@alpha.example"
+    )
     with django_capture_on_commit_callbacks(execute=True):
         ledger_adjust(tenant_slug="alpha", amount=D("799.99"), reason="seed", author="t")
     assert not BudgetAlert.objects.exists()

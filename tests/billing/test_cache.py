@@ -1,4 +1,5 @@
 """The billing caches: entries expire, and an idle process reloads the ageing ones it uses."""
+
 from __future__ import annotations
 
 import pytest

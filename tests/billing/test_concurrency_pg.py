@@ -4,6 +4,7 @@ Each thread uses its own database connection (Django's are per thread) and close
 The server allows 100 connections and is shared, so at most MAX_CONNECTIONS threads are inside
 the database at once; all 200 start together at a barrier.
 """
+
 from __future__ import annotations
 
 import threading
@@ -100,8 +101,9 @@ def test_release_racing_settlement_ends_in_exactly_one_outcome(world, monthly_ca
         TenantBilling.objects.create(tenant=world["alpha"], monthly_cap=monthly_cap)
     for n in range(20):
         hold(f"race{n}")
-    results = run_concurrently(40, lambda i: settle(f"race{i // 2}") if i % 2 else
-                               hold_release(request_id=f"race{i // 2}", reason="cancelled"))
+    results = run_concurrently(
+        40, lambda i: settle(f"race{i // 2}") if i % 2 else hold_release(request_id=f"race{i // 2}", reason="cancelled")
+    )
     assert not [r for r in results if isinstance(r, Exception)]
     charged = LedgerEntry.objects.filter(kind="charge").count()
     budget = year_budget("alpha")
@@ -116,8 +118,9 @@ def test_concurrent_retries_of_settlement_and_release_of_many_requests_charge_ea
     TenantBilling.objects.create(tenant=world["alpha"], monthly_cap=D("500"))
     for n in range(10):
         hold(f"s{n}")
-    results = run_concurrently(60, lambda i: settle(f"s{i % 10}") if i % 3 else
-                               hold_release(request_id=f"s{i % 10}", reason="cancelled"))
+    results = run_concurrently(
+        60, lambda i: settle(f"s{i % 10}") if i % 3 else hold_release(request_id=f"s{i % 10}", reason="cancelled")
+    )
     assert not [r for r in results if isinstance(r, Exception)]
     assert LedgerEntry.objects.filter(kind="charge").count() <= 10
     assert LedgerEntry.objects.filter(kind="release").count() == 10

@@ -1,5 +1,6 @@
 """Crash leftovers: the holds of a gateway process whose heartbeat stopped are released; a live
 process never loses its holds to another's sweep, not even right after a database outage."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -19,8 +20,20 @@ DEAD_AFTER = timedelta(seconds=30)
 
 
 def hold_as(owner: str, request_id: str):
-    return book([HoldAsk(request_id=request_id, tenant_slug="alpha", class_name="INTERACTIVE", model="m",
-                         prompt_tokens=1000, max_output_tokens=500, at=timezone.now(), owner=owner)])[0]
+    return book(
+        [
+            HoldAsk(
+                request_id=request_id,
+                tenant_slug="alpha",
+                class_name="INTERACTIVE",
+                model="m",
+                prompt_tokens=1000,
+                max_output_tokens=500,
+                at=timezone.now(),
+                owner=owner,
+            )
+        ]
+    )[0]
 
 
 def open_holds() -> set[str]:

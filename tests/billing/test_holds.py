@@ -1,4 +1,5 @@
 """Admission holds: the upper-bound amount, refusal at the budget's edge, idempotency, caps."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -102,9 +103,14 @@ def test_fiscal_year_budget_uses_start_month_and_time_zone(world, settings):
     assert years == {2025: D("3.2"), 2024: D("3.2")}
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"tenant": "nobody"}, UnknownTenant), ({"cls": "GOLD"}, UnknownClass), ({"model": "zzz"}, UnknownModel),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"tenant": "nobody"}, UnknownTenant),
+        ({"cls": "GOLD"}, UnknownClass),
+        ({"model": "zzz"}, UnknownModel),
+    ],
+)
 def test_hold_refuses_unknown_names(world, kwargs, error):
     with pytest.raises(error):
         hold("r1", **kwargs)

@@ -7,6 +7,7 @@ on PostgreSQL, arrays; one per INSERT_ROWS entries elsewhere), one UPDATE of the
 (executemany elsewhere: one query as Django counts), plus SAVEPOINT/RELEASE inside the test's
 transaction (BEGIN/COMMIT in the gateway).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -40,21 +41,33 @@ def inserts(entries: int) -> int:
 
 def _holds(prefix: str, n: int, *, tenant: str = "alpha") -> list[HoldAsk]:
     now = timezone.now()
-    return [HoldAsk(request_id=f"{prefix}{i}", tenant_slug=tenant, class_name="INTERACTIVE", model="m",
-                    prompt_tokens=1000, max_output_tokens=500, at=now) for i in range(n)]
+    return [
+        HoldAsk(
+            request_id=f"{prefix}{i}",
+            tenant_slug=tenant,
+            class_name="INTERACTIVE",
+            model="m",
+            prompt_tokens=1000,
+            max_output_tokens=500,
+            at=now,
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.mark.django_db
-def test_a_batch_costs_the_statements_of_one_ask(world, django_assert_max_num_queries,
-                                                 django_capture_on_commit_callbacks):
+def test_a_batch_costs_the_statements_of_one_ask(
+    world, django_assert_max_num_queries, django_capture_on_commit_callbacks
+):
     hold("warm-up")  # fills the caches
-    with django_capture_on_commit_callbacks(execute=True), \
-            django_assert_max_num_queries(PER_BATCH + inserts(ASKS)):
+    with django_capture_on_commit_callbacks(execute=True), django_assert_max_num_queries(PER_BATCH + inserts(ASKS)):
         held = book(_holds("r", ASKS))
     assert all(isinstance(h, HeldEntry) for h in held)
     now = timezone.now()
-    settles = [SettleAsk(request_id=f"r{i}", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)
-               for i in range(ASKS // 2)]
+    settles = [
+        SettleAsk(request_id=f"r{i}", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)
+        for i in range(ASKS // 2)
+    ]
     releases = [ReleaseAsk(request_id=f"r{i}", reason="cancelled", at=now) for i in range(ASKS // 2, ASKS)]
     with django_assert_max_num_queries(PER_BATCH - 1 + inserts(3 * ASKS // 2)):  # no holds: no price check
         results = book(settles + releases)
@@ -82,12 +95,19 @@ def test_a_batch_decides_in_order_and_refusals_do_not_fail_the_others(world):
 def test_settle_and_release_of_one_request_in_one_batch_end_it_once(world):
     hold("r1")
     now = timezone.now()
-    results = book([SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now),
-                    ReleaseAsk(request_id="r1", reason="cancelled", at=now),
-                    SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)])
+    results = book(
+        [
+            SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now),
+            ReleaseAsk(request_id="r1", reason="cancelled", at=now),
+            SettleAsk(request_id="r1", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now),
+        ]
+    )
     assert results == [Charged(D("1.12")), False, Charged(D("1.12"))]
     assert sorted(LedgerEntry.objects.filter(request_id="r1").values_list("kind", flat=True)) == [
-        "charge", "hold", "release"]
+        "charge",
+        "hold",
+        "release",
+    ]
     assert (year_budget("alpha").spent, year_budget("alpha").held) == (D("1.12"), D("0"))
 
 
@@ -105,8 +125,16 @@ def test_a_monthly_cap_moves_both_rows_in_the_same_statements(world, django_asse
 def test_a_price_change_made_elsewhere_applies_to_the_next_admission(world):
     hold("before")  # caches INTERACTIVE's versions
     # Another process's change: no signal reaches this process's caches.
-    PriceVersion.objects.bulk_create([PriceVersion(priority_class_id=PriceVersion.objects.first().priority_class_id,
-                                                   price_factor=D("3"), effective_at=timezone.now(), created_by="x")])
+    PriceVersion.objects.bulk_create(
+        [
+            PriceVersion(
+                priority_class_id=PriceVersion.objects.first().priority_class_id,
+                price_factor=D("3"),
+                effective_at=timezone.now(),
+                created_by="x",
+            )
+        ]
+    )
     cls = PriceVersion.objects.order_by("-pk").first().priority_class.name
     result = hold("after", cls=cls)
     assert result.factor == D("3")
@@ -214,8 +242,20 @@ def test_a_retried_admission_of_a_live_hold_returns_it_to_its_own_process_only(w
     from billing.errors import RequestIdInUse
 
     def hold_as(owner: str):
-        return book([HoldAsk(request_id="r1", tenant_slug="alpha", class_name="INTERACTIVE", model="m",
-                             prompt_tokens=1000, max_output_tokens=500, at=timezone.now(), owner=owner)])[0]
+        return book(
+            [
+                HoldAsk(
+                    request_id="r1",
+                    tenant_slug="alpha",
+                    class_name="INTERACTIVE",
+                    model="m",
+                    prompt_tokens=1000,
+                    max_output_tokens=500,
+                    at=timezone.now(),
+                    owner=owner,
+                )
+            ]
+        )[0]
 
     mine = hold_as("gw-1")
     assert hold_as("gw-1") == mine  # its billing worker was replaced mid-batch: booked once
@@ -231,7 +271,13 @@ def test_billing_refusals_cross_a_process_boundary_intact():
     refused = BudgetExhausted("alpha FY2026", D("0.4"), D("3.2"), "USD")
     back = pickle.loads(pickle.dumps(refused))
     assert (type(back), back.budget_label, back.remaining, back.needed, back.currency, str(back)) == (
-        BudgetExhausted, "alpha FY2026", D("0.4"), D("3.2"), "USD", str(refused))
+        BudgetExhausted,
+        "alpha FY2026",
+        D("0.4"),
+        D("3.2"),
+        "USD",
+        str(refused),
+    )
 
 
 @pytest.mark.django_db

@@ -1,4 +1,5 @@
 """The ledger is append-only (model, queryset and database refuse), and `ledger verify` finds tampering."""
+
 from __future__ import annotations
 
 import io
@@ -36,10 +37,13 @@ def test_orm_cannot_change_or_delete_entries(entry):
     assert LedgerEntry.objects.get(pk=entry.pk).amount == D("1.12")
 
 
-@pytest.mark.parametrize("sql", [
-    "UPDATE billing_ledgerentry SET amount = 0 WHERE id = %s",
-    "DELETE FROM billing_ledgerentry WHERE id = %s",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE billing_ledgerentry SET amount = 0 WHERE id = %s",
+        "DELETE FROM billing_ledgerentry WHERE id = %s",
+    ],
+)
 def test_raw_sql_cannot_change_or_delete_entries(entry, sql):
     with pytest.raises(DatabaseError, match="append-only"):
         with transaction.atomic(), connection.cursor() as cursor:

@@ -1,4 +1,5 @@
 """Fiscal periods contain their instant, for any start month and zone (property test)."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -27,12 +28,15 @@ def test_periods_contain_their_instant(at, start_month, zone):
         assert year_period(year.fiscal_year + 1).starts_at == year.ends_at
 
 
-@pytest.mark.parametrize("start_month, at, fiscal_year", [
-    (1, datetime(2025, 1, 1, tzinfo=UTC), 2025),
-    (4, datetime(2025, 3, 31, 23, 59, tzinfo=UTC), 2024),
-    (4, datetime(2025, 4, 1, tzinfo=UTC), 2025),
-    (10, datetime(2025, 12, 31, tzinfo=UTC), 2025),
-])
+@pytest.mark.parametrize(
+    "start_month, at, fiscal_year",
+    [
+        (1, datetime(2025, 1, 1, tzinfo=UTC), 2025),
+        (4, datetime(2025, 3, 31, 23, 59, tzinfo=UTC), 2024),
+        (4, datetime(2025, 4, 1, tzinfo=UTC), 2025),
+        (10, datetime(2025, 12, 31, tzinfo=UTC), 2025),
+    ],
+)
 def test_fiscal_year_label_is_the_start_year(start_month, at, fiscal_year):
     with override_settings(FAIRGATE_FISCAL_YEAR_START_MONTH=start_month, FAIRGATE_FISCAL_TZ="UTC"):
         assert year_period_at(at).fiscal_year == fiscal_year

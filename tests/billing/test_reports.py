@@ -1,4 +1,5 @@
 """Finance reports add up to the ledger to the cent; CSV export; tenant isolation by persona."""
+
 from __future__ import annotations
 
 import csv
@@ -23,8 +24,14 @@ FEB = datetime(2025, 2, 10, 12, tzinfo=UTC)
 @pytest.fixture
 def traffic(world):
     """alpha: Jan 3 INTERACTIVE + 1 BATCH, Feb 1 INTERACTIVE + 2 BATCH; beta: one of each in Jan."""
-    plan = [("alpha", JAN, "INTERACTIVE", 3), ("alpha", JAN, "BATCH", 1), ("alpha", FEB, "INTERACTIVE", 1),
-            ("alpha", FEB, "BATCH", 2), ("beta", JAN, "INTERACTIVE", 1), ("beta", JAN, "BATCH", 1)]
+    plan = [
+        ("alpha", JAN, "INTERACTIVE", 3),
+        ("alpha", JAN, "BATCH", 1),
+        ("alpha", FEB, "INTERACTIVE", 1),
+        ("alpha", FEB, "BATCH", 2),
+        ("beta", JAN, "INTERACTIVE", 1),
+        ("beta", JAN, "BATCH", 1),
+    ]
     n = 0
     for tenant, at, cls, count in plan:
         for _ in range(count):
@@ -51,8 +58,12 @@ def test_charges_report_adds_up_to_the_ledger(traffic):
 
 
 def test_burn_adds_up_to_the_ledger_and_projects_the_year(traffic):
-    rows = {r["tenant"]: r for r in reports.budget_burn(tenants=Tenant.objects.all(), fiscal_year=2025,
-                                                       now=datetime(2025, 7, 2, 12, tzinfo=UTC))}
+    rows = {
+        r["tenant"]: r
+        for r in reports.budget_burn(
+            tenants=Tenant.objects.all(), fiscal_year=2025, now=datetime(2025, 7, 2, 12, tzinfo=UTC)
+        )
+    }
     alpha = rows["alpha"]
     assert alpha["spent"] == ledger_charges(tenant__slug="alpha") - D("0.333333")
     assert alpha["held"] == D("3.2")  # the in-flight hold only
@@ -84,14 +95,15 @@ def test_class_mix_shares_add_to_one_per_tenant_month(traffic):
 
 def test_what_if_reprices_the_moved_share_at_the_batch_factor(traffic):
     alpha = Tenant.objects.get(slug="alpha")
-    period = dict(tenant=alpha, since=datetime(2025, 1, 1, tzinfo=UTC),
-                  until=datetime(2026, 1, 1, tzinfo=UTC))
+    period = dict(tenant=alpha, since=datetime(2025, 1, 1, tzinfo=UTC), until=datetime(2026, 1, 1, tzinfo=UTC))
     none = reports.what_if(share=D("0"), **period)
     assert none["what_if"] == none["actual"] == ledger_charges(tenant__slug="alpha")
     half = reports.what_if(share=D("0.5"), **period)
     interactive = LedgerEntry.objects.filter(tenant=alpha, kind="charge", class_name="INTERACTIVE")
     base = interactive.aggregate(t=Sum("base_cost"))["t"]
-    assert half["what_if"] == (half["actual"] - D("0.5") * base * D("1.6") + D("0.5") * base * D("0.7")).quantize(D("0.000001"))
+    assert half["what_if"] == (half["actual"] - D("0.5") * base * D("1.6") + D("0.5") * base * D("0.7")).quantize(
+        D("0.000001")
+    )
     assert half["saving"] > 0
 
 
@@ -105,8 +117,9 @@ def test_reports_over_http_and_csv(traffic, finance):
     assert sum(D(r["charge"]) for r in rows) == ledger_charges()
     for url in ("burn", "class-mix", "ledger", "alerts"):
         assert finance.get(f"/api/billing/{url}/", {"format": "csv"}).status_code == 200
-    what_if = finance.get("/api/billing/what-if/", {"tenant": "alpha", "share_pct": "50", "since": "2025-01-01",
-                                                   "until": "2026-01-01"}).json()["rows"][0]
+    what_if = finance.get(
+        "/api/billing/what-if/", {"tenant": "alpha", "share_pct": "50", "since": "2025-01-01", "until": "2026-01-01"}
+    ).json()["rows"][0]
     assert D(what_if["share"]) == D("0.5")
     assert finance.get("/api/billing/what-if/", {"share_pct": "50"}).status_code == 400  # which tenant?
     assert finance.get("/api/billing/what-if/", {"tenant": "alpha", "share_pct": "150"}).status_code == 400

@@ -1,4 +1,5 @@
 """Settlement and release: charged once, at the admission price; never for refused/cancelled work."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -26,7 +27,12 @@ def test_settle_charges_actual_usage_on_the_dispatched_backend_and_releases_the_
     assert kinds("r1") == {"hold": D("3.2"), "release": D("3.2"), "charge": D("1.12")}
     entry = LedgerEntry.objects.get(request_id="r1", kind="charge")
     assert (entry.backend_name, entry.prompt_tokens, entry.completion_tokens, entry.base_cost, entry.factor) == (
-        "gpu-b", 1000, 200, D("0.7"), D("1.6"))
+        "gpu-b",
+        1000,
+        200,
+        D("0.7"),
+        D("1.6"),
+    )
 
 
 def test_settlement_applied_twice_charges_once(world):
@@ -125,14 +131,18 @@ def test_future_price_change_takes_effect_at_its_time_and_keeps_history(world):
     assert hold("then", cls="BATCH", at=later + timedelta(seconds=1)).factor == D("0.5")
     assert PriceVersion.objects.filter(priority_class__name="BATCH").count() == 2
     from scheduling.models import AuditLog
+
     assert AuditLog.objects.filter(actor="cfo", action="price", key="BATCH").exists()
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"price_factor": D("-1")},
-    {"price_factor": D("1.23456")},
-    {"price_factor": D("1"), "effective_at": timezone.now() - timedelta(days=1)},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"price_factor": D("-1")},
+        {"price_factor": D("1.23456")},
+        {"price_factor": D("1"), "effective_at": timezone.now() - timedelta(days=1)},
+    ],
+)
 def test_price_change_refuses_bad_input(world, kwargs):
     with pytest.raises(BillingError):
         price_change(class_name="BATCH", actor="cfo", **kwargs)

@@ -1,4 +1,5 @@
 """The include line config/urls.py is to carry, so these tests do not depend on it."""
+
 from django.urls import include, path
 
 urlpatterns = [path("api/billing/", include("billing.urls"))]

@@ -1,6 +1,7 @@
 """Console personas on the example configuration: a member of tenant A (support), a teammate in
 A, a member of tenant B (sales), a finance user and an admin; plus one settled charge per tenant
 so every isolation check has something of A's to not show to B."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,14 @@ class Persona:
 def world_load() -> dict[str, Tenant]:
     config_load_file(EXAMPLE, actor="fixture")
     for slug, request_id in ((A, A_REQUEST), (B, B_REQUEST)):
-        budget_hold(tenant_slug=slug, request_id=request_id, class_name="INTERACTIVE", model="sim-llama",
-                    prompt_tokens=100, max_output_tokens=50)
+        budget_hold(
+            tenant_slug=slug,
+            request_id=request_id,
+            class_name="INTERACTIVE",
+            model="sim-llama",
+            prompt_tokens=100,
+            max_output_tokens=50,
+        )
         charge_settle(request_id=request_id, backend_name="sim-gpu", prompt_tokens=100, completion_tokens=40)
     return {t.slug: t for t in Tenant.objects.all()}
 

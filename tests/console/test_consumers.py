@@ -2,6 +2,7 @@
 per tenant and role, and isolation whatever the client sends. Scenarios are driven with
 ``async_to_sync`` from the test's thread, so the consumer's database calls run in the test's
 transaction (on SQLite a transactional test could not flush the append-only ledger)."""
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,8 @@ def keep_the_test_connection(monkeypatch):
     """Channels closes "old" connections around every database call; here those calls run on
     the test's own connection, inside its transaction, which must stay open."""
     monkeypatch.setattr("channels.db.close_old_connections", lambda: None)  # also what aclose_… calls
+
+
 ORIGIN = (b"origin", b"http://127.0.0.1:8000")
 
 
@@ -116,7 +119,9 @@ def test_tenant_messages_reach_that_tenant_only(world):
         card = await b1.receive_json_from(timeout=2)
         assert card["type"] == "card" and card["found"] is False and card["charge"] is None
         text = json.dumps({"type": "update", "queue": {"rows": [{"id": "only-for-a"}]}})
-        await layer.group_send(tenant_group(world[A].pk), {"type": "tenant.update", "text": text, "ids": ["only-for-a"]})
+        await layer.group_send(
+            tenant_group(world[A].pk), {"type": "tenant.update", "text": text, "ids": ["only-for-a"]}
+        )
         assert (await a1.receive_json_from(timeout=2))["queue"]["rows"][0]["id"] == "only-for-a"
         assert (await a2.receive_json_from(timeout=2))["queue"]["rows"][0]["id"] == "only-for-a"
         assert await nothing_for(b1)
@@ -147,8 +152,14 @@ def _settle(slug: str, request_id: str, *, rollback: bool = False) -> None:
 
     try:
         with transaction.atomic():
-            budget_hold(tenant_slug=slug, request_id=request_id, class_name="BATCH", model="sim-llama",
-                        prompt_tokens=10, max_output_tokens=10)
+            budget_hold(
+                tenant_slug=slug,
+                request_id=request_id,
+                class_name="BATCH",
+                model="sim-llama",
+                prompt_tokens=10,
+                max_output_tokens=10,
+            )
             charge_settle(request_id=request_id, backend_name="sim-gpu", prompt_tokens=10, completion_tokens=5)
             if rollback:
                 raise Rollback

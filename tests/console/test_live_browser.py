@@ -5,6 +5,7 @@ Screenshots go to artifacts/console/.
 The tests wait for states, never for times: the backend's gate (``sim.gate``) holds the request
 on its only slot until the test lets it through, so each step of the queue is a state the page
 shows for as long as the test needs to see it. ``LIMIT_S`` and ``WAIT_MS`` are safety nets only."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,14 @@ from tests.gateway.livestack import REPO_ROOT, Gateway, start_gateway, wait_unti
 pytestmark = pytest.mark.live
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is in the dev extras")
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SHOTS = REPO_ROOT / "artifacts" / "console"
 SERVICE_MS = 1200
 LIMIT_S = 60.0  # a safety net for every wait, never what decides an outcome
@@ -76,8 +83,9 @@ def sim() -> Iterator[RunningSim]:
 @pytest.fixture(scope="module")
 def stack(sim, tmp_path_factory) -> Iterator[Gateway]:
     yaml_text = YAML % {"url": f"{sim.url}/v1", "service": SERVICE_MS}
-    gateway = start_gateway(tmp_path_factory.mktemp("console-live"), yaml_text,
-                            {"alpha": ("alpha", "BATCH"), "beta": ("beta", "BATCH")})
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("console-live"), yaml_text, {"alpha": ("alpha", "BATCH"), "beta": ("beta", "BATCH")}
+    )
     gateway.shell(USERS)
     yield gateway
     gateway.stop()
@@ -121,8 +129,11 @@ def login(browser, stack: Gateway, username: str, password: str):
 def send(stack: Gateway, key: str, request_id: str, results: dict) -> threading.Thread:
     def run() -> None:
         raw = stack.sdk(key, timeout=LIMIT_S * 2).chat.completions.with_raw_response.create(
-            model="m-one", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
-            extra_headers={"X-Request-Id": request_id})
+            model="m-one",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=8,
+            extra_headers={"X-Request-Id": request_id},
+        )
         results[request_id] = raw.headers
 
     thread = threading.Thread(target=run, daemon=True)
@@ -132,22 +143,31 @@ def send(stack: Gateway, key: str, request_id: str, results: dict) -> threading.
 
 def cell(page, request_id: str, column: str) -> str | None:
     """The text of one cell of the request's row, or None without such a row (read at one instant)."""
-    return page.evaluate("([id, column]) => { const td = document.querySelector("
-                         "`#queue-table tr[data-id='${id}'] td.${column}`); return td ? td.textContent : null; }",
-                         [request_id, column])
+    return page.evaluate(
+        "([id, column]) => { const td = document.querySelector("
+        "`#queue-table tr[data-id='${id}'] td.${column}`); return td ? td.textContent : null; }",
+        [request_id, column],
+    )
 
 
 def card_field(page, field: str) -> str | None:
     """One field of the followed request's card, or None while the card does not show it."""
-    return page.evaluate("(field) => { const dd = document.querySelector(`#card [data-field='${field}']`);"
-                         " return dd ? dd.textContent : null; }", field)
+    return page.evaluate(
+        "(field) => { const dd = document.querySelector(`#card [data-field='${field}']`);"
+        " return dd ? dd.textContent : null; }",
+        field,
+    )
 
 
 def table(page) -> list[tuple[str, str, str]]:
     """(id, state, position) of every row of the queue table, read at one instant."""
-    return [tuple(row) for row in page.eval_on_selector_all(
-        "#queue-table tbody tr[data-id]",
-        "rows => rows.map(r => [r.dataset.id, r.children[3].textContent, r.querySelector('.position').textContent])")]
+    return [
+        tuple(row)
+        for row in page.eval_on_selector_all(
+            "#queue-table tbody tr[data-id]",
+            "rows => rows.map(r => [r.dataset.id, r.children[3].textContent, r.querySelector('.position').textContent])",
+        )
+    ]
 
 
 def shows(page, expected: list[tuple[str, str, str]], what: str) -> None:
@@ -171,8 +191,9 @@ def held_at_backend(gate) -> None:
 
 def page_text_without_card(page) -> str:
     """The page's HTML but the followed-request card (which repeats the id typed into it)."""
-    return page.evaluate("() => { const b = document.body.cloneNode(true); b.querySelector('#card').remove();"
-                         " return b.innerHTML; }")
+    return page.evaluate(
+        "() => { const b = document.body.cloneNode(true); b.querySelector('#card').remove(); return b.innerHTML; }"
+    )
 
 
 def charges_of(stack: Gateway, request_id: str) -> list[tuple[str, str, str]]:
@@ -194,14 +215,18 @@ def test_member_watches_position_and_eta_fall_then_the_charge(stack, gate, brows
         page.wait_for_selector(f"#queue-table tr[data-id='{rid}']")
     # The first request has the backend's only slot and is held there; the others wait in the gateway.
     held_at_backend(gate)
-    shows(page, [("live-0", "running", "—"), ("live-1", "queued", "1"), ("live-2", "queued", "2"),
-                 ("live-3", "queued", "3")], "the last request third in line")
+    shows(
+        page,
+        [("live-0", "running", "—"), ("live-1", "queued", "1"), ("live-2", "queued", "2"), ("live-3", "queued", "3")],
+        "the last request third in line",
+    )
     page.fill("#watch-id", last)
     page.click("#watch-form button")
 
     def card_agrees(position: str) -> bool:
         return card_field(page, "state") == "queued" and card_field(page, "position") == position == cell(
-            page, last, "position")
+            page, last, "position"
+        )
 
     wait_until(lambda: card_agrees("3"), limit_s=LIMIT_S, what="the followed request's card to agree with its row")
     eta_first = cell(page, last, "eta")
@@ -212,7 +237,7 @@ def test_member_watches_position_and_eta_fall_then_the_charge(stack, gate, brows
     for step, ahead in enumerate((2, 1)):  # each request let through moves the last one up by one
         gate.allow(1)
         running = ids[step + 1]
-        queued = [(rid, "queued", str(i + 1)) for i, rid in enumerate(ids[step + 2:])]
+        queued = [(rid, "queued", str(i + 1)) for i, rid in enumerate(ids[step + 2 :])]
         held_at_backend(gate)
         shows(page, [(running, "running", "—"), *queued], f"the last request at position {ahead}")
         wait_until(lambda: card_agrees(str(ahead)), limit_s=LIMIT_S, what=f"the card at position {ahead}")
@@ -225,14 +250,18 @@ def test_member_watches_position_and_eta_fall_then_the_charge(stack, gate, brows
     held_at_backend(gate)
     shows(page, [(last, "running", "—")], "the last request running")
     assert cell(page, last, "eta") == "running"
-    wait_until(lambda: card_field(page, "state") == "running", limit_s=LIMIT_S,
-               what="the card to show the request running")
+    wait_until(
+        lambda: card_field(page, "state") == "running", limit_s=LIMIT_S, what="the card to show the request running"
+    )
     gate.open()
     for thread in threads:
         thread.join(LIMIT_S * 2)
     assert set(results) == set(ids)
-    wait_until(lambda: page.locator("#queue-table tr.empty").count() == 1, limit_s=LIMIT_S,
-               what="the queue to empty in the page")
+    wait_until(
+        lambda: page.locator("#queue-table tr.empty").count() == 1,
+        limit_s=LIMIT_S,
+        what="the queue to empty in the page",
+    )
     assert charges_of(stack, last), "the gateway charged nothing for a completed request"
     page.wait_for_selector(f"#charges tr[data-id='{last}']")
     assert page.locator("#card [data-field=charge]").count() == 1
@@ -287,7 +316,9 @@ def test_admin_changes_a_price_and_the_next_request_pays_it(stack, browser):
     send(stack, "beta", "after-price-1", results).join(LIMIT_S * 2)
     headers = results["after-price-1"]
     [(amount, factor, base)] = charges_of(stack, "after-price-1")
-    assert Decimal(factor) == Decimal("2.5") and Decimal(amount) == (Decimal(base) * Decimal("2.5")).quantize(Decimal("0.000001"))
+    assert Decimal(factor) == Decimal("2.5") and Decimal(amount) == (Decimal(base) * Decimal("2.5")).quantize(
+        Decimal("0.000001")
+    )
     assert Decimal(headers["x-charge"].split()[0]) == Decimal(amount)
 
 

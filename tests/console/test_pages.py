@@ -1,4 +1,5 @@
 """Every console page and read API, per persona: who may open what, and B sees nothing of A."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Policy edits: validated like the YAML (a bad rule refused with the parser's reason), applied
 through config_apply / price_change, audited (who, old → new), and refused to non-admins."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -22,8 +23,9 @@ from scheduling.selectors import config_live
 
 def test_a_rule_that_does_not_parse_is_refused_with_the_parsers_reason(world):
     with pytest.raises(ValidationError) as refused:
-        policy.rule_save(name="bad", condition="class == INTERACTIVE and and", action="DOWNGRADE_TO_BATCH",
-                         enabled=True, actor="t")
+        policy.rule_save(
+            name="bad", condition="class == INTERACTIVE and and", action="DOWNGRADE_TO_BATCH", enabled=True, actor="t"
+        )
     text = "; ".join(refused.value.messages)
     assert "cannot parse condition" in text and "column" in text
     assert not DowngradeRule.objects.filter(name="bad").exists()
@@ -31,16 +33,22 @@ def test_a_rule_that_does_not_parse_is_refused_with_the_parsers_reason(world):
 
 def test_a_rule_naming_an_unknown_network_or_class_is_refused(world):
     with pytest.raises(ValidationError, match="unknown network 'NOPE_NET'"):
-        policy.rule_save(name="n", condition="src_cidr in NOPE_NET", action="DOWNGRADE_TO_BATCH", enabled=True,
-                         actor="t")
+        policy.rule_save(
+            name="n", condition="src_cidr in NOPE_NET", action="DOWNGRADE_TO_BATCH", enabled=True, actor="t"
+        )
     with pytest.raises(ValidationError, match="unknown action"):
         policy.rule_save(name="n", condition="max_tokens > 10", action="DOWNGRADE_TO_GOLD", enabled=True, actor="t")
 
 
 def test_a_good_rule_is_saved_audited_and_live(world):
     before = AuditLog.objects.count()
-    policy.rule_save(name="big-output", condition="class==INTERACTIVE and max_tokens>4000",
-                     action="DOWNGRADE_TO_NEAR_RT", enabled=True, actor="console:ada")
+    policy.rule_save(
+        name="big-output",
+        condition="class==INTERACTIVE and max_tokens>4000",
+        action="DOWNGRADE_TO_NEAR_RT",
+        enabled=True,
+        actor="console:ada",
+    )
     rule = DowngradeRule.objects.get(name="big-output")
     assert rule.active and rule.enabled and rule.action == "DOWNGRADE_TO_NEAR_RT"
     assert any(r.name == "big-output" for r in config_live().downgrade_rules)
@@ -77,11 +85,17 @@ def test_sla_change_is_audited_old_to_new(world):
 
 def test_aging_segments_are_validated_and_replaced(world):
     with pytest.raises(ValidationError, match="gap"):
-        policy.aging_set(mode="piecewise", segments=policy.segments_parse("0-0.5 none\n0.6-0.9 linear 1\n>=0.9 preempt"),
-                         actor="t")
-    policy.aging_set(mode="piecewise", segments=policy.segments_parse("0-0.6 none\n0.6-0.9 linear 2\n>=0.9 preempt"),
-                     actor="t")
-    assert [(s.wait_ratio_lo, s.boost) for s in AgingSegment.objects.all()] == [(0, "none"), (0.6, "linear"), (0.9, "preempt")]
+        policy.aging_set(
+            mode="piecewise", segments=policy.segments_parse("0-0.5 none\n0.6-0.9 linear 1\n>=0.9 preempt"), actor="t"
+        )
+    policy.aging_set(
+        mode="piecewise", segments=policy.segments_parse("0-0.6 none\n0.6-0.9 linear 2\n>=0.9 preempt"), actor="t"
+    )
+    assert [(s.wait_ratio_lo, s.boost) for s in AgingSegment.objects.all()] == [
+        (0, "none"),
+        (0.6, "linear"),
+        (0.9, "preempt"),
+    ]
 
 
 def test_fairness_and_tenant_share(world):
@@ -103,8 +117,11 @@ def test_backend_edit(world):
 
 
 def test_policy_forms_refuse_with_the_reason_and_save(admin):
-    response = admin.client.post("/console/policy/rules/", {"name": "oops", "condition": "prompt_tokens >", "action":
-                                 "DOWNGRADE_TO_BATCH", "enabled": "on"}, follow=True)
+    response = admin.client.post(
+        "/console/policy/rules/",
+        {"name": "oops", "condition": "prompt_tokens >", "action": "DOWNGRADE_TO_BATCH", "enabled": "on"},
+        follow=True,
+    )
     page = response.content.decode()
     assert "Refused" in page and "cannot parse condition" in page
     response = admin.client.post("/console/policy/class/INTERACTIVE/", {"price_factor": "1.8"}, follow=True)

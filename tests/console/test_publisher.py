@@ -1,5 +1,6 @@
 """The publisher against a real dispatcher and engine: one coalesced message per changed tenant
 per tick, each tenant's data to its own group only, events folded in, operations for admins."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,15 @@ def _dispatcher(config) -> Dispatcher:
 
 
 def _admit(d: Dispatcher, tenant: str, rid: str, cls: str = "BATCH"):
-    request = Request(id=f"{tenant}/{rid}", tenant=tenant, cls=cls, model="sim-llama", prompt_tokens=10,
-                      expected_output_tokens=10, enqueued_ms=d.now_ms())
+    request = Request(
+        id=f"{tenant}/{rid}",
+        tenant=tenant,
+        cls=cls,
+        model="sim-llama",
+        prompt_tokens=10,
+        expected_output_tokens=10,
+        enqueued_ms=d.now_ms(),
+    )
     return d.admit(request, public_id=rid, declared_class=cls, rule=None)
 
 
@@ -96,8 +104,9 @@ def test_events_ride_with_the_snapshot_and_bring_the_budget(world):
         chan_f = await _listen(layer, FINANCE_GROUP)
         await publisher.tick(d, 1_000)  # learn nothing yet; the downgrade cursor starts at the newest row
         publisher.tenant_ids[A], publisher.slugs[world[A].pk] = world[A].pk, A
-        publisher.add_event({"kind": "charges", "tenant_id": world[A].pk,
-                             "row": {"request_id": f"{A}/paid-1", "amount": "0.1"}})
+        publisher.add_event(
+            {"kind": "charges", "tenant_id": world[A].pk, "row": {"request_id": f"{A}/paid-1", "amount": "0.1"}}
+        )
         await publisher.tick(d, 4_000)
         [message] = await _drain(layer, chan_a)
         payload = message["payload"]

@@ -6,6 +6,7 @@ next message in a BZPOPMIN of up to 5 s, so with that default an idle consumer's
 Here a socket idles for longer than that, twice over, and a group message sent afterwards must
 still arrive.
 """
+
 from __future__ import annotations
 
 import asyncio

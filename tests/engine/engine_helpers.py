@@ -1,4 +1,5 @@
 """Builders shared by the engine tests (plain Python, no Django)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -33,8 +34,14 @@ CLASSES = (
 )
 
 
-def config(*, aging: str = "piecewise", fairness: FairnessMode = FairnessMode.WEIGHTED_FAIR_TOKENS,
-           classes: tuple[ClassSpec, ...] = CLASSES, min_share: float = 0.02, **queue: object) -> SchedulerConfig:
+def config(
+    *,
+    aging: str = "piecewise",
+    fairness: FairnessMode = FairnessMode.WEIGHTED_FAIR_TOKENS,
+    classes: tuple[ClassSpec, ...] = CLASSES,
+    min_share: float = 0.02,
+    **queue: object,
+) -> SchedulerConfig:
     segments = REPORT_SEGMENTS if aging == "piecewise" else ()
     queue.setdefault("enforce_depth", False)
     return SchedulerConfig(
@@ -57,8 +64,13 @@ def backend(name: str = "gpu", slots: int = 1, models: tuple[str, ...] = ("m",),
     return BackendSpec(name=name, models=models, slots=slots, **kw)
 
 
-def scheduler(cfg: SchedulerConfig | None = None, *, slots: int = 1, backends: list[BackendSpec] | None = None,
-              tenant_specs: list[TenantSpec] | None = None) -> Scheduler:
+def scheduler(
+    cfg: SchedulerConfig | None = None,
+    *,
+    slots: int = 1,
+    backends: list[BackendSpec] | None = None,
+    tenant_specs: list[TenantSpec] | None = None,
+) -> Scheduler:
     return Scheduler(
         cfg or config(),
         tenants=tenant_specs if tenant_specs is not None else tenants(("a", 0.5), ("b", 0.5)),
@@ -66,8 +78,18 @@ def scheduler(cfg: SchedulerConfig | None = None, *, slots: int = 1, backends: l
     )
 
 
-def req(rid: str, *, tenant: str = "a", cls: str = "BATCH", at: int = 0, prompt: int = 100, out: int = 100,
-        model: str = "m", deadline: int | None = None, vip: bool = False) -> Request:
+def req(
+    rid: str,
+    *,
+    tenant: str = "a",
+    cls: str = "BATCH",
+    at: int = 0,
+    prompt: int = 100,
+    out: int = 100,
+    model: str = "m",
+    deadline: int | None = None,
+    vip: bool = False,
+) -> Request:
     return Request(rid, tenant, cls, model, prompt, out, at, deadline, vip)
 
 
@@ -88,4 +110,6 @@ def drain_order(sched: Scheduler, now_ms: int, *, complete: bool = True) -> list
             order.append(grant.request.id)
             if complete:
                 r = grant.request
-                sched.complete(r.id, now_ms=now_ms, prompt_tokens=r.prompt_tokens, output_tokens=r.expected_output_tokens)
+                sched.complete(
+                    r.id, now_ms=now_ms, prompt_tokens=r.prompt_tokens, output_tokens=r.expected_output_tokens
+                )

@@ -60,10 +60,15 @@ def test_none_mode():
 
 
 def test_gap_between_segments_keeps_value_and_open_linear_rises():
-    curve = AgingCurve(AgingPolicy("piecewise", (
-        AgingSegment(0.2, 0.4, Boost.LINEAR, 2.0),
-        AgingSegment(0.6, None, Boost.LINEAR, 1.0),
-    )))
+    curve = AgingCurve(
+        AgingPolicy(
+            "piecewise",
+            (
+                AgingSegment(0.2, 0.4, Boost.LINEAR, 2.0),
+                AgingSegment(0.6, None, Boost.LINEAR, 1.0),
+            ),
+        )
+    )
     assert curve.boost(0.3) == pytest.approx(1.0)
     assert curve.boost(0.5) == pytest.approx(2.0)
     assert curve.boost(1.6) == pytest.approx(3.0)

@@ -4,8 +4,13 @@ from tests.engine.engine_helpers import backend, config, drain_order, req, sched
 
 def test_lower_level_first_without_aging():
     sched = scheduler(config(aging="none"))
-    submit(sched, req("r", cls="RETRY", at=0), req("b", cls="BATCH", at=1), req("n", cls="NEAR_RT", at=2),
-           req("i", cls="INTERACTIVE", at=3))
+    submit(
+        sched,
+        req("r", cls="RETRY", at=0),
+        req("b", cls="BATCH", at=1),
+        req("n", cls="NEAR_RT", at=2),
+        req("i", cls="INTERACTIVE", at=3),
+    )
     assert drain_order(sched, 10) == ["i", "n", "b", "r"]
 
 
@@ -38,14 +43,16 @@ def test_preempt_is_edf_across_classes_with_level_tiebreak():
     cfg = with_sla(with_sla(config(), "INTERACTIVE", 1000), "NEAR_RT", 4000)
     cfg = with_sla(cfg, "BATCH", 10000)
     sched = scheduler(cfg)
-    submit(sched,
-           req("b1", cls="BATCH", at=0),
-           req("b2", cls="BATCH", at=0, deadline=9980),
-           req("r1", cls="RETRY", at=9000),
-           req("n1", cls="NEAR_RT", at=5970),
-           req("i1", cls="INTERACTIVE", at=8990),
-           req("i4", cls="INTERACTIVE", at=9000),
-           req("i2", cls="INTERACTIVE", at=9960))
+    submit(
+        sched,
+        req("b1", cls="BATCH", at=0),
+        req("b2", cls="BATCH", at=0, deadline=9980),
+        req("r1", cls="RETRY", at=9000),
+        req("n1", cls="NEAR_RT", at=5970),
+        req("i1", cls="INTERACTIVE", at=8990),
+        req("i4", cls="INTERACTIVE", at=9000),
+        req("i2", cls="INTERACTIVE", at=9960),
+    )
     order = []
     while grants := sched.dispatch(now_ms=9960):
         g = grants[0]
@@ -53,8 +60,7 @@ def test_preempt_is_edf_across_classes_with_level_tiebreak():
         sched.complete(g.request.id, now_ms=9960, prompt_tokens=1, output_tokens=1)
     # Classes in EDF order of their promoted requests (n1 9970, b2 9980, i1 9990, i4 10000); the
     # BATCH slot goes to its fair pick, tenant a's FIFO head b1, before b2 of the same tenant.
-    assert order == [("n1", True), ("b1", True), ("b2", True), ("i1", True), ("i4", True),
-                     ("i2", False), ("r1", False)]
+    assert order == [("n1", True), ("b1", True), ("b2", True), ("i1", True), ("i4", True), ("i2", False), ("r1", False)]
     assert sched.counters.total("preempted") == 5
 
 
@@ -62,8 +68,9 @@ def test_preempt_gives_the_class_the_slot_and_fairness_picks_the_tenant():
     cfg = with_sla(config(), "BATCH", 1000)
     sched = scheduler(cfg)
     # a's request is at preempt, but a has been served a lot; b's younger request is the fair pick.
-    submit(sched, req("a_old", tenant="a", at=0), req("b_new", tenant="b", at=900),
-           req("chat", cls="INTERACTIVE", at=950))
+    submit(
+        sched, req("a_old", tenant="a", at=0), req("b_new", tenant="b", at=900), req("chat", cls="INTERACTIVE", at=950)
+    )
     lane = sched._lanes[("BATCH", "m")]
     lane.adjust(lane.tenants["a"], 10_000)
     order = []
@@ -99,8 +106,13 @@ def test_full_model_does_not_block_other_models():
 
 def test_dispatch_fills_all_free_slots_in_policy_order():
     sched = scheduler(config(aging="none"), slots=3)
-    submit(sched, req("b", cls="BATCH", at=0), req("r", cls="RETRY", at=0), req("i", cls="INTERACTIVE", at=1),
-           req("n", cls="NEAR_RT", at=2))
+    submit(
+        sched,
+        req("b", cls="BATCH", at=0),
+        req("r", cls="RETRY", at=0),
+        req("i", cls="INTERACTIVE", at=1),
+        req("n", cls="NEAR_RT", at=2),
+    )
     assert [g.request.id for g in sched.dispatch(now_ms=5)] == ["i", "n", "b"]
     assert sched.dispatch(now_ms=6) == []
 
@@ -109,8 +121,12 @@ def test_single_queue_is_one_global_fifo():
     cfg = apply_policy(config(), "fifo")
     assert cfg.fairness.mode == FairnessMode.FIFO
     sched = scheduler(cfg)
-    submit(sched, req("b", cls="BATCH", tenant="a", at=0), req("r", cls="RETRY", tenant="b", at=1),
-           req("i", cls="INTERACTIVE", tenant="b", at=2))
+    submit(
+        sched,
+        req("b", cls="BATCH", tenant="a", at=0),
+        req("r", cls="RETRY", tenant="b", at=1),
+        req("i", cls="INTERACTIVE", tenant="b", at=2),
+    )
     assert drain_order(sched, 10_000_000) == ["b", "r", "i"]
 
 
@@ -134,7 +150,10 @@ def test_deterministic_same_inputs_same_grants():
     def run():
         sched = scheduler(config(), slots=2)
         for k in range(40):
-            sched.submit(req(f"r{k}", tenant="ab"[k % 2], cls=("BATCH", "INTERACTIVE", "NEAR_RT")[k % 3], at=k,
-                             prompt=10 * k), now_ms=k)
+            sched.submit(
+                req(f"r{k}", tenant="ab"[k % 2], cls=("BATCH", "INTERACTIVE", "NEAR_RT")[k % 3], at=k, prompt=10 * k),
+                now_ms=k,
+            )
         return drain_order(sched, 100)
+
     assert run() == run()

@@ -17,23 +17,33 @@ def test_weights_floor_and_renormalise():
 
 def test_wft_shares_by_weight():
     sched = scheduler(config(aging="none"), tenant_specs=tenants(("a", 0.75), ("b", 0.25)))
-    submit(sched, *(req(f"a{k}", tenant="a", at=k) for k in range(40)), *(req(f"b{k}", tenant="b", at=k) for k in range(40)))
+    submit(
+        sched,
+        *(req(f"a{k}", tenant="a", at=k) for k in range(40)),
+        *(req(f"b{k}", tenant="b", at=k) for k in range(40)),
+    )
     first = drain_order(sched, 100)[:40]
     assert sum(x.startswith("a") for x in first) == 30
 
 
 def test_wft_counts_tokens_not_requests():
     sched = scheduler(config(aging="none"))
-    submit(sched, *(req(f"big{k}", tenant="a", prompt=1000, out=1000, at=k) for k in range(10)),
-           *(req(f"small{k}", tenant="b", prompt=100, out=100, at=k) for k in range(40)))
+    submit(
+        sched,
+        *(req(f"big{k}", tenant="a", prompt=1000, out=1000, at=k) for k in range(10)),
+        *(req(f"small{k}", tenant="b", prompt=100, out=100, at=k) for k in range(40)),
+    )
     first = drain_order(sched, 100)[:22]
     assert sum(x.startswith("big") for x in first) == 2
 
 
 def test_wrr_counts_requests():
     sched = scheduler(config(aging="none", fairness=WRR))
-    submit(sched, *(req(f"big{k}", tenant="a", prompt=1000, out=1000, at=k) for k in range(10)),
-           *(req(f"small{k}", tenant="b", prompt=100, out=100, at=k) for k in range(10)))
+    submit(
+        sched,
+        *(req(f"big{k}", tenant="a", prompt=1000, out=1000, at=k) for k in range(10)),
+        *(req(f"small{k}", tenant="b", prompt=100, out=100, at=k) for k in range(10)),
+    )
     first = drain_order(sched, 100)[:10]
     assert sum(x.startswith("big") for x in first) == 5
 
@@ -65,7 +75,9 @@ def test_returning_tenant_counter_is_lifted_so_idle_time_is_no_credit():
 
 def test_actual_usage_corrects_the_counter():
     sched = scheduler(config(aging="none"))
-    submit(sched, *(req(f"a{k}", tenant="a", at=0) for k in range(5)), *(req(f"b{k}", tenant="b", at=0) for k in range(5)))
+    submit(
+        sched, *(req(f"a{k}", tenant="a", at=0) for k in range(5)), *(req(f"b{k}", tenant="b", at=0) for k in range(5))
+    )
     (g,) = sched.dispatch(now_ms=1)
     assert g.request.id == "a0"
     sched.complete("a0", now_ms=2, prompt_tokens=100, output_tokens=2000)  # far above the 100 expected
@@ -74,8 +86,13 @@ def test_actual_usage_corrects_the_counter():
 
 def test_failed_request_is_refunded_in_wft():
     sched = scheduler(config(aging="none"))
-    submit(sched, req("a0", tenant="a", at=0), req("a1", tenant="a", at=0), req("b0", tenant="b", at=0),
-           req("b1", tenant="b", at=0))
+    submit(
+        sched,
+        req("a0", tenant="a", at=0),
+        req("a1", tenant="a", at=0),
+        req("b0", tenant="b", at=0),
+        req("b1", tenant="b", at=0),
+    )
     (g,) = sched.dispatch(now_ms=1)
     sched.fail(g.request.id, now_ms=2)
     assert sched.dispatch(now_ms=3)[0].request.id == "a1"  # a is charged nothing for a0
@@ -83,6 +100,10 @@ def test_failed_request_is_refunded_in_wft():
 
 def test_unknown_tenant_is_served_at_min_share():
     sched = scheduler(config(aging="none", min_share=0.1), tenant_specs=tenants(("a", 0.9)))
-    submit(sched, *(req(f"a{k}", tenant="a", at=0) for k in range(30)), *(req(f"x{k}", tenant="stranger", at=0) for k in range(30)))
+    submit(
+        sched,
+        *(req(f"a{k}", tenant="a", at=0) for k in range(30)),
+        *(req(f"x{k}", tenant="stranger", at=0) for k in range(30)),
+    )
     first = drain_order(sched, 1)[:20]
     assert sum(x.startswith("x") for x in first) == 2

@@ -1,5 +1,6 @@
 """The hot path's shortcuts (cached lane ranks, skipped preempt scans, per-tenant books, skipped
 store writes) must answer exactly what a fresh computation answers."""
+
 from __future__ import annotations
 
 import math
@@ -18,13 +19,14 @@ from tests.engine.test_properties import FAST, Harness, any_ops
 CURVES = {
     "report": AgingCurve(AgingPolicy("piecewise", REPORT_SEGMENTS)),
     "linear": AgingCurve(AgingPolicy("linear")),
-    "early": AgingCurve(AgingPolicy("piecewise", (AgingSegment(0.0, 0.3, Boost.NONE),
-                                                  AgingSegment(0.3, None, Boost.QUADRATIC, 0.7)))),
+    "early": AgingCurve(
+        AgingPolicy("piecewise", (AgingSegment(0.0, 0.3, Boost.NONE), AgingSegment(0.3, None, Boost.QUADRATIC, 0.7)))
+    ),
 }
 
 
 @FAST
-@given(st.sampled_from(sorted(CURVES)), st.integers(-10**6, 10**9), st.integers(1, 10**8))
+@given(st.sampled_from(sorted(CURVES)), st.integers(-(10**6), 10**9), st.integers(1, 10**8))
 def test_no_boost_until_is_the_first_ms_with_a_possible_boost(name, enqueued_ms, sla_ms):
     curve = CURVES[name]
     until_ms = curve.no_boost_until_ms(enqueued_ms, sla_ms)
@@ -139,6 +141,12 @@ def test_grant_is_an_immutable_value():
     sched = Scheduler(config(), tenants=tenants(("a", 1.0)), backends=[backend(slots=1)])
     sched.submit(req("r1", at=5), now_ms=5)
     grant = sched.dispatch(now_ms=9)[0]
-    assert (grant.request.id, grant.backend, grant.waited_ms, grant.preempt, grant.boosted) == ("r1", "gpu", 4, False, False)
+    assert (grant.request.id, grant.backend, grant.waited_ms, grant.preempt, grant.boosted) == (
+        "r1",
+        "gpu",
+        4,
+        False,
+        False,
+    )
     with pytest.raises(AttributeError):
         grant.backend = "other"

@@ -1,4 +1,5 @@
 """Property tests over random operation sequences on a virtual clock."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -19,22 +20,44 @@ def short_sla_config(policy: str = "fairgate", fairness=FairnessMode.WEIGHTED_FA
     return apply_policy(cfg, policy)
 
 
-submit_op = st.tuples(st.just("submit"), st.integers(1, 12), st.sampled_from(TENANTS), st.sampled_from(CLASS_NAMES),
-                      st.sampled_from([50, 400, 1500, 3000]), st.integers(1, 1000), st.one_of(st.none(), st.integers(50, 5000)))
+submit_op = st.tuples(
+    st.just("submit"),
+    st.integers(1, 12),
+    st.sampled_from(TENANTS),
+    st.sampled_from(CLASS_NAMES),
+    st.sampled_from([50, 400, 1500, 3000]),
+    st.integers(1, 1000),
+    st.one_of(st.none(), st.integers(50, 5000)),
+)
 complete_op = st.tuples(st.just("complete"), st.integers(0, 50), st.integers(0, 3000))
 advance_op = st.tuples(st.just("advance"), st.integers(1, 700))
-ops = st.lists(st.one_of(
-    submit_op, submit_op, submit_op, advance_op, advance_op, advance_op, complete_op,
-    st.tuples(st.just("fail"), st.integers(0, 50)),
-    st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(0, 400)),
-    st.tuples(st.just("cancel"), st.integers(0, 50)),
-    st.tuples(st.just("reconfigure"), st.sampled_from(["fairgate", "strict", "linear", "fifo", "wrr", "sla"])),
-), min_size=20, max_size=120)
+ops = st.lists(
+    st.one_of(
+        submit_op,
+        submit_op,
+        submit_op,
+        advance_op,
+        advance_op,
+        advance_op,
+        complete_op,
+        st.tuples(st.just("fail"), st.integers(0, 50)),
+        st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(0, 400)),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
+        st.tuples(st.just("reconfigure"), st.sampled_from(["fairgate", "strict", "linear", "fifo", "wrr", "sla"])),
+    ),
+    min_size=20,
+    max_size=120,
+)
 
 
-overload_ops = st.lists(st.one_of(  # bursts faster than service: requests reach the preempt bound
-    submit_op, st.tuples(st.just("advance"), st.integers(5, 120)),
-), min_size=30, max_size=120)
+overload_ops = st.lists(
+    st.one_of(  # bursts faster than service: requests reach the preempt bound
+        submit_op,
+        st.tuples(st.just("advance"), st.integers(5, 120)),
+    ),
+    min_size=30,
+    max_size=120,
+)
 any_ops = st.one_of(ops, overload_ops)
 
 
@@ -43,9 +66,11 @@ class Harness:
 
     def __init__(self, policy: str = "fairgate", depth: bool = True) -> None:
         self.depth = depth
-        self.sched = scheduler(short_sla_config(policy, depth=depth), backends=[backend("g1", slots=6, tpm=200_000),
-                                                                  backend("g2", slots=1, reserved_slots=1)],
-                               tenant_specs=[TenantSpec("a", 0.6), TenantSpec("b", 0.3), TenantSpec("c", 0.1, vip=True)])
+        self.sched = scheduler(
+            short_sla_config(policy, depth=depth),
+            backends=[backend("g1", slots=6, tpm=200_000), backend("g2", slots=1, reserved_slots=1)],
+            tenant_specs=[TenantSpec("a", 0.6), TenantSpec("b", 0.3), TenantSpec("c", 0.1, vip=True)],
+        )
         self.now = 0
         self.next_id = 0
         self.admitted: set[str] = set()
@@ -62,8 +87,15 @@ class Harness:
         for _ in range(count):
             rid = f"r{self.next_id}"
             self.next_id += 1
-            request = req(rid, tenant=tenant, cls=cls, at=self.now, prompt=prompt, out=out,
-                          deadline=None if timeout is None else self.now + timeout)
+            request = req(
+                rid,
+                tenant=tenant,
+                cls=cls,
+                at=self.now,
+                prompt=prompt,
+                out=out,
+                deadline=None if timeout is None else self.now + timeout,
+            )
             result = self.sched.submit(request, now_ms=self.now)
             self.log.append(("submit", rid, result.admitted, result.reason))
             if result.admitted:
@@ -145,15 +177,18 @@ class Harness:
             assert rid in self.admitted and rid not in self.terminal
             self.log.append(("grant", rid, g.backend, self.now, g.preempt, g.boosted))
             self.started[rid] = self.now
-            deadline = min(g.request.enqueued_ms + sched._class_spec(g.request.cls).sla_ms,
-                           g.request.deadline_ms if g.request.deadline_ms is not None else 1 << 62)
+            deadline = min(
+                g.request.enqueued_ms + sched._class_spec(g.request.cls).sla_ms,
+                g.request.deadline_ms if g.request.deadline_ms is not None else 1 << 62,
+            )
             if sched._config.queue.enforce_deadline:
                 assert self.now <= deadline  # never dispatched past its deadline
             assert not (g.preempt and seen_plain)  # preempt grants come first in a round
             seen_plain = seen_plain or not g.preempt
         if self.strict_preempt:
-            at_preempt = [r for r in sched.waiting()
-                          if self.now - r.enqueued_ms >= 0.95 * sched._class_spec(r.cls).sla_ms]
+            at_preempt = [
+                r for r in sched.waiting() if self.now - r.enqueued_ms >= 0.95 * sched._class_spec(r.cls).sla_ms
+            ]
             assert not (seen_plain and at_preempt)
         self.check_conservation()
 
@@ -227,8 +262,15 @@ def run_to_end(sched, arrivals, service_ms):
     grants = []
     now, i = 0, 0
     while i < len(arrivals) or sched.waiting() or ends:
-        candidates = [t for t in (arrivals[i][0] if i < len(arrivals) else None, min(ends.values(), default=None),
-                                  sched.next_wakeup_ms(now_ms=now)) if t is not None]
+        candidates = [
+            t
+            for t in (
+                arrivals[i][0] if i < len(arrivals) else None,
+                min(ends.values(), default=None),
+                sched.next_wakeup_ms(now_ms=now),
+            )
+            if t is not None
+        ]
         now = max(now, min(candidates))
         while i < len(arrivals) and arrivals[i][0] <= now:
             sched.submit(arrivals[i][1], now_ms=now)
@@ -244,14 +286,18 @@ def run_to_end(sched, arrivals, service_ms):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(10, 300), st.lists(st.integers(0, 20000), max_size=100),
-       st.lists(st.sampled_from(TENANTS), min_size=1, max_size=300))
+@given(
+    st.integers(10, 300),
+    st.lists(st.integers(0, 20000), max_size=100),
+    st.lists(st.sampled_from(TENANTS), min_size=1, max_size=300),
+)
 def test_no_starvation_within_capacity(batch_count, interactive_at, batch_tenants):
     # 4 slots x 100 ms: BATCH work <= 0.45 of capacity over its 20 s SLA, INTERACTIVE sparse
     cfg = with_sla(config(), "BATCH", 20000)
     sched = scheduler(cfg, slots=4, tenant_specs=tenants(("a", 0.6), ("b", 0.3), ("c", 0.1)))
-    arrivals = [(0, req(f"b{k}", tenant=batch_tenants[k % len(batch_tenants)], cls="BATCH", at=0))
-                for k in range(batch_count)]
+    arrivals = [
+        (0, req(f"b{k}", tenant=batch_tenants[k % len(batch_tenants)], cls="BATCH", at=0)) for k in range(batch_count)
+    ]
     arrivals += [(t, req(f"i{k}", cls="INTERACTIVE", at=t)) for k, t in enumerate(interactive_at)]
     grants = run_to_end(sched, arrivals, 100)
     assert sched.counters.total("queue_timeout") == 0
@@ -261,8 +307,11 @@ def test_no_starvation_within_capacity(batch_count, interactive_at, batch_tenant
 
 
 @FAST
-@given(st.lists(st.tuples(st.sampled_from(("a", "b", "c")), st.integers(1, 2000)), min_size=10, max_size=120),
-       st.lists(st.floats(0.02, 1.0), min_size=3, max_size=3), st.integers(0, 30))
+@given(
+    st.lists(st.tuples(st.sampled_from(("a", "b", "c")), st.integers(1, 2000)), min_size=10, max_size=120),
+    st.lists(st.floats(0.02, 1.0), min_size=3, max_size=3),
+    st.integers(0, 30),
+)
 def test_fair_tokens_gap_between_backlogged_tenants(requests, shares, late_after):
     specs = [TenantSpec(t, s) for t, s in zip("abc", shares)]
     sched = scheduler(config(aging="none"), slots=1, tenant_specs=specs)
@@ -299,8 +348,18 @@ def test_fair_tokens_gap_between_backlogged_tenants(requests, shares, late_after
 
 
 @FAST
-@given(st.lists(st.tuples(st.sampled_from(CLASS_NAMES), st.integers(0, 8000), st.sampled_from(TENANTS),
-                          st.one_of(st.none(), st.integers(0, 3000))), min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(CLASS_NAMES),
+            st.integers(0, 8000),
+            st.sampled_from(TENANTS),
+            st.one_of(st.none(), st.integers(0, 3000)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_preempt_stage_serves_classes_earliest_deadline_first(entries):
     """While requests wait at preempt, each slot goes to the class of the earliest-deadline one,
     to that class's fair pick (a tenant's FIFO head); preempt grants stop once none is left."""

@@ -1,4 +1,5 @@
 """The scripting commands: tenant, apikey, backend. User errors exit 2 with one clear line."""
+
 from __future__ import annotations
 
 import io
@@ -39,11 +40,27 @@ def classes():
 
 
 def test_tenant_create_list_update(classes):
-    run("tenant", "create", "procure", "--name", "Legal", "--quota-share", "0.30", "--annual-budget", "120000",
-        "--classes", "INTERACTIVE,BATCH", "--vip")
+    run(
+        "tenant",
+        "create",
+        "procure",
+        "--name",
+        "Legal",
+        "--quota-share",
+        "0.30",
+        "--annual-budget",
+        "120000",
+        "--classes",
+        "INTERACTIVE,BATCH",
+        "--vip",
+    )
     proc = Tenant.objects.get(slug="procure")
     assert (proc.quota_share, proc.annual_budget, proc.allowed_classes, proc.vip) == (
-        Decimal("0.3"), Decimal("120000"), ["INTERACTIVE", "BATCH"], True)
+        Decimal("0.3"),
+        Decimal("120000"),
+        ["INTERACTIVE", "BATCH"],
+        True,
+    )
     assert "procure" in run("tenant", "list")
     run("tenant", "update", "procure", "--quota-share", "0.05", "--no-vip")
     proc.refresh_from_db()
@@ -51,12 +68,15 @@ def test_tenant_create_list_update(classes):
     assert AuditLog.objects.filter(entity="tenant", key="procure", field="quota_share").exists()
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--quota-share", "0"), "quota share"),
-    (("--quota-share", "1.5"), "quota share"),
-    (("--quota-share", "0.1", "--classes", "GOLD"), "unknown class GOLD"),
-    (("--quota-share", "0.1", "--annual-budget", "-1"), "annual budget"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--quota-share", "0"), "quota share"),
+        (("--quota-share", "1.5"), "quota share"),
+        (("--quota-share", "0.1", "--classes", "GOLD"), "unknown class GOLD"),
+        (("--quota-share", "0.1", "--annual-budget", "-1"), "annual budget"),
+    ],
+)
 def test_tenant_create_refuses_bad_input(classes, args, says):
     assert says in refused("tenant", "create", "x", "--name", "X", *args)
     assert not Tenant.objects.filter(slug="x").exists()
@@ -84,27 +104,64 @@ def test_apikey_errors(classes):
 
 
 def test_backend_create_and_list(classes):
-    run("backend", "create", "vllm-a", "--url", "http://10.0.0.5:8000/v1", "--model", "llama", "--model", "qwen",
-        "--slots", "16", "--tpm", "200000", "--rpm", "600", "--input-price-per-1k", "0.0015",
-        "--output-price-per-1k", "0.002", "--reserved-slots", "2")
-    run("backend", "create", "cloud", "--url", "https://example.invalid/v1", "--model", "llama", "--slots", "4",
-        "--fallback-for", "vllm-a")
+    run(
+        "backend",
+        "create",
+        "vllm-a",
+        "--url",
+        "http://10.0.0.5:8000/v1",
+        "--model",
+        "llama",
+        "--model",
+        "qwen",
+        "--slots",
+        "16",
+        "--tpm",
+        "200000",
+        "--rpm",
+        "600",
+        "--input-price-per-1k",
+        "0.0015",
+        "--output-price-per-1k",
+        "0.002",
+        "--reserved-slots",
+        "2",
+    )
+    run(
+        "backend",
+        "create",
+        "cloud",
+        "--url",
+        "https://example.invalid/v1",
+        "--model",
+        "llama",
+        "--slots",
+        "4",
+        "--fallback-for",
+        "vllm-a",
+    )
     a = Backend.objects.get(name="vllm-a")
     assert (a.model_names, a.slots, a.tpm, a.rpm, a.reserved_slots) == (["llama", "qwen"], 16, 200000, 600, 2)
     assert a.input_price_per_1k == Decimal("0.0015")
     assert Backend.objects.get(name="cloud").fallback_for == a
     assert "vllm-a" in run("backend", "list")
-    assert "reserved slots" in refused("backend", "create", "b", "--url", "http://x/v1", "--model", "m",
-                                       "--slots", "2", "--reserved-slots", "3")
-    assert "fallback" in refused("backend", "create", "c", "--url", "http://x/v1", "--model", "m", "--slots", "2",
-                                 "--fallback-for", "nowhere")
+    assert "reserved slots" in refused(
+        "backend", "create", "b", "--url", "http://x/v1", "--model", "m", "--slots", "2", "--reserved-slots", "3"
+    )
+    assert "fallback" in refused(
+        "backend", "create", "c", "--url", "http://x/v1", "--model", "m", "--slots", "2", "--fallback-for", "nowhere"
+    )
 
 
 def test_user_error_from_the_shell_is_one_line_and_exit_2(tmp_path):
     env = {**os.environ, "FAIRGATE_VAR_DIR": str(tmp_path), "DATABASE_URL": ""}
     manage = Path(settings.BASE_DIR) / "manage.py"
     subprocess.run([sys.executable, str(manage), "migrate", "-v0"], env=env, check=True)
-    proc = subprocess.run([sys.executable, str(manage), "tenant", "create", "x", "--name", "X", "--quota-share", "2"],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(manage), "tenant", "create", "x", "--name", "X", "--quota-share", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "quota share" in proc.stderr

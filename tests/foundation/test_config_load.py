@@ -1,4 +1,5 @@
 """scheduler_config load/dump against the database: round trip, idempotence, refusal of bad files."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -119,8 +120,19 @@ def test_unparseable_yaml_and_missing_file_exit_2(tmp_path):
 
 def test_backend_fallback_round_trips(loaded, tmp_path):
     assert Backend.objects.filter(enabled=True).exists()
-    call_command("backend", "create", "spare", "--url", "http://127.0.0.1:9200/v1", "--model", "sim-llama",
-                 "--slots", "2", "--fallback-for", Backend.objects.first().name)
+    call_command(
+        "backend",
+        "create",
+        "spare",
+        "--url",
+        "http://127.0.0.1:9200/v1",
+        "--model",
+        "sim-llama",
+        "--slots",
+        "2",
+        "--fallback-for",
+        Backend.objects.first().name,
+    )
     dumped = tmp_path / "d.yaml"
     call_command("scheduler_config", "dump", str(dumped))
     assert "fallback_for" in dumped.read_text()

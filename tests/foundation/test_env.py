@@ -15,8 +15,13 @@ def test_bool_accepts_common_spellings(monkeypatch):
 
 @pytest.mark.parametrize(
     "helper, raw",
-    [(env_bool, "maybe"), (lambda n: env_int(n, 1), "ten"), (lambda n: env_decimal(n, "0"), "1,5"),
-     (lambda n: env_choice(n, "a", ("a", "b")), "c"), (lambda n: env_int(n, 1, minimum=1), "0")],
+    [
+        (env_bool, "maybe"),
+        (lambda n: env_int(n, 1), "ten"),
+        (lambda n: env_decimal(n, "0"), "1,5"),
+        (lambda n: env_choice(n, "a", ("a", "b")), "c"),
+        (lambda n: env_int(n, 1, minimum=1), "0"),
+    ],
 )
 def test_bad_values_fail_loudly_naming_the_variable(monkeypatch, helper, raw):
     monkeypatch.setenv("X_VALUE", raw)

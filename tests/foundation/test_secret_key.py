@@ -3,6 +3,7 @@
 Each case starts Django (``django.setup()``, which loads ``config.settings``) in a child process
 with an environment of its own, as ``manage.py`` or ``serve`` would; nothing connects to a service.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ def _start(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     drop = {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DEBUG"}
     base = {k: v for k, v in os.environ.items() if k not in drop}
     base.update(DJANGO_SETTINGS_MODULE="config.settings", FAIRGATE_VAR_DIR=str(tmp_path), **env)
-    return subprocess.run([sys.executable, "-c", START], cwd=REPO, env=base, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", START], cwd=REPO, env=base, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("shape", sorted(PRODUCTION))

@@ -1,4 +1,5 @@
 """The service-bound layers really are the services in CI (these fail there rather than skip)."""
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer

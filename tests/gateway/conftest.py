@@ -1,5 +1,6 @@
 """Live fixtures: one gateway with many small backends (one per scenario, by model name), and a
 second, tight one for admission limits. Both are session-scoped: starting costs a few seconds."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -72,23 +73,27 @@ def _backend(name: str, url: str, model: str, slots: int, **extra) -> str:
 
 def main_yaml(sims: dict[str, RunningSim]) -> str:
     url = {name: f"{sim.url}/v1" for name, sim in sims.items()}
-    backends = "".join([
-        _backend("b-main", url["main"], "m-main", 8),
-        _backend("b-slow", url["slow"], "m-slow", 1),
-        _backend("b-429", url["r429"], "m-429", 3),
-        _backend("b-fail", url["fail"], "m-fail", 4),
-        _backend("b-down", f"http://127.0.0.1:{free_port()}/v1", "m-down", 2),
-        _backend("b-off", url["main"], "m-off", 2, enabled="false"),
-        _backend("b-vip", url["vipmain"], "m-vip", 1),
-        _backend("b-vip-fallback", url["vipfb"], "m-vip", 2, fallback_for="b-vip"),
-        _backend("b-rpm", url["rpm"], "m-rpm", 4, rpm=2),
-        _backend("b-tpm", url["tpm"], "m-tpm", 4, tpm=150),
-        _backend("b-fair", url["fair"], "m-fair", 1),
-    ])
-    return (f"scheduler:\n  policy: fairgate\n{CLASSES}"
-            "  tenant_fairness: {mode: weighted_fair_tokens, weight_source: quota_share, min_share: 0.02}\n"
-            "  queue: {depth_cap: 20000, service_ms_prior: 100}\n"
-            f"  backends:\n{backends}")
+    backends = "".join(
+        [
+            _backend("b-main", url["main"], "m-main", 8),
+            _backend("b-slow", url["slow"], "m-slow", 1),
+            _backend("b-429", url["r429"], "m-429", 3),
+            _backend("b-fail", url["fail"], "m-fail", 4),
+            _backend("b-down", f"http://127.0.0.1:{free_port()}/v1", "m-down", 2),
+            _backend("b-off", url["main"], "m-off", 2, enabled="false"),
+            _backend("b-vip", url["vipmain"], "m-vip", 1),
+            _backend("b-vip-fallback", url["vipfb"], "m-vip", 2, fallback_for="b-vip"),
+            _backend("b-rpm", url["rpm"], "m-rpm", 4, rpm=2),
+            _backend("b-tpm", url["tpm"], "m-tpm", 4, tpm=150),
+            _backend("b-fair", url["fair"], "m-fair", 1),
+        ]
+    )
+    return (
+        f"scheduler:\n  policy: fairgate\n{CLASSES}"
+        "  tenant_fairness: {mode: weighted_fair_tokens, weight_source: quota_share, min_share: 0.02}\n"
+        "  queue: {depth_cap: 20000, service_ms_prior: 100}\n"
+        f"  backends:\n{backends}"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -106,8 +111,12 @@ def sims() -> Iterator[dict[str, RunningSim]]:
 @pytest.fixture(scope="session")
 def gw(sims, tmp_path_factory) -> Iterator[Gateway]:
     gateway = start_gateway(
-        tmp_path_factory.mktemp("gw-main"), main_yaml(sims), KEYS,
-        FAIRGATE_TRUSTED_PROXIES="127.0.0.1/32", FAIRGATE_CIRCUIT_FAILURES="3", FAIRGATE_CIRCUIT_COOLDOWN_MS="1500",
+        tmp_path_factory.mktemp("gw-main"),
+        main_yaml(sims),
+        KEYS,
+        FAIRGATE_TRUSTED_PROXIES="127.0.0.1/32",
+        FAIRGATE_CIRCUIT_FAILURES="3",
+        FAIRGATE_CIRCUIT_COOLDOWN_MS="1500",
         FAIRGATE_UPSTREAM_RETRIES="1",
     )
     gateway.extra["sims"] = sims

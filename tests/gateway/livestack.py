@@ -5,6 +5,7 @@ configured from a YAML written by the test, with simulated backends in threads o
 Nothing here imports Django: the test process talks to the gateway over HTTP only, and sets
 the database up through `manage.py shell` in the gateway's own environment.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,7 @@ ONE_TENANT_YAML = """scheduler:
     - {{name: slow, url: "{url}", models: [m], slots: {slots}, input_price_per_1k: 1, output_price_per_1k: 2}}
 """
 # Crash leftovers found in seconds, not the production 30 s (billing.heartbeats).
-FAST_HOUSEKEEPING = {"FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5",
-                     "FAIRGATE_ORPHAN_SWEEP_S": "1"}
+FAST_HOUSEKEEPING = {"FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5", "FAIRGATE_ORPHAN_SWEEP_S": "1"}
 
 
 @dataclass
@@ -54,8 +54,14 @@ class Gateway:
     owns_database: bool = True  # False for another process serving the same database
 
     def manage(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=REPO_ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
@@ -120,14 +126,16 @@ def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, st
     database_url = _postgres_database(var_dir)
     if database_url:
         env["DATABASE_URL"] = database_url
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "FAIRGATE_VAR_DIR": str(var_dir),
-        "FAIRGATE_CONFIG": str(yaml_path),
-        "FAIRGATE_CONFIG_POLL_MS": "100",
-        "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "FAIRGATE_VAR_DIR": str(var_dir),
+            "FAIRGATE_CONFIG": str(yaml_path),
+            "FAIRGATE_CONFIG_POLL_MS": "100",
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
     env.update(settings)
     return env
 
@@ -138,14 +146,25 @@ def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]
     yaml_path = var_dir / "scheduler.yaml"
     yaml_path.write_text(yaml_text)
     env = gateway_env(var_dir, yaml_path, **settings)
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP_CODE.format(yaml=str(yaml_path), keys=keys)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", SETUP_CODE.format(yaml=str(yaml_path), keys=keys)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, f"gateway setup failed:\n{done.stdout}\n{done.stderr}"
     made = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
     port = free_port()
     log_path = var_dir / "serve.log"
-    process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT, env=env,
-                               stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     gateway = Gateway(f"http://127.0.0.1:{port}", env, made, process, log_path)
     wait_ready(gateway, "/readyz", limit_s=STARTUP_LIMIT_S)
     return gateway
@@ -156,10 +175,16 @@ def another_process(gateway: Gateway, name: str = "another gateway process") -> 
     the same load balancer, or a restart after a crash); waits until ready."""
     port = free_port()
     log_path = gateway.log_path.with_name(f"serve-{port}.log")
-    process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=REPO_ROOT,
-                               env=gateway.env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-    other = Gateway(f"http://127.0.0.1:{port}", gateway.env, gateway.keys, process, log_path, name=name,
-                    owns_database=False)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=gateway.env,
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    other = Gateway(
+        f"http://127.0.0.1:{port}", gateway.env, gateway.keys, process, log_path, name=name, owns_database=False
+    )
     wait_ready(other, "/readyz", limit_s=STARTUP_LIMIT_S)
     return other
 

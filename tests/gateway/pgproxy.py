@@ -7,6 +7,7 @@ cut, every piped connection is reset and every new one is reset at once (the cli
 on the same port, so the client's DATABASE_URL stays valid. It runs its own event loop in a
 daemon thread of the test process.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -7,6 +7,7 @@ The worker here is a fake (`fake_serve`), spawned like the real one (it replaces
 `billing_worker.serve`); it speaks the real one's side of the pipe, ``send_bytes``/``recv_bytes``,
 so only the gateway's side is under test. This module is imported by the spawned fake, before
 Django is set up: nothing at module level imports Django or an app."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,6 +44,7 @@ def answer_for(probe: Probe) -> tuple[bytes, int, bytes]:
 
 
 # --- the fake workers (run in the spawned process) -------------------------------------------------
+
 
 def fake_serve(conn, gateway_pid: int, owner: str = "") -> None:
     """`billing_worker.serve` without Django: each batch of probes is answered as book_batch answers."""
@@ -96,7 +98,7 @@ def _send_in_pieces(conn, message: bytes) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _unread_by_peer(fd: int) -> int:
@@ -105,6 +107,7 @@ def _unread_by_peer(fd: int) -> int:
 
 
 # --- helpers in the test process -------------------------------------------------------------------
+
 
 def run(new_loop: Callable[[], asyncio.AbstractEventLoop], scenario: Coroutine) -> None:
     loop = new_loop()
@@ -134,6 +137,7 @@ async def back_to_back(worker: billing_worker.Worker, count: int) -> None:
 
 
 # --- tests -----------------------------------------------------------------------------------------
+
 
 @LOOPS
 def test_answers_and_batches_far_bigger_than_the_socket_buffer_arrive_whole(new_loop, monkeypatch):

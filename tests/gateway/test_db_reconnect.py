@@ -2,6 +2,7 @@
 `PgProxy` (the shared server is never stopped): a connection that broke while idle is replaced on
 the first call after, without an error; during an outage every call raises one of
 ``DATABASE_UNAVAILABLE``; the first call after the outage is served."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -3,6 +3,7 @@
 anything unexpected a 500 without details), the level each outcome is logged at (expected
 outcomes at INFO, and Django does not log them again as warnings or errors), and which backend
 headers reach the client."""
+
 from __future__ import annotations
 
 import asyncio
@@ -69,9 +70,20 @@ class _Client:
 
 def serve(url_path: str, method: str = "POST") -> tuple[int, dict[str, str], bytes]:
     """One request through GatewayASGIHandler: status, headers (lower-case names), body."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-             "path": url_path, "raw_path": url_path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": url_path,
+        "raw_path": url_path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
     client = _Client()
     asyncio.run(GatewayASGIHandler()(scope, client.receive, client.send))
     start, body = client.sent[0], b"".join(m.get("body", b"") for m in client.sent[1:])
@@ -121,7 +133,8 @@ def test_a_database_outage_is_logged_once_as_a_warning(failing_urls, caplog):
     serve("/fail/connection_lost")
     assert _loud(caplog) == [
         "WARNING gateway.views: POST /fail/connection_lost: 503 service_unavailable "
-        "(OperationalError: consuming input failed: server closed the connection unexpectedly)"]
+        "(OperationalError: consuming input failed: server closed the connection unexpectedly)"
+    ]
 
 
 def test_readyz_is_503_while_the_database_is_down_and_logged_once(monkeypatch, caplog):
@@ -132,8 +145,9 @@ def test_readyz_is_503_while_the_database_is_down_and_logged_once(monkeypatch, c
     caplog.set_level(logging.INFO)
     status, _, body = serve("/readyz", method="GET")
     assert status == 503 and json.loads(body)["checks"]["database"] is False
-    assert _loud(caplog) == ["WARNING gateway.views_ops: readiness check failed: OperationalError: "
-                             "connection failed: Connection refused"]
+    assert _loud(caplog) == [
+        "WARNING gateway.views_ops: readiness check failed: OperationalError: connection failed: Connection refused"
+    ]
 
 
 def test_unknown_path_404_is_logged_at_info_and_not_again_by_django(caplog):
@@ -144,17 +158,40 @@ def test_unknown_path_404_is_logged_at_info_and_not_again_by_django(caplog):
 
 
 def test_only_allowed_backend_headers_are_relayed():
-    upstream = Headers([
-        ("content-type", "application/json"), ("openai-processing-ms", "12"), ("openai-version", "2020-10-01"),
-        ("x-sim-service-ms", "40"), ("x-sim-ttft-ms", "5"), ("x-sim-prompt-tokens", "9"),
-        ("x-sim-completion-tokens", "5"), ("x-sim-reject-reason", "slots"),
-        ("connection", "keep-alive"), ("keep-alive", "timeout=5"), ("transfer-encoding", "chunked"),
-        ("te", "trailers"), ("trailer", "x-checksum"), ("upgrade", "h2c"), ("proxy-authenticate", "Basic"),
-        ("content-length", "3"), ("content-encoding", "gzip"), ("date", "Tue, 01 Dec 2026 07:00:00 GMT"),
-        ("server", "uvicorn"), ("set-cookie", "sid=1"), ("x-request-id", "theirs"),
-        ("openai-organization", "org-upstream"), ("openai-project", "proj_upstream"),
-        ("x-ratelimit-remaining-requests", "3"), ("x-ratelimit-limit-tokens", "90000"),
-        ("retry-after", "1"), ("retry-after-ms", "900"), ("x-should-retry", "true"),
-    ])
-    assert relayed_headers(upstream) == [("content-type", "application/json"), ("openai-processing-ms", "12"),
-                                         ("openai-version", "2020-10-01")]
+    upstream = Headers(
+        [
+            ("content-type", "application/json"),
+            ("openai-processing-ms", "12"),
+            ("openai-version", "2020-10-01"),
+            ("x-sim-service-ms", "40"),
+            ("x-sim-ttft-ms", "5"),
+            ("x-sim-prompt-tokens", "9"),
+            ("x-sim-completion-tokens", "5"),
+            ("x-sim-reject-reason", "slots"),
+            ("connection", "keep-alive"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("upgrade", "h2c"),
+            ("proxy-authenticate", "Basic"),
+            ("content-length", "3"),
+            ("content-encoding", "gzip"),
+            ("date", "Tue, 01 Dec 2026 07:00:00 GMT"),
+            ("server", "uvicorn"),
+            ("set-cookie", "sid=1"),
+            ("x-request-id", "theirs"),
+            ("openai-organization", "org-upstream"),
+            ("openai-project", "proj_upstream"),
+            ("x-ratelimit-remaining-requests", "3"),
+            ("x-ratelimit-limit-tokens", "90000"),
+            ("retry-after", "1"),
+            ("retry-after-ms", "900"),
+            ("x-should-retry", "true"),
+        ]
+    )
+    assert relayed_headers(upstream) == [
+        ("content-type", "application/json"),
+        ("openai-processing-ms", "12"),
+        ("openai-version", "2020-10-01"),
+    ]

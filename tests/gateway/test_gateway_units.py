@@ -1,5 +1,6 @@
 """In-process pieces of the gateway: SSE relay, client address, payload checks, circuits,
 terminal log, and the dispatcher driving a real engine (no HTTP, no database)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,7 +33,7 @@ DONE = b"data: [DONE]\n\n"
 def test_sse_filter_records_usage_and_forwards_it_only_when_asked(forward):
     sse = SseFilter(forward_usage=forward)
     stream = CHUNK + USAGE + DONE
-    out = b"".join(sse.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + sse.flush()
+    out = b"".join(sse.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)) + sse.flush()
     assert sse.usage == (7, 3)
     assert out == (stream if forward else CHUNK + DONE)
     assert sse.text_sent() == "hello world"
@@ -53,9 +54,17 @@ def test_retry_after_and_usage_parsing():
 
 
 def test_hop_by_hop_and_framing_headers_are_not_relayed():
-    upstream = httpx.Headers([("Connection", "keep-alive"), ("Transfer-Encoding", "chunked"), ("Keep-Alive", "5"),
-                              ("Content-Length", "3"), ("X-Request-Id", "theirs"), ("openai-processing-ms", "12"),
-                              ("Content-Type", "application/json")])
+    upstream = httpx.Headers(
+        [
+            ("Connection", "keep-alive"),
+            ("Transfer-Encoding", "chunked"),
+            ("Keep-Alive", "5"),
+            ("Content-Length", "3"),
+            ("X-Request-Id", "theirs"),
+            ("openai-processing-ms", "12"),
+            ("Content-Type", "application/json"),
+        ]
+    )
     assert relayed_headers(upstream) == [("openai-processing-ms", "12"), ("content-type", "application/json")]
 
 
@@ -69,12 +78,21 @@ def test_client_ip_trusts_forwarded_for_only_from_trusted_proxies(settings):
     assert client_ip("127.0.0.1", "10.20.0.5") == "127.0.0.1"
 
 
-@pytest.mark.parametrize("body", [
-    b"{", b"[]", b"null", b'{"model": ""}', b'{"model": "m", "messages": "hi"}',
-    b'{"model": "m", "messages": [{"content": "x"}]}', b'{"model": "m", "messages": [{"role": "u"}], "stream": 1}',
-    b'{"model": "m", "messages": [{"role": "u"}], "max_tokens": true}', b'{"model": "m", "messages": [{"role": "u"}], "n": 0}',
-    b'{"model": "m", "messages": [{"role": "u"}], "temperature": NaN}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{",
+        b"[]",
+        b"null",
+        b'{"model": ""}',
+        b'{"model": "m", "messages": "hi"}',
+        b'{"model": "m", "messages": [{"content": "x"}]}',
+        b'{"model": "m", "messages": [{"role": "u"}], "stream": 1}',
+        b'{"model": "m", "messages": [{"role": "u"}], "max_tokens": true}',
+        b'{"model": "m", "messages": [{"role": "u"}], "n": 0}',
+        b'{"model": "m", "messages": [{"role": "u"}], "temperature": NaN}',
+    ],
+)
 def test_payload_rejects_bad_chat_bodies(body):
     with pytest.raises(GatewayError) as err:
         payload_parse(CHAT, body)
@@ -95,8 +113,10 @@ def test_payload_goes_upstream_with_the_output_limit_its_hold_covers():
     assert unlimited.max_tokens is None
     unlimited.output_limit = 40  # the model's default
     assert json.loads(upstream_body(unlimited))["max_tokens"] == 40
-    both = payload_parse(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                               b'"max_tokens": 9, "max_completion_tokens": 7}')
+    both = payload_parse(
+        CHAT,
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "max_completion_tokens": 7}',
+    )
     assert (both.max_tokens, both.max_tokens_field) == (7, "max_completion_tokens")
     both.output_limit = 7
     sent = json.loads(upstream_body(both))
@@ -114,8 +134,12 @@ def test_output_limits_and_the_prompt_bound(settings):
         with pytest.raises(GatewayError) as refused:
             output_limit(payload_parse(TEXT, body))
         assert refused.value.status == 400
-    chinese = payload_parse(CHAT, json.dumps({"model": "m", "messages": [{"role": "user", "content": "预算" * 1000}]},
-                                             ensure_ascii=False).encode())
+    chinese = payload_parse(
+        CHAT,
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "预算" * 1000}]}, ensure_ascii=False
+        ).encode(),
+    )
     assert prompt_bound(chinese) >= len("预算".encode()) * 1000  # every UTF-8 byte could be a token
 
 
@@ -166,17 +190,29 @@ def test_terminal_log_records_are_invisible_to_the_garbage_collector():
 
 # --- the dispatcher on a real engine ---------------------------------------------------------
 
+
 def _config(slots: int = 1) -> SchedulerConfig:
     classes = (ClassSpec("INTERACTIVE", 0, 3000, Decimal("1.6")), ClassSpec("BATCH", 2, 60000, Decimal("0.7")))
-    return SchedulerConfig(classes=classes, queue=QueuePolicy(service_ms_prior=100),
-                           tenants=(TenantSpec("t", 0.5),), backends=(BackendSpec("b", ("m",), slots, url="http://x"),))
+    return SchedulerConfig(
+        classes=classes,
+        queue=QueuePolicy(service_ms_prior=100),
+        tenants=(TenantSpec("t", 0.5),),
+        backends=(BackendSpec("b", ("m",), slots, url="http://x"),),
+    )
 
 
 def _request(d: Dispatcher, rid: str, *, deadline_in_ms: int | None = None) -> Request:
     now_ms = d.now_ms()
-    return Request(id=f"t/{rid}", tenant="t", cls="INTERACTIVE", model="m", prompt_tokens=10,
-                   expected_output_tokens=10, enqueued_ms=now_ms,
-                   deadline_ms=None if deadline_in_ms is None else now_ms + deadline_in_ms)
+    return Request(
+        id=f"t/{rid}",
+        tenant="t",
+        cls="INTERACTIVE",
+        model="m",
+        prompt_tokens=10,
+        expected_output_tokens=10,
+        enqueued_ms=now_ms,
+        deadline_ms=None if deadline_in_ms is None else now_ms + deadline_in_ms,
+    )
 
 
 def _admit(d: Dispatcher, rid: str, **kwargs):
@@ -276,9 +312,18 @@ def test_generated_request_ids_are_unique_and_in_time_order(monkeypatch):
 def _held(amount: str, room: str | None):
     from billing.inflight import HeldEntry
 
-    return HeldEntry(request_id="t/r", tenant_id=1, budget_id=1, month_budget_id=None, class_name="BATCH",
-                     price_version_id=1, model="m", factor=Decimal(1), amount=Decimal(amount),
-                     room=None if room is None else Decimal(room))
+    return HeldEntry(
+        request_id="t/r",
+        tenant_id=1,
+        budget_id=1,
+        month_budget_id=None,
+        class_name="BATCH",
+        price_version_id=1,
+        model="m",
+        factor=Decimal(1),
+        amount=Decimal(amount),
+        room=None if room is None else Decimal(room),
+    )
 
 
 def test_early_holds_need_a_fresh_report_of_ample_room_less_what_is_being_held_early(settings):

@@ -1,5 +1,6 @@
 """The journal of settlements that could not be booked: durable, replayed once by the next process
 on the host, never taken from a process that is alive."""
+
 from __future__ import annotations
 
 import subprocess
@@ -54,15 +55,26 @@ def test_a_line_cut_by_a_crash_is_skipped(var_dir):
 def test_a_journal_locked_by_another_live_process_is_not_taken(var_dir):
     path = journal.journal_dir() / "host:2:b.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text('{"settle": {"request_id": "t/r9", "backend_name": "gpu", "prompt_tokens": 1, '
-                    '"completion_tokens": 1, "at": "2026-12-01T09:00:00+00:00"}}\n')
-    holder = subprocess.Popen([sys.executable, "-c", f"""
+    path.write_text(
+        '{"settle": {"request_id": "t/r9", "backend_name": "gpu", "prompt_tokens": 1, '
+        '"completion_tokens": 1, "at": "2026-12-01T09:00:00+00:00"}}\n'
+    )
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import fcntl, os, sys
 fd = os.open({str(path)!r}, os.O_RDONLY)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("locked", flush=True)
 sys.stdin.read()
-"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert journals_orphaned() == []

@@ -1,4 +1,5 @@
 """The request path over real HTTP with the official openai SDK: completions, streams, errors."""
+
 from __future__ import annotations
 
 import threading
@@ -42,7 +43,8 @@ def test_chat_stream_drops_the_usage_chunk_the_client_did_not_ask_for(gw):
 
 def test_chat_stream_keeps_usage_when_asked(gw):
     stream = gw.sdk("alpha").chat.completions.create(
-        model="m-main", messages=CHAT, max_tokens=6, stream=True, stream_options={"include_usage": True})
+        model="m-main", messages=CHAT, max_tokens=6, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     assert chunks[-1].choices == []
@@ -50,7 +52,8 @@ def test_chat_stream_keeps_usage_when_asked(gw):
 
 def test_text_stream(gw):
     with gw.sdk("beta").completions.with_streaming_response.create(
-            model="m-main", prompt="abc", max_tokens=5, stream=True) as response:
+        model="m-main", prompt="abc", max_tokens=5, stream=True
+    ) as response:
         assert response.headers["x-priority-class"] == "INTERACTIVE"
         assert response.headers["content-type"].startswith("text/event-stream")
         text = "".join(c.choices[0].text for c in response.parse() if c.choices)
@@ -81,13 +84,16 @@ def test_revoked_key_stops_working(gw):
         client.chat.completions.create(model="m-main", messages=CHAT, max_tokens=1)
 
 
-@pytest.mark.parametrize("kwargs, headers, fragment", [
-    ({"model": "no-such-model"}, {}, "Unknown model"),
-    ({"model": "m-main"}, {"X-Priority-Class": "PLATINUM"}, "Unknown priority class"),
-    ({"model": "m-main", "max_tokens": 0}, {}, "max_tokens"),
-    ({"model": "m-main"}, {"X-Request-Timeout-Ms": "soon"}, "X-Request-Timeout-Ms"),
-    ({"model": "m-main"}, {"X-Request-Id": "has spaces"}, "X-Request-Id"),
-])
+@pytest.mark.parametrize(
+    "kwargs, headers, fragment",
+    [
+        ({"model": "no-such-model"}, {}, "Unknown model"),
+        ({"model": "m-main"}, {"X-Priority-Class": "PLATINUM"}, "Unknown priority class"),
+        ({"model": "m-main", "max_tokens": 0}, {}, "max_tokens"),
+        ({"model": "m-main"}, {"X-Request-Timeout-Ms": "soon"}, "X-Request-Timeout-Ms"),
+        ({"model": "m-main"}, {"X-Request-Id": "has spaces"}, "X-Request-Id"),
+    ],
+)
 def test_bad_requests_are_400_invalid_request(gw, kwargs, headers, fragment):
     kwargs.setdefault("max_tokens", 2)
     with pytest.raises(openai.BadRequestError) as err:
@@ -98,8 +104,13 @@ def test_bad_requests_are_400_invalid_request(gw, kwargs, headers, fragment):
 
 def test_malformed_json_and_missing_fields_are_400(gw):
     with gw.http("alpha") as http:
-        for body in (b"{", b"[]", b'{"model": "m-main"}', b'{"model": "m-main", "messages": []}',
-                     b'{"model": 3, "messages": [{"role": "user", "content": "x"}]}'):
+        for body in (
+            b"{",
+            b"[]",
+            b'{"model": "m-main"}',
+            b'{"model": "m-main", "messages": []}',
+            b'{"model": 3, "messages": [{"role": "user", "content": "x"}]}',
+        ):
             response = http.post("/v1/chat/completions", content=body)
             assert response.status_code == 400, body
             assert response.json()["error"]["code"] == "invalid_request"
@@ -134,17 +145,24 @@ def test_disabled_backend_is_503_no_backend(gw):
 
 def test_duplicate_live_request_id_is_400(gw):
     client = gw.sdk("beta")
-    first = threading.Thread(target=lambda: client.chat.completions.create(
-        model="m-slow", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"}))
+    first = threading.Thread(
+        target=lambda: client.chat.completions.create(
+            model="m-slow", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"}
+        )
+    )
     first.start()
     wait_until(lambda: gw.http("beta").get("/v1/queue/dup-1").status_code == 200, what="dup-1 live")
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="m-slow", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"})
+        client.chat.completions.create(
+            model="m-slow", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"}
+        )
     assert "already in use" in err.value.message
     first.join()
     # once it has ended, its id stays spent: the ledger charges each request id once
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="m-main", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"})
+        client.chat.completions.create(
+            model="m-main", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "dup-1"}
+        )
     assert "used by an earlier request" in err.value.message
 
 
@@ -153,12 +171,21 @@ def test_health_readiness_openapi_and_metrics(gw):
     ready = httpx.get(f"{gw.url}/readyz").json()
     assert ready["status"] == "ready" and all(ready["checks"].values())
     doc = httpx.get(f"{gw.url}/v1/openapi.json").json()
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/queue", "/v1/queue/{request_id}"} <= set(doc["paths"])
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/queue", "/v1/queue/{request_id}"} <= set(
+        doc["paths"]
+    )
     gw.sdk("alpha").chat.completions.create(model="m-main", messages=CHAT, max_tokens=1)
     text = httpx.get(f"{gw.url}/metrics").text
-    for name in ("fairgate_queue_depth", "fairgate_queue_depth_limit", "fairgate_queue_wait_seconds_bucket",
-                 "fairgate_backend_slots_in_use", "fairgate_backend_tpm_used", "fairgate_aging_boosts",
-                 "fairgate_aging_preempts", "fairgate_rejects_total"):
+    for name in (
+        "fairgate_queue_depth",
+        "fairgate_queue_depth_limit",
+        "fairgate_queue_wait_seconds_bucket",
+        "fairgate_backend_slots_in_use",
+        "fairgate_backend_tpm_used",
+        "fairgate_aging_boosts",
+        "fairgate_aging_preempts",
+        "fairgate_rejects_total",
+    ):
         assert name in text, name
     assert gw.metric("fairgate_backend_tpm_used", backend="b-main") > 0
     assert sim_stats(gw.extra["sims"]["main"])["completed"] > 0

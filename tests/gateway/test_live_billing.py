@@ -1,5 +1,6 @@
 """Billing on the live request path: X-Charge, 402 budget_exhausted, budget fallback, no charge
 for requests that were not served. Real `serve`, simulated backend, official openai SDK."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ print(json.dumps([[e.kind, str(e.amount), e.tenant.slug] for e in rows]))
 def billed(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=2, ttft_ms=2, tokens_per_s=5000, seed=3))
     gateway = start_gateway(tmp_path_factory.mktemp("gw-billing"), YAML.format(url=f"{sim.url}/v1"), KEYS)
-    gateway.shell("from billing.models import TenantBilling; from gateway.models import Tenant; "
-                  "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)")
+    gateway.shell(
+        "from billing.models import TenantBilling; from gateway.models import Tenant; "
+        "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)"
+    )
     yield gateway
     gateway.stop()
     sim.stop()
@@ -55,14 +58,17 @@ def ledger(gateway, tenant: str, public_id: str) -> list[list[str]]:
 
 def ask(gateway, key: str, request_id: str, max_tokens: int = 100):
     return gateway.sdk(key).chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": "price me"}], max_tokens=max_tokens,
-        extra_headers={"X-Request-Id": request_id})
+        model="m",
+        messages=[{"role": "user", "content": "price me"}],
+        max_tokens=max_tokens,
+        extra_headers={"X-Request-Id": request_id},
+    )
 
 
 def test_completion_carries_its_charge_and_the_ledger_agrees(billed):
     raw = ask(billed, "rich", "bill-1")
     usage = raw.parse().usage
-    expected = ((Decimal(usage.prompt_tokens) * 1 + Decimal(usage.completion_tokens) * 2) / 1000 * Decimal("1.6"))
+    expected = (Decimal(usage.prompt_tokens) * 1 + Decimal(usage.completion_tokens) * 2) / 1000 * Decimal("1.6")
     assert Decimal(raw.headers["X-Charge"]) == expected.quantize(Decimal("0.000001"))
     assert raw.headers["X-Charge-Currency"]
     entries = {kind: Decimal(amount) for kind, amount, _ in ledger(billed, "rich", "bill-1")}
@@ -90,9 +96,11 @@ def test_a_tenant_set_to_fall_back_gets_the_cheapest_class_that_fits(billed):
 
 def test_a_request_refused_by_the_queue_is_not_charged(billed):
     with pytest.raises(openai.BadRequestError):
-        billed.sdk("rich").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
-                                                   extra_headers={"X-Priority-Class": "PLATINUM",
-                                                                  "X-Request-Id": "bill-4"})
+        billed.sdk("rich").chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"X-Priority-Class": "PLATINUM", "X-Request-Id": "bill-4"},
+        )
     assert ledger(billed, "rich", "bill-4") == []
 
 
@@ -117,8 +125,13 @@ def test_billing_is_booked_by_a_worker_process_that_is_replaced_if_it_dies(bille
     ask(billed, "rich", "bill-6")
     worker = _billing_worker_pid(billed)
     os.kill(worker, signal.SIGKILL)
-    wait_until(lambda: not Path(f"/proc/{worker}").exists() or b"Z" in Path(f"/proc/{worker}/stat").read_bytes()
-               .split(b")")[-1][:3], what="the billing worker gone")
+    wait_until(
+        lambda: (
+            not Path(f"/proc/{worker}").exists()
+            or b"Z" in Path(f"/proc/{worker}/stat").read_bytes().split(b")")[-1][:3]
+        ),
+        what="the billing worker gone",
+    )
     raw = ask(billed, "rich", "bill-7")  # the next batch starts a new worker
     assert Decimal(raw.headers["X-Charge"]) > 0
     assert _billing_worker_pid(billed) != worker

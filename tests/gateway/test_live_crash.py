@@ -2,6 +2,7 @@
 mid-request; the survivor's billing worker releases the dead one's holds within the bound and
 never touches its own, whose requests are charged once. (The production shape: REDIS_URL set,
 so a process does not take every open hold for its own leftovers at start.)"""
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,6 @@ from tests.gateway.livestack import FAST_HOUSEKEEPING, ONE_TENANT_YAML, another_
 pytestmark = [pytest.mark.live, pytest.mark.redis]
 
 
-
 def query(gateway, sql: str) -> list[tuple]:
     url = gateway.env.get("DATABASE_URL")
     if url:
@@ -35,22 +35,29 @@ def entries(gateway) -> dict[str, dict[str, tuple]]:
     """request id -> kind -> (amount, reason, owner)."""
     found: dict[str, dict[str, tuple]] = {}
     for rid, kind, amount, reason, owner in query(
-            gateway, "SELECT request_id, kind, amount, reason, owner FROM billing_ledgerentry"):
+        gateway, "SELECT request_id, kind, amount, reason, owner FROM billing_ledgerentry"
+    ):
         found.setdefault(rid, {})[kind] = (Decimal(str(amount)), reason, owner)
     return found
 
 
 def balances(gateway) -> list[tuple[Decimal, Decimal, Decimal]]:
-    return [tuple(Decimal(str(v)) for v in row)
-            for row in query(gateway, 'SELECT spent, held, "limit" FROM billing_budget')]
+    return [
+        tuple(Decimal(str(v)) for v in row) for row in query(gateway, 'SELECT spent, held, "limit" FROM billing_budget')
+    ]
 
 
 @pytest.fixture
 def stack(tmp_path):
     sim = start_in_thread(SimConfig(port=0, slots=16, ttft_ms=1, tokens_per_s=20, seed=9))  # 100 tokens: 5 s
     yaml = ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=16)
-    first = start_gateway(tmp_path / "gw", yaml, {"acme": ("acme", "INTERACTIVE")},
-                          REDIS_URL=os.environ.get("REDIS_URL", ""), **FAST_HOUSEKEEPING)
+    first = start_gateway(
+        tmp_path / "gw",
+        yaml,
+        {"acme": ("acme", "INTERACTIVE")},
+        REDIS_URL=os.environ.get("REDIS_URL", ""),
+        **FAST_HOUSEKEEPING,
+    )
     second = another_process(first)
     yield first, second
     second.stop()
@@ -63,8 +70,11 @@ def send(gateway, prefix: str, count: int, results: dict) -> list[threading.Thre
         rid = f"{prefix}-{index}"
         try:
             reply = gateway.sdk("acme", timeout=120).chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": "tell me a long story"}], max_tokens=100,
-                extra_headers={"X-Request-Id": rid})
+                model="m",
+                messages=[{"role": "user", "content": "tell me a long story"}],
+                max_tokens=100,
+                extra_headers={"X-Request-Id": rid},
+            )
             results[rid] = Decimal(reply.headers["X-Charge"])
         except (openai.APIError, KeyError) as failed:
             results[rid] = failed
@@ -79,11 +89,16 @@ def test_the_holds_of_a_killed_process_are_released_and_a_live_ones_are_kept(sta
     first, second = stack
     results: dict = {}
     threads = send(first, "doomed", 4, results) + send(second, "alive", 4, results)
-    wait_until(lambda: sum("hold" in kinds for kinds in entries(first).values()) == 8, limit_s=60,
-               what="eight requests held")
+    wait_until(
+        lambda: sum("hold" in kinds for kinds in entries(first).values()) == 8, limit_s=60, what="eight requests held"
+    )
     first.kill()  # its billing worker follows it within a second
-    wait_until(lambda: all("release" in entries(first)[f"acme/doomed-{i}"] for i in range(4)), limit_s=60,
-               step_s=0.2, what="the dead process's holds released")
+    wait_until(
+        lambda: all("release" in entries(first)[f"acme/doomed-{i}"] for i in range(4)),
+        limit_s=60,
+        step_s=0.2,
+        what="the dead process's holds released",
+    )
     for thread in threads:
         thread.join(timeout=120)
     ledger = entries(first)
@@ -113,4 +128,6 @@ def test_a_stop_signal_to_the_whole_process_group_is_a_clean_stop(stack):
     first.process.wait(timeout=60)
     stopped = query(first, "SELECT owner FROM billing_gatewayprocess WHERE stopped_at IS NOT NULL")
     assert len(stopped) == 1  # recorded by its billing worker, which outlived the signal to end last
-    assert not os.path.exists(f"/proc/{worker}") or b"Z" in open(f"/proc/{worker}/stat", "rb").read().split(b")")[-1][:3]
+    assert (
+        not os.path.exists(f"/proc/{worker}") or b"Z" in open(f"/proc/{worker}/stat", "rb").read().split(b")")[-1][:3]
+    )

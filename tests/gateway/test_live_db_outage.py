@@ -6,6 +6,7 @@ database is back, requests are served again by the same process, without a resta
 The shared PostgreSQL server is never stopped: the gateway reaches its database through a
 `PgProxy` that the test cuts (every connection reset) and restores.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,12 @@ def through_proxy(tmp_path_factory) -> Iterator[tuple[Gateway, PgProxy]]:
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(livestack, "_postgres_database", lambda var_dir: proxy.url_through(direct(var_dir)))
-            gateway = start_gateway(tmp_path_factory.mktemp("gw-outage"), YAML.format(url=f"{sim.url}/v1"), KEYS,
-                                    FAIRGATE_AUTH_CACHE_MS="600000")
+            gateway = start_gateway(
+                tmp_path_factory.mktemp("gw-outage"),
+                YAML.format(url=f"{sim.url}/v1"),
+                KEYS,
+                FAIRGATE_AUTH_CACHE_MS="600000",
+            )
         yield gateway, proxy
         proxy.restore()  # the test database is dropped through the proxy
         gateway.stop()

@@ -5,6 +5,7 @@ Real `serve`, simulated backend, the official openai SDK.
 The refusal is a race in production (another process spent the room since this one last heard
 of it); here the room is taken away directly, and the gateway trusts what it last heard for an
 hour (FAIRGATE_EARLY_HOLD_ROOM_MS), so the next request of the tenant is certainly held early."""
+
 from __future__ import annotations
 
 import json
@@ -52,10 +53,16 @@ print(json.dumps([e.kind for e in LedgerEntry.objects.filter(request_id={rid!r})
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=4, ttft_ms=1, tokens_per_s=100_000, seed=8))
-    gateway = start_gateway(tmp_path_factory.mktemp("gw-early"), YAML.format(url=f"{sim.url}/v1"), KEYS,
-                            FAIRGATE_EARLY_HOLD_ROOM_MS="3600000")
-    gateway.shell("from billing.models import TenantBilling; from gateway.models import Tenant; "
-                  "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)")
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gw-early"),
+        YAML.format(url=f"{sim.url}/v1"),
+        KEYS,
+        FAIRGATE_EARLY_HOLD_ROOM_MS="3600000",
+    )
+    gateway.shell(
+        "from billing.models import TenantBilling; from gateway.models import Tenant; "
+        "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)"
+    )
     gateway.extra["sim"] = sim
     yield gateway
     gateway.stop()
@@ -64,8 +71,11 @@ def stack(tmp_path_factory):
 
 def ask(gateway, key: str, request_id: str):
     return gateway.sdk(key).chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": "hold me early"}], max_tokens=50,
-        extra_headers={"X-Request-Id": request_id})
+        model="m",
+        messages=[{"role": "user", "content": "hold me early"}],
+        max_tokens=50,
+        extra_headers={"X-Request-Id": request_id},
+    )
 
 
 def early(gateway, outcome: str) -> float:

@@ -1,4 +1,5 @@
 """Fuzzed bad input against the live gateway: never a 5xx, always the OpenAI error shape."""
+
 from __future__ import annotations
 
 import json
@@ -12,36 +13,55 @@ pytestmark = pytest.mark.live
 
 # Models whose 5xx answers are legitimate (failing, unreachable, disabled backends) are left out.
 MODELS = st.one_of(st.sampled_from(["m-main", "", "M-MAIN", "m-main "]), st.text(max_size=12))
-JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False),
-                      st.text(max_size=20))
-JSON = st.recursive(JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                    max_leaves=12)
-MESSAGES = st.one_of(JSON, st.lists(st.fixed_dictionaries(
-    {"role": st.one_of(st.sampled_from(["user", "system"]), JSON)}, optional={"content": JSON, "name": JSON}),
-    max_size=3))
+JSON_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False), st.text(max_size=20)
+)
+JSON = st.recursive(
+    JSON_LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
+MESSAGES = st.one_of(
+    JSON,
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.one_of(st.sampled_from(["user", "system"]), JSON)}, optional={"content": JSON, "name": JSON}
+        ),
+        max_size=3,
+    ),
+)
 HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20).map(str.strip)
 
 
 def _chat_body() -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
         {"model": MODELS, "messages": MESSAGES},
-        optional={"max_tokens": st.one_of(st.integers(-5, 8), JSON), "stream": JSON, "n": st.integers(-1, 2),
-                  "stream_options": JSON, "max_completion_tokens": JSON, "temperature": JSON},
+        optional={
+            "max_tokens": st.one_of(st.integers(-5, 8), JSON),
+            "stream": JSON,
+            "n": st.integers(-1, 2),
+            "stream_options": JSON,
+            "max_completion_tokens": JSON,
+            "temperature": JSON,
+        },
     )
 
 
 def _completion_body() -> st.SearchStrategy[dict]:
-    return st.fixed_dictionaries({"model": MODELS, "prompt": JSON},
-                                 optional={"max_tokens": st.one_of(st.integers(-5, 8), JSON), "stream": JSON})
+    return st.fixed_dictionaries(
+        {"model": MODELS, "prompt": JSON}, optional={"max_tokens": st.one_of(st.integers(-5, 8), JSON), "stream": JSON}
+    )
 
 
-HEADERS = st.fixed_dictionaries({}, optional={
-    "X-Priority-Class": st.one_of(st.sampled_from(["INTERACTIVE", "BATCH", "batch"]), HEADER_TEXT),
-    "X-Request-Timeout-Ms": st.one_of(st.sampled_from(["1", "0", "-3", "5000", "1e3"]), HEADER_TEXT),
-    "X-Request-Id": HEADER_TEXT,
-    "X-Forwarded-For": st.one_of(st.sampled_from(["10.20.0.1", "::1, 10.20.0.9", "not-an-ip"]), HEADER_TEXT),
-})
+HEADERS = st.fixed_dictionaries(
+    {},
+    optional={
+        "X-Priority-Class": st.one_of(st.sampled_from(["INTERACTIVE", "BATCH", "batch"]), HEADER_TEXT),
+        "X-Request-Timeout-Ms": st.one_of(st.sampled_from(["1", "0", "-3", "5000", "1e3"]), HEADER_TEXT),
+        "X-Request-Id": HEADER_TEXT,
+        "X-Forwarded-For": st.one_of(st.sampled_from(["10.20.0.1", "::1, 10.20.0.9", "not-an-ip"]), HEADER_TEXT),
+    },
+)
 
 
 def _check(response: httpx.Response) -> None:
@@ -88,8 +108,10 @@ def test_fuzzed_raw_bytes_never_5xx(fuzz_client, raw, content_type):
 
 
 @SETTINGS
-@given(path=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="?#%"), max_size=30),
-       method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]))
+@given(
+    path=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="?#%"), max_size=30),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+)
 def test_fuzzed_paths_and_methods_never_5xx(fuzz_client, path, method):
     response = fuzz_client.request(method, "/v1/" + path, content=json.dumps({"model": "m-main"}))
     if response.status_code >= 400:

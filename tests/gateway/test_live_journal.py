@@ -2,6 +2,7 @@
 settlement is journaled before the client gets its last byte, retried while the process lives,
 and booked by the next process on the host if this one is killed first. The gateway reaches
 PostgreSQL through a `PgProxy` the test cuts and restores (the shared server is never stopped)."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ class Stack:
 
     def ledger(self, rid: str) -> list[tuple[str, Decimal]]:
         with psycopg.connect(self.direct_url) as conn:
-            rows = conn.execute("SELECT kind, amount FROM billing_ledgerentry WHERE request_id = %s ORDER BY id",
-                                [rid]).fetchall()
+            rows = conn.execute(
+                "SELECT kind, amount FROM billing_ledgerentry WHERE request_id = %s ORDER BY id", [rid]
+            ).fetchall()
         return [(kind, Decimal(amount)) for kind, amount in rows]
 
     def journals(self) -> list[Path]:
@@ -73,9 +75,13 @@ def stack(tmp_path) -> Iterator[Stack]:
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(livestack, "_postgres_database", through)
-            gateway = start_gateway(tmp_path / "gw", ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=8),
-                                    {"acme": ("acme", "INTERACTIVE")}, REDIS_URL=os.environ.get("REDIS_URL", ""),
-                                    **SETTINGS)
+            gateway = start_gateway(
+                tmp_path / "gw",
+                ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=8),
+                {"acme": ("acme", "INTERACTIVE")},
+                REDIS_URL=os.environ.get("REDIS_URL", ""),
+                **SETTINGS,
+            )
         yield Stack(gateway, proxy, made["url"])
         proxy.restore()
         gateway.stop()
@@ -89,16 +95,27 @@ def answered_during_an_outage(stack: Stack, rid: str, *, stream: bool) -> httpx.
     answer: dict = {}
 
     def ask() -> None:
-        body = {"model": "m", "messages": [{"role": "user", "content": "count slowly"}], "max_tokens": 40,
-                "stream": stream}
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "count slowly"}],
+            "max_tokens": 40,
+            "stream": stream,
+        }
         with stack.gateway.http("acme", timeout=120) as client:
             response = client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": rid})
             answer["response"] = response
 
     thread = threading.Thread(target=ask, daemon=True)
     thread.start()
-    wait_until(lambda: stack.ledger(f"acme/{rid}") == [("hold", stack.ledger(f"acme/{rid}")[0][1])]
-               if stack.ledger(f"acme/{rid}") else False, limit_s=60, what="the request held")
+    wait_until(
+        lambda: (
+            stack.ledger(f"acme/{rid}") == [("hold", stack.ledger(f"acme/{rid}")[0][1])]
+            if stack.ledger(f"acme/{rid}")
+            else False
+        ),
+        limit_s=60,
+        what="the request held",
+    )
     stack.proxy.cut()  # the backend is still answering it
     thread.join(timeout=120)
     return answer["response"]
@@ -134,8 +151,11 @@ def test_a_journaled_settlement_of_a_killed_process_is_booked_by_the_next_one_on
     restarted = another_process(stack.gateway, "the restarted gateway")
     try:
         wait_until(lambda: charges(stack, "acme/out-2"), limit_s=60, step_s=0.2, what="the journal replayed")
-        wait_until(lambda: not left_behind.exists() and not stack.journal_pending(), limit_s=30,
-                   what="the old journal retired and its settlement marked booked")
+        wait_until(
+            lambda: not left_behind.exists() and not stack.journal_pending(),
+            limit_s=30,
+            what="the old journal retired and its settlement marked booked",
+        )
         assert len(charges(stack, "acme/out-2")) == 1
         kinds = sorted(kind for kind, _ in stack.ledger("acme/out-2"))
         assert kinds == ["charge", "hold", "release"]  # released once: settled, or by the heartbeat sweep first

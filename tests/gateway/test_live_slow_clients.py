@@ -3,6 +3,7 @@ timeouts, raw sockets that send partial headers or a partial body (whole, or dri
 time), and the server must close them. Every wait is bounded generously (CLOSE_LIMIT_S): these
 tests assert that a connection is closed, never how fast. A normal client is unaffected.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,22 @@ HEADER_TIMEOUT_MS, BODY_TIMEOUT_MS = 500, 1000
 CLOSE_LIMIT_S = 20.0  # far above both timeouts: only a connection that is never closed fails
 DRIP_S = 0.05
 PARTIAL_HEADERS = b"GET /console/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
-BODY_HEADERS = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 1000\r\n\r\n")
+BODY_HEADERS = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n"
+)
 
 
 @pytest.fixture(scope="module")
 def slow_gw(tmp_path_factory) -> Iterator[Gateway]:
     yaml_text = TIGHT_YAML.replace("{url}", f"http://127.0.0.1:{free_port()}/v1")  # never called
-    gateway = start_gateway(tmp_path_factory.mktemp("gw-slow"), yaml_text, {},
-                            FAIRGATE_HEADER_TIMEOUT_MS=str(HEADER_TIMEOUT_MS),
-                            FAIRGATE_BODY_TIMEOUT_MS=str(BODY_TIMEOUT_MS))
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gw-slow"),
+        yaml_text,
+        {},
+        FAIRGATE_HEADER_TIMEOUT_MS=str(HEADER_TIMEOUT_MS),
+        FAIRGATE_BODY_TIMEOUT_MS=str(BODY_TIMEOUT_MS),
+    )
     yield gateway
     gateway.stop()
 
@@ -70,7 +77,7 @@ def _drip_until_answered(sock: socket.socket, drip: bytes) -> bytes:
         if time.monotonic() > deadline_s:
             pytest.fail(f"the server kept a dripping connection open for {CLOSE_LIMIT_S:.0f} s")
         try:
-            sock.sendall(drip[sent % len(drip):][:1])
+            sock.sendall(drip[sent % len(drip) :][:1])
         except (BrokenPipeError, ConnectionResetError):
             return b""
         sent += 1

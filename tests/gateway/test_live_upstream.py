@@ -1,4 +1,5 @@
 """Backends misbehaving or full: upstream 429, failures and circuits, VIP fallback, TPM/RPM."""
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,14 @@ def test_upstream_429_puts_the_request_back_and_it_is_served(gw):
     before = gw.metric("fairgate_upstream_errors_total", backend="b-429", kind="429")
     client = gw.sdk("beta_batch")
     with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(pool.map(lambda n: client.chat.completions.with_raw_response.create(
-            model="m-429", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": f"r429-{n}"}), range(3)))
+        results = list(
+            pool.map(
+                lambda n: client.chat.completions.with_raw_response.create(
+                    model="m-429", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": f"r429-{n}"}
+                ),
+                range(3),
+            )
+        )
     assert all(r.parse().choices for r in results)
     stats = sim_stats(sim)
     assert stats["rejected_429"] >= 1 and stats["completed"] == 3
@@ -62,18 +69,25 @@ def test_unreachable_backend_is_502_upstream_error(gw):
 def test_vip_tenant_uses_the_fallback_when_the_primary_is_full(gw):
     primary, fallback = gw.extra["sims"]["vipmain"], gw.extra["sims"]["vipfb"]
     client_beta = gw.sdk("beta_batch")
-    busy = threading.Thread(target=lambda: client_beta.chat.completions.create(
-        model="m-vip", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "vip-busy"}))
+    busy = threading.Thread(
+        target=lambda: client_beta.chat.completions.create(
+            model="m-vip", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "vip-busy"}
+        )
+    )
     busy.start()
     with gw.http("beta_batch") as http:
         wait_until(lambda: http.get("/v1/queue/vip-busy").json().get("state") == "running", what="primary busy")
     # alpha is VIP: served at once by the fallback while the primary is busy
-    gw.sdk("alpha_batch").chat.completions.create(model="m-vip", messages=CHAT, max_tokens=1,
-                                                  extra_headers={"X-Request-Id": "vip-alpha"})
+    gw.sdk("alpha_batch").chat.completions.create(
+        model="m-vip", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "vip-alpha"}
+    )
     assert sim_stats(fallback, request_id="vip-alpha")["seen"] is True
     # beta is not: it waits for the primary
-    waiting = threading.Thread(target=lambda: client_beta.chat.completions.create(
-        model="m-vip", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "vip-beta"}))
+    waiting = threading.Thread(
+        target=lambda: client_beta.chat.completions.create(
+            model="m-vip", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "vip-beta"}
+        )
+    )
     waiting.start()
     with gw.http("beta_batch") as http:
         assert wait_until(lambda: http.get("/v1/queue/vip-beta").json().get("state"), what="admitted") == "queued"
@@ -89,8 +103,12 @@ def test_rpm_limit_holds_requests_beyond_it(gw):
     for n in range(2):
         client.chat.completions.create(model="m-rpm", messages=CHAT, max_tokens=1)
     with pytest.raises(openai.InternalServerError) as err:  # the 60 s window is full: it waits, then times out
-        client.chat.completions.create(model="m-rpm", messages=CHAT, max_tokens=1,
-                                       extra_headers={"X-Request-Timeout-Ms": "300", "X-Request-Id": "rpm-3"})
+        client.chat.completions.create(
+            model="m-rpm",
+            messages=CHAT,
+            max_tokens=1,
+            extra_headers={"X-Request-Timeout-Ms": "300", "X-Request-Id": "rpm-3"},
+        )
     assert err.value.status_code == 504 and err.value.code == "queue_timeout"
     assert sim_stats(gw.extra["sims"]["rpm"])["requests"] == 2
 
@@ -100,8 +118,9 @@ def test_tpm_limit_holds_requests_beyond_it(gw):
     first = client.chat.completions.create(model="m-tpm", messages=CHAT, max_tokens=100)
     assert first.usage.total_tokens > 100  # estimate and actual both exceed half of the 150 TPM
     with pytest.raises(openai.InternalServerError) as err:
-        client.chat.completions.create(model="m-tpm", messages=CHAT, max_tokens=100,
-                                       extra_headers={"X-Request-Timeout-Ms": "300"})
+        client.chat.completions.create(
+            model="m-tpm", messages=CHAT, max_tokens=100, extra_headers={"X-Request-Timeout-Ms": "300"}
+        )
     assert err.value.code == "queue_timeout"
     small = client.chat.completions.create(model="m-tpm", messages=CHAT, max_tokens=5)  # still fits the window
     assert small.usage.completion_tokens == 5

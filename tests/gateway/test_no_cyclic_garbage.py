@@ -5,6 +5,7 @@ collector's full passes take 50-100 ms, once a second or more, stalling every re
 These tests count what only the collector could free after many requests (gc.DEBUG_SAVEALL keeps
 it in gc.garbage instead of freeing it).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -84,8 +85,9 @@ def test_the_view_and_disconnect_listener_leave_no_cycles():
                 await handler._respond(None, client.receive, client.send)
 
         garbage = await _cyclic_garbage(requests)
-        assert all(c.sent[-1] == {"type": "http.response.body", "body": b'{"ok": true}', "more_body": False}
-                   for c in clients)
+        assert all(
+            c.sent[-1] == {"type": "http.response.body", "body": b'{"ok": true}', "more_body": False} for c in clients
+        )
         assert len(garbage) < REQUESTS, f"cyclic garbage after {REQUESTS} requests: {_summary(garbage)}"
 
     asyncio.run(scenario())

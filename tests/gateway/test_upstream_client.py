@@ -1,4 +1,5 @@
 """The gateway's HTTP/1.1 client against tiny scripted servers (no Django)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,9 @@ from gateway.upstream import Pool, UpstreamError
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0
+    )
     return head + await reader.readexactly(length)
 
 
@@ -46,8 +49,14 @@ async def _serve(answer):
 
 
 def _ok(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + \
-        b"\r\n" + extra + b"\r\n" + body
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + extra
+        + b"\r\n"
+        + body
+    )
 
 
 def test_keep_alive_connection_is_reused_and_the_path_joined():
@@ -86,8 +95,7 @@ def test_a_connection_closed_while_idle_is_replaced_once():
 def test_chunked_stream_arrives_in_pieces():
     async def scenario():
         def answer(req, n):
-            return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
 
         server, port, _ = await _serve(answer)
         pool = Pool(f"http://127.0.0.1:{port}", connect_timeout_s=2, read_timeout_s=2)
@@ -114,10 +122,13 @@ def test_body_delimited_by_connection_close():
     _run(scenario)
 
 
-@pytest.mark.parametrize("answer, kind", [
-    (lambda req, n: None, "read"),  # closes without answering
-    (lambda req, n: b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "read"),  # cut mid-body
-])
+@pytest.mark.parametrize(
+    "answer, kind",
+    [
+        (lambda req, n: None, "read"),  # closes without answering
+        (lambda req, n: b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "read"),  # cut mid-body
+    ],
+)
 def test_broken_answers_raise_upstream_errors(answer, kind):
     async def scenario():
         server, port, _ = await _serve(answer)

@@ -210,8 +210,9 @@ def test_a_held_stream_sends_no_byte_before_it_is_let_through(start_sim: StartSi
     chunks: list[bytes] = []
 
     def stream() -> None:
-        with httpx.stream("POST", f"{sim.url}/v1/chat/completions", json={**CHAT_BODY, "stream": True},
-                          timeout=LIMIT_S) as response:
+        with httpx.stream(
+            "POST", f"{sim.url}/v1/chat/completions", json={**CHAT_BODY, "stream": True}, timeout=LIMIT_S
+        ) as response:
             started.set()
             chunks.extend(response.iter_bytes())
 
@@ -232,8 +233,11 @@ def test_a_client_leaving_while_held_frees_its_slot(start_sim: StartSim) -> None
     sim.gate.close()
     body = httpx.Request("POST", f"{sim.url}/v1/chat/completions", json=CHAT_BODY)
     with socket.create_connection((sim.host, sim.port), timeout=LIMIT_S) as raw:
-        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body.content)}\r\n\r\n".encode() + body.content)
+        raw.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body.content)}\r\n\r\n".encode()
+            + body.content
+        )
         wait_until(lambda: sim.gate.waiting == 1, "the request held")
     wait_until(lambda: sim.gate.waiting == 0 and stats(sim)["in_flight"] == 0, "the slot freed")
     assert stats(sim)["cancelled"] == 1
@@ -248,12 +252,14 @@ def test_the_gate_is_driven_over_http_too(start_sim: StartSim) -> None:
         assert http.post("/gate", json={"action": "close"}).json() == {"open": False, "waiting": 0, "credits": 0}
         call = Call(sim)
         wait_until(lambda: http.get("/gate").json()["waiting"] == 1, "the request held")
-        assert http.post("/gate", json={"action": "allow", "n": 2}).json() == {"open": False, "waiting": 0,
-                                                                            "credits": 1}
+        assert http.post("/gate", json={"action": "allow", "n": 2}).json() == {
+            "open": False,
+            "waiting": 0,
+            "credits": 1,
+        }
         call.result()
         assert http.post("/gate", json={"action": "open"}).json()["open"] is True
         for bad in ({"action": "ajar"}, {"action": "allow", "n": -1}, {"action": "allow", "n": "2"}, [1]):
             reply = http.post("/gate", json=bad)
             assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_gate_action"
         assert http.put("/gate").status_code == 405
-

@@ -75,7 +75,9 @@ def test_prompt_tokens_grow_with_prompt_and_text_is_deterministic(start_sim: Sta
     first, same_seed, other_seed = sdk(start_sim(**fast)), sdk(start_sim(**fast)), sdk(start_sim(seed=2, **fast))
 
     def ask(client: openai.OpenAI, content: str) -> tuple[str, int]:
-        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=20)
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": content}], max_tokens=20
+        )
         return reply.choices[0].message.content, reply.usage.prompt_tokens
 
     short_text, short_tokens = ask(first, "short")
@@ -89,7 +91,10 @@ def test_prompt_tokens_grow_with_prompt_and_text_is_deterministic(start_sim: Sta
 def test_stream_with_include_usage_ends_with_usage_chunk(start_sim: StartSim) -> None:
     client = sdk(start_sim(ttft_ms=5, tokens_per_s=2_000))
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=50, stream=True,
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=50,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -104,9 +109,11 @@ def test_stream_with_include_usage_ends_with_usage_chunk(start_sim: StartSim) ->
 @live
 def test_stream_without_include_usage_has_no_usage(start_sim: StartSim) -> None:
     sim = start_sim(ttft_ms=5, tokens_per_s=500)
-    chunks = list(sdk(sim).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True
-    ))
+    chunks = list(
+        sdk(sim).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True
+        )
+    )
     assert all(c.usage is None for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "length"
     assert len(chunks) >= 4  # role, several text events (paced), finish
@@ -193,7 +200,9 @@ def test_fail_rate_one_answers_500(start_sim: StartSim) -> None:
 @live
 def test_fail_rate_is_seeded(start_sim: StartSim) -> None:
     def pattern(sim: RunningSim) -> list[int]:
-        return [httpx.post(f"{sim.url}/v1/completions", json={"model": "m", "prompt": "p"}).status_code for _ in range(20)]
+        return [
+            httpx.post(f"{sim.url}/v1/completions", json={"model": "m", "prompt": "p"}).status_code for _ in range(20)
+        ]
 
     fast = dict(fail_rate=0.5, seed=7, ttft_ms=0, tokens_per_s=100_000)
     first = pattern(start_sim(**fast))

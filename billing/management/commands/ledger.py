@@ -1,6 +1,7 @@
 """`manage.py ledger verify`: recompute every budget's spent/held from the ledger (exit 1 on mismatch).
 `manage.py ledger sweep [--older-than-s N]`: release stale holds now.
 `manage.py ledger adjust TENANT AMOUNT --reason R --author A`: post a correction."""
+
 from __future__ import annotations
 
 from datetime import timedelta

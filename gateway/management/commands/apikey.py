@@ -5,7 +5,11 @@ from gateway.services import apikey_create, apikey_revoke
 
 class Command(SubcommandCommand):
     help = "Create, revoke and list API keys. `create` prints the new key alone on stdout (shown once)."
-    verbs = {"create": "create a key for a tenant", "revoke": "revoke a key by prefix", "list": "list keys (prefixes only)"}
+    verbs = {
+        "create": "create a key for a tenant",
+        "revoke": "revoke a key by prefix",
+        "list": "list keys (prefixes only)",
+    }
 
     def args_create(self, p):
         p.add_argument("slug")

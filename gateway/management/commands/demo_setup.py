@@ -4,6 +4,7 @@ Idempotent: the example configuration is loaded at first start only, the admin u
 once. Demo API keys (label "demo") are re-issued on every run, because a key's secret is shown
 only when it is created: the previous demo keys are revoked.
 """
+
 import os
 
 from django.conf import settings
@@ -45,8 +46,14 @@ class Command(BaseCommand):
         issued = []
         for slug, cls, what in DEMO_KEYS:
             if Tenant.objects.filter(slug=slug, active=True).exists():
-                issued.append((slug, cls, what, apikey_create(tenant_slug=slug, default_class=cls, label=DEMO_LABEL,
-                                                              actor="demo")[1]))
+                issued.append(
+                    (
+                        slug,
+                        cls,
+                        what,
+                        apikey_create(tenant_slug=slug, default_class=cls, label=DEMO_LABEL, actor="demo")[1],
+                    )
+                )
         if not issued:
             self.stdout.write("no demo tenants (support, sales, finance) in the configuration: no demo keys")
             return

@@ -4,6 +4,7 @@ uvicorn, not daphne: it speaks the ASGI lifespan protocol (so the embedded dispa
 stops with the process), it is the faster HTTP server of the two (httptools + uvloop), and it serves
 WebSockets for Channels as well. One process: the dispatcher's queues live in it.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -30,8 +30,15 @@ class Command(SubcommandCommand):
         pass
 
     def do_create(self, *, slug, name, quota_share, annual_budget, classes, vip, **_):
-        tenant = tenant_create(slug=slug, name=name, quota_share=quota_share, annual_budget=annual_budget,
-                               classes=classes, vip=bool(vip), actor="cli")
+        tenant = tenant_create(
+            slug=slug,
+            name=name,
+            quota_share=quota_share,
+            annual_budget=annual_budget,
+            classes=classes,
+            vip=bool(vip),
+            actor="cli",
+        )
         self.stdout.write(f"created tenant {tenant.slug}")
 
     def do_update(self, *, slug, name, quota_share, annual_budget, classes, vip, active, **_):
@@ -46,5 +53,7 @@ class Command(SubcommandCommand):
         for t in Tenant.objects.order_by("slug"):
             budget = "-" if t.annual_budget is None else f"{t.annual_budget:.2f}"
             classes = ",".join(t.allowed_classes) or "all"
-            self.stdout.write(f"{t.slug:<20} {t.quota_share:>7} {budget:>14} {'yes' if t.vip else 'no':<4} "
-                              f"{'yes' if t.active else 'no':<6} {classes}")
+            self.stdout.write(
+                f"{t.slug:<20} {t.quota_share:>7} {budget:>14} {'yes' if t.vip else 'no':<4} "
+                f"{'yes' if t.active else 'no':<6} {classes}"
+            )

@@ -25,16 +25,40 @@ class Command(SubcommandCommand):
     def args_list(self, p):
         pass
 
-    def do_create(self, *, name, url, models, slots, tpm, rpm, input_price_per_1k, output_price_per_1k,
-                  fallback_for, reserved_slots, **_):
-        spec = BackendSpec(name=name, url=url, models=tuple(models), slots=slots, tpm=tpm, rpm=rpm,
-                           input_price_per_1k=input_price_per_1k, output_price_per_1k=output_price_per_1k,
-                           fallback_for=fallback_for, reserved_slots=reserved_slots)
+    def do_create(
+        self,
+        *,
+        name,
+        url,
+        models,
+        slots,
+        tpm,
+        rpm,
+        input_price_per_1k,
+        output_price_per_1k,
+        fallback_for,
+        reserved_slots,
+        **_,
+    ):
+        spec = BackendSpec(
+            name=name,
+            url=url,
+            models=tuple(models),
+            slots=slots,
+            tpm=tpm,
+            rpm=rpm,
+            input_price_per_1k=input_price_per_1k,
+            output_price_per_1k=output_price_per_1k,
+            fallback_for=fallback_for,
+            reserved_slots=reserved_slots,
+        )
         backend_create(spec=spec, actor="cli")
         self.stdout.write(f"created backend {name}")
 
     def do_list(self, **_):
-        self.stdout.write(f"{'name':<16} {'slots':>5} {'rsv':>4} {'tpm':>9} {'rpm':>6} {'enabled':<7} {'fallback_for':<14} models / url")
+        self.stdout.write(
+            f"{'name':<16} {'slots':>5} {'rsv':>4} {'tpm':>9} {'rpm':>6} {'enabled':<7} {'fallback_for':<14} models / url"
+        )
         for b in Backend.objects.select_related("fallback_for").order_by("name"):
             self.stdout.write(
                 f"{b.name:<16} {b.slots:>5} {b.reserved_slots:>4} {b.tpm or '-':>9} {b.rpm or '-':>6} "

@@ -1,4 +1,5 @@
 """`manage.py scheduler_config load FILE` / `dump [FILE]`."""
+
 from __future__ import annotations
 
 import sys
