@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test venv migrate lint-imports bench clean assets surge
+.PHONY: demo test venv migrate lint bench clean assets surge
 
 venv: $(STAMP) assets
 
@@ -37,10 +37,15 @@ demo: migrate assets
 	trap 'kill $$SIM_PID 2>/dev/null' EXIT INT TERM; \
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
-lint-imports: venv
+# House rules kept by tools: lint, format, the import contracts (pyproject.toml), and no model change
+# without its migration. `make test` (and so CI) runs it first.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) manage.py makemigrations --check --dry-run
 
-test: venv assets lint-imports
+test: venv assets lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The field report's surge replayed live against a `fifo` gateway and a Fairgate one, side by side

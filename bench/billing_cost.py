@@ -6,9 +6,10 @@ gateway's group commit books them: `--batch` holds in one transaction, then thei
     .venv/bin/python bench/billing_cost.py --all           # SQLite file and PostgreSQL, side by side
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/fairgate .venv/bin/python bench/billing_cost.py
 
-Billing alone (the console's live feed is disconnected). Runs on a throwaway test database (created and dropped here), single thread, sequential pairs,
-after a warm-up. Also counts the queries of each call and times one trivial ORM read as a yardstick
-(these machines are noisy: compare `pair_in_orm_reads` across runs). One JSON line per database.
+Billing alone (the console's live feed is disconnected). Runs on a throwaway test database (created
+and dropped here), single thread, sequential pairs, after a warm-up. Also counts the queries of each
+call and times one trivial ORM read as a yardstick (these machines are noisy: compare
+`pair_in_orm_reads` across runs). One JSON line per database.
 """
 
 from __future__ import annotations

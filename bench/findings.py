@@ -104,7 +104,8 @@ def aging_storm_findings(entry: dict) -> list[str]:
     r = entry["runs"]
     ours, linear, strict = r["fairgate"], r["linear"], r["strict"]
     return [
-        f"`aging-storm`: fairgate completes {_within(ours):.1%} of the wave within its SLA, linear {_within(linear):.1%}"
+        f"`aging-storm`: fairgate completes {_within(ours):.1%} of the wave within its SLA, "
+        f"linear {_within(linear):.1%}"
         f", strict {_within(strict):.1%} (report: 98.3% vs 71%). Aging redistributes capacity but cannot create it: "
         "the whole wave crosses wait_ratio 0.8 together, and the piecewise curve lets BATCH beat NEAR_RT only past "
         "0.8 and INTERACTIVE past ~0.9, so only the capacity of the last ~20% of the SLA is redirected; the rest "

@@ -36,7 +36,6 @@ import logging
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Union
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -92,7 +91,7 @@ class ReleaseAsk:
     at: datetime
 
 
-Ask = Union[HoldAsk, SettleAsk, ReleaseAsk]
+Ask = HoldAsk | SettleAsk | ReleaseAsk
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class Booker:
         worker ended is booked again by a new one)."""
         asks = [ask for ask, _ in batch]
         outcome: BaseException | tuple[list[object], list[dict]]
-        for attempt in range(2):
+        for _attempt in range(2):
             worker = await self._started()
             try:
                 outcome = await worker.call(asks)

@@ -1,10 +1,10 @@
 """Database events for the console, published only after the transaction that wrote them commits.
 
-Billing announces the ledger entries it booked once they have committed (``entries_booked``);
-alerts are created with ``Model.objects.create``, and their receiver registers a
-``transaction.on_commit`` callback, so a rolled-back alert is never shown. In the serving process the callback hands the event to the
-publisher (coalesced into its next tick); elsewhere (a Celery worker, a command) it sends it to
-the channel layer directly.
+Billing announces the ledger entries it booked once they have committed (``entries_booked``); alerts
+are created with ``Model.objects.create``, and their receiver registers a ``transaction.on_commit``
+callback, so a rolled-back alert is never shown. In the serving process the callback hands the event
+to the publisher (coalesced into its next tick); elsewhere (a Celery worker, a command) it sends it
+to the channel layer directly.
 """
 
 from __future__ import annotations

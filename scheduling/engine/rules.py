@@ -23,12 +23,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Union
+from typing import Any
 
 from scheduling.engine.model import ClassSpec, DowngradeRule
 
-IpNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
-IpAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 TEXT_FIELDS = ("class", "tenant")
 NUMBER_FIELDS = ("prompt_tokens", "max_tokens")
@@ -74,7 +74,7 @@ class Or:
     items: tuple[Expr, ...]  # two or more, none of them an Or
 
 
-Expr = Union[Compare, InNetwork, Not, And, Or]
+Expr = Compare | InNetwork | Not | And | Or
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,8 @@ def table(page) -> list[tuple[str, str, str]]:
         tuple(row)
         for row in page.eval_on_selector_all(
             "#queue-table tbody tr[data-id]",
-            "rows => rows.map(r => [r.dataset.id, r.children[3].textContent, r.querySelector('.position').textContent])",
+            "rows => rows.map(r => [r.dataset.id, r.children[3].textContent, "
+            "r.querySelector('.position').textContent])",
         )
     ]
 
@@ -240,7 +241,7 @@ def test_member_watches_position_and_eta_fall_then_the_charge(stack, gate, brows
         queued = [(rid, "queued", str(i + 1)) for i, rid in enumerate(ids[step + 2 :])]
         held_at_backend(gate)
         shows(page, [(running, "running", "—"), *queued], f"the last request at position {ahead}")
-        wait_until(lambda: card_agrees(str(ahead)), limit_s=LIMIT_S, what=f"the card at position {ahead}")
+        wait_until(lambda ahead=ahead: card_agrees(str(ahead)), limit_s=LIMIT_S, what=f"the card at position {ahead}")
         assert cell(page, last, "eta") not in ("—", "0 ms", "running"), "a waiting request shows an ETA"
         seen.append(int(cell(page, last, "position")))
     assert seen == [3, 2, 1]

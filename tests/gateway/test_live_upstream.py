@@ -100,7 +100,7 @@ def test_vip_tenant_uses_the_fallback_when_the_primary_is_full(gw):
 
 def test_rpm_limit_holds_requests_beyond_it(gw):
     client = gw.sdk("beta")
-    for n in range(2):
+    for _ in range(2):
         client.chat.completions.create(model="m-rpm", messages=CHAT, max_tokens=1)
     with pytest.raises(openai.InternalServerError) as err:  # the 60 s window is full: it waits, then times out
         client.chat.completions.create(

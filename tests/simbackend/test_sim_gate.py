@@ -97,7 +97,7 @@ def test_a_closed_gate_releases_in_order_what_another_thread_allows() -> None:
         def controller() -> None:  # another thread, as a test drives the simulator
             for expected in (1, 2):
                 gate.allow(1)
-                wait_until(lambda: len(passed) == expected, f"{expected} let through")
+                wait_until(lambda expected=expected: len(passed) == expected, f"{expected} let through")
                 steps.append((gate.waiting, list(passed)))
             gate.open()
 

@@ -57,7 +57,8 @@ class Command(SubcommandCommand):
 
     def do_list(self, **_):
         self.stdout.write(
-            f"{'name':<16} {'slots':>5} {'rsv':>4} {'tpm':>9} {'rpm':>6} {'enabled':<7} {'fallback_for':<14} models / url"
+            f"{'name':<16} {'slots':>5} {'rsv':>4} {'tpm':>9} {'rpm':>6} {'enabled':<7} {'fallback_for':<14} "
+            "models / url"
         )
         for b in Backend.objects.select_related("fallback_for").order_by("name"):
             self.stdout.write(
