@@ -127,7 +127,7 @@ def render(found: dict) -> str:
         "### Columns",
         "",
         "- *gateway busy*: the share of one core the gateway's own process used (its event loop); "
-        "*billing worker busy*: its child process that books the batches (gateway.billing_worker); "
+        "*billing worker busy*: its child process that books the batches (billing.worker); "
         "*its PostgreSQL backends busy*: the server processes of its scratch database (both of its "
         "connections; a backend that ended during the run is not counted); *machine*: all cores busy, "
         "in cores, every process included. In brackets: the share of the run the process (its main thread; "

@@ -1,16 +1,15 @@
-"""The billing worker: a process of the gateway's own that books billing batches
-(gateway.charging), so booking never competes with the event loop for the GIL.
+"""The gateway's side of its billing worker: a process of the gateway's own that books billing
+batches (gateway.charging), so booking never competes with the event loop for the GIL. The
+process itself, and the protocol, are billing's (billing.worker).
 
-`Worker` is the gateway's side: it spawns the process and exchanges one pickled message each way
-per batch over a pipe, read by the event loop itself (no helper threads, which would compete for
-the GIL again). The functions below it run in the worker; the spawned process imports this module
-before Django is set up, so nothing here imports Django, or a module that needs it, at module level
-(gateway.metrics is prometheus_client only).
+`Worker` spawns the process and exchanges one pickled message each way per batch over a pipe,
+read by the event loop itself (no helper threads, which would compete for the GIL again).
 
 The pipe is one duplex socket. The worker uses it blocking, with ``Connection.send_bytes`` and
 ``recv_bytes``: a message is framed as a 4-byte big-endian signed length and the payload (length
 -1, then an 8-byte unsigned length, for a message of 2 GiB or more). The gateway's end is
-non-blocking, and the gateway reads and writes that framing itself (`_header`, `_Frames`):
+non-blocking, and the gateway reads and writes that framing itself (billing.worker's
+`frame_header`, `Frames`):
 
 - uvloop's ``add_reader`` (libuv's ``uv_poll_init``) makes the fd non-blocking anyway, and then
   ``recv_bytes`` raises BlockingIOError when only part of an answer has arrived (one bigger than
@@ -37,25 +36,17 @@ import logging
 import multiprocessing
 import os
 import pickle
-import struct
-import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
+from billing.worker import READY, Frames, frame_header, serve
 from gateway import metrics
 
 log = logging.getLogger(__name__)
 
-READY = b"ready"
-IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
-CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
 Answer = Callable[[bytes | BaseException], None]
 START_TIMEOUT_S = 60.0
 READ_CHUNK = 64 * 1024  # bytes per read: os.read allocates this much for every read, small answers too
-_SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
-_LONG_SIZE = struct.Struct("!Q")  # after a size of -1
-_LONG_MARK = -1
 
 
 class WorkerDied(RuntimeError):
@@ -83,54 +74,6 @@ def _deliver(on_answer: Answer, answer: bytes | BaseException) -> None:
         )
 
 
-def _header(size: int) -> bytes:
-    """The frame header ``Connection.recv_bytes`` expects before ``size`` bytes of payload."""
-    if size <= 0x7FFFFFFF:
-        return _SIZE.pack(size)
-    return _SIZE.pack(_LONG_MARK) + _LONG_SIZE.pack(size)
-
-
-class _Frames:
-    """The bytes read from the worker so far, cut into the messages ``send_bytes`` framed."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-
-    @property
-    def partial(self) -> bool:
-        """True while part of a message is still to come."""
-        return bool(self._buffer)
-
-    def whole(self) -> list[bytes]:
-        """The messages complete now, in order (taken out of the buffer)."""
-        messages = []
-        while (message := self._pop()) is not None:
-            messages.append(message)
-        return messages
-
-    def _pop(self) -> bytes | None:
-        buffer = self._buffer
-        if len(buffer) < _SIZE.size:
-            return None
-        (size,), start = _SIZE.unpack_from(buffer), _SIZE.size
-        if size == _LONG_MARK:
-            if len(buffer) < start + _LONG_SIZE.size:
-                return None
-            (size,), start = _LONG_SIZE.unpack_from(buffer, start), start + _LONG_SIZE.size
-        elif size < 0:
-            raise ValueError(f"a corrupt frame header (size {size})")
-        end = start + size
-        if len(buffer) < end:
-            return None
-        with memoryview(buffer) as view:
-            message = bytes(view[start:end])
-        del buffer[:end]
-        return message
-
-
 class Worker:
     """Batches go to the worker in order and their answers come back in that order."""
 
@@ -145,7 +88,7 @@ class Worker:
         child.close()
         os.set_blocking(self.conn.fileno(), False)  # the worker's end stays blocking (a socket of its own)
         self._waiting: deque[Answer] = deque()  # one per message still to come back
-        self._frames = _Frames()  # what has arrived of the answers
+        self._frames = Frames()  # what has arrived of the answers
         self._outgoing = bytearray()  # framed batches the socket has not taken yet
         self._writing = False  # waiting for the socket to be writable
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -173,7 +116,7 @@ class Worker:
             return
         self._expect(on_answer)
         payload = pickle.dumps(asks, pickle.HIGHEST_PROTOCOL)
-        self._outgoing += _header(len(payload))
+        self._outgoing += frame_header(len(payload))
         self._outgoing += payload
         self._flush()
 
@@ -282,100 +225,4 @@ class Worker:
             self.process.kill()
 
 
-# --- in the worker process -------------------------------------------------------------------------
-
-_events: list[dict] = []  # console events of the batch being booked, handed back to the gateway
-
-
-def serve(conn, gateway_pid: int, owner: str = "") -> None:
-    """The worker's loop: book each batch; between batches beat for the gateway and sweep the
-    holds of dead ones (billing.heartbeats), and reload ageing caches."""
-    import signal
-
-    import django
-
-    # A stop signal sent to the whole process group (honcho, systemd) is the gateway's to handle: it
-    # ends this worker by closing the pipe, after its last bookings and with its clean stop recorded.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    django.setup()
-    from billing.cache import caches_refresh_one
-    from billing.heartbeats import Housekeeper
-    from console.live.hooks import collect_events
-
-    collect_events(_events)
-    threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
-    keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
-    if keeper is not None:
-        keeper.tick(time.monotonic())
-    conn.send_bytes(READY)
-    while True:
-        if keeper is not None:
-            keeper.tick(time.monotonic())
-        if not conn.poll(IDLE_S):  # idle: reload what is ageing now, not when a request needs it
-            if not caches_refresh_one():
-                conn.poll(CACHE_CHECK_S)
-            continue
-        try:
-            asks = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):  # the gateway stopped (OSError: with a batch half sent)
-            if keeper is not None:
-                keeper.stop()
-            return
-        conn.send_bytes(pickle.dumps(book_batch(asks), pickle.HIGHEST_PROTOCOL))
-
-
-def _exit_with(gateway_pid: int) -> None:
-    """A worker whose gateway died (killed, not stopped) ends too."""
-    while os.getppid() == gateway_pid:
-        time.sleep(1.0)
-    os._exit(0)
-
-
-def book_batch(asks: list) -> tuple[list[object], list[dict]]:
-    """billing.booking.book, plus the console events it produced. Refusals cross back as they
-    are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
-    answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
-
-    A connection that broke while the worker was idle (the server restarted, a proxy dropped it)
-    shows only when the batch is sent on it: what failed on it is booked once more, on a new
-    connection (booking is idempotent per request id)."""
-    from django.db import InterfaceError, OperationalError, connection
-
-    results, reused = _book(asks)
-    failed = [i for i, r in enumerate(results) if isinstance(r, (OperationalError, InterfaceError))]
-    if reused and failed and not connection.is_usable():
-        for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
-            results[i] = result
-    results = [_crossing(r) for r in results]
-    events = list(_events)
-    _events.clear()
-    return results, events
-
-
-def _book(asks: list) -> tuple[list[object], bool]:
-    """billing.booking.book's results, and whether they were booked on a connection made before."""
-    from django.db import close_old_connections, connection
-
-    from billing.booking import book
-
-    reused = False
-    try:
-        close_old_connections()  # recycle an expired connection, or one that failed and does not answer
-        reused = connection.connection is not None
-        return book(asks), reused
-    except Exception as failed:  # the whole batch
-        return [failed] * len(asks), reused
-
-
-def _crossing(result: object) -> object:
-    """A result as it crosses back to the gateway."""
-    from django.db import InterfaceError, OperationalError
-
-    from billing.errors import BillingError, DatabaseUnavailable
-
-    if not isinstance(result, BaseException) or isinstance(result, BillingError):
-        return result
-    if isinstance(result, (OperationalError, InterfaceError)):
-        return DatabaseUnavailable(f"the database is out of reach: {result}")
-    return BillingError(f"{type(result).__name__}: {result}")
+__all__ = ["READY", "Worker", "WorkerDied", "serve"]  # serve: the process it spawns (billing.worker)

@@ -19,28 +19,18 @@ from django.db.models.signals import post_save
 
 from billing.booking import entries_booked
 from billing.models import BudgetAlert, LedgerEntry
+from billing.worker import hand_back
 from console import selectors
 from console.live.groups import FINANCE_GROUP, tenant_group
 
 log = logging.getLogger(__name__)
 
 
-_collected: list[dict] | None = None
-
-
-def collect_events(into: list[dict]) -> None:
-    """In a helper process of the gateway (its billing worker): keep the events in `into`, for the
-    gateway to publish (gateway.charging)."""
-    global _collected
-    _collected = into
-
-
 def publish_committed(events: list[dict]) -> None:
     """``[{"kind", "tenant_id", "row"}, ...]`` → the tenants' viewers (and finance), after commit."""
     from console.live.publisher import publisher_running
 
-    if _collected is not None:
-        _collected.extend(events)
+    if hand_back(events):  # in the gateway's billing worker: the gateway publishes them (gateway.charging)
         return
     publisher = publisher_running()
     try:

@@ -1,0 +1,185 @@
+"""The billing worker's process: books the batches a gateway process sends it over a pipe, so
+booking never competes with the gateway's event loop for the GIL (the gateway's side, which spawns
+it and talks to it without blocking its loop, is gateway.billing_worker).
+
+The protocol: one pickled message each way per batch, ``Connection.send_bytes`` framing (a 4-byte
+big-endian signed length and the payload; length -1, then an 8-byte unsigned length, for a message
+of 2 GiB or more: `frame_header`, `Frames`). The worker sends `READY` once Django is set up, then,
+for each batch of asks (billing.booking), `book_batch`'s answer: the results and the console
+events the booking produced (`hand_back`), for the gateway to publish.
+
+The spawned process imports this module before Django is set up, so nothing here imports Django,
+or a module that needs it, at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import threading
+import time
+
+READY = b"ready"
+IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
+CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
+_SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
+_LONG_SIZE = struct.Struct("!Q")  # after a size of -1
+_LONG_MARK = -1
+
+
+def frame_header(size: int) -> bytes:
+    """The frame header ``Connection.recv_bytes`` expects before ``size`` bytes of payload."""
+    if size <= 0x7FFFFFFF:
+        return _SIZE.pack(size)
+    return _SIZE.pack(_LONG_MARK) + _LONG_SIZE.pack(size)
+
+
+class Frames:
+    """The bytes read from the worker so far, cut into the messages ``send_bytes`` framed."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def partial(self) -> bool:
+        """True while part of a message is still to come."""
+        return bool(self._buffer)
+
+    def whole(self) -> list[bytes]:
+        """The messages complete now, in order (taken out of the buffer)."""
+        messages = []
+        while (message := self._pop()) is not None:
+            messages.append(message)
+        return messages
+
+    def _pop(self) -> bytes | None:
+        buffer = self._buffer
+        if len(buffer) < _SIZE.size:
+            return None
+        (size,), start = _SIZE.unpack_from(buffer), _SIZE.size
+        if size == _LONG_MARK:
+            if len(buffer) < start + _LONG_SIZE.size:
+                return None
+            (size,), start = _LONG_SIZE.unpack_from(buffer, start), start + _LONG_SIZE.size
+        elif size < 0:
+            raise ValueError(f"a corrupt frame header (size {size})")
+        end = start + size
+        if len(buffer) < end:
+            return None
+        with memoryview(buffer) as view:
+            message = bytes(view[start:end])
+        del buffer[:end]
+        return message
+
+
+# --- in the worker process -------------------------------------------------------------------------
+
+_events: list[dict] | None = None  # in the worker: console events of the batch being booked
+
+
+def hand_back(events: list[dict]) -> bool:
+    """In the worker, keeps ``events`` (console events of what a booking committed) for the gateway
+    to publish, and returns True; elsewhere False (the caller publishes them itself)."""
+    if _events is None:
+        return False
+    _events.extend(events)
+    return True
+
+
+def serve(conn, gateway_pid: int, owner: str = "") -> None:
+    """The worker's loop: book each batch; between batches beat for the gateway and sweep the
+    holds of dead ones (billing.heartbeats), and reload ageing caches."""
+    import signal
+
+    import django
+
+    # A stop signal sent to the whole process group (honcho, systemd) is the gateway's to handle: it
+    # ends this worker by closing the pipe, after its last bookings and with its clean stop recorded.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    django.setup()
+    from billing.cache import caches_refresh_one
+    from billing.heartbeats import Housekeeper
+
+    global _events
+    _events = []
+    threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
+    keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
+    if keeper is not None:
+        keeper.tick(time.monotonic())
+    conn.send_bytes(READY)
+    while True:
+        if keeper is not None:
+            keeper.tick(time.monotonic())
+        if not conn.poll(IDLE_S):  # idle: reload what is ageing now, not when a request needs it
+            if not caches_refresh_one():
+                conn.poll(CACHE_CHECK_S)
+            continue
+        try:
+            asks = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the gateway stopped (OSError: with a batch half sent)
+            if keeper is not None:
+                keeper.stop()
+            return
+        conn.send_bytes(pickle.dumps(book_batch(asks), pickle.HIGHEST_PROTOCOL))
+
+
+def _exit_with(gateway_pid: int) -> None:
+    """A worker whose gateway died (killed, not stopped) ends too."""
+    while os.getppid() == gateway_pid:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def book_batch(asks: list) -> tuple[list[object], list[dict]]:
+    """billing.booking.book, plus the console events it produced. Refusals cross back as they
+    are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
+    answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
+
+    A connection that broke while the worker was idle (the server restarted, a proxy dropped it)
+    shows only when the batch is sent on it: what failed on it is booked once more, on a new
+    connection (booking is idempotent per request id)."""
+    from django.db import InterfaceError, OperationalError, connection
+
+    results, reused = _book(asks)
+    failed = [i for i, r in enumerate(results) if isinstance(r, (OperationalError, InterfaceError))]
+    if reused and failed and not connection.is_usable():
+        for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
+            results[i] = result
+    results = [_crossing(r) for r in results]
+    events = list(_events or ())
+    if _events:
+        _events.clear()
+    return results, events
+
+
+def _book(asks: list) -> tuple[list[object], bool]:
+    """billing.booking.book's results, and whether they were booked on a connection made before."""
+    from django.db import close_old_connections, connection
+
+    from billing.booking import book
+
+    reused = False
+    try:
+        close_old_connections()  # recycle an expired connection, or one that failed and does not answer
+        reused = connection.connection is not None
+        return book(asks), reused
+    except Exception as failed:  # the whole batch
+        return [failed] * len(asks), reused
+
+
+def _crossing(result: object) -> object:
+    """A result as it crosses back to the gateway."""
+    from django.db import InterfaceError, OperationalError
+
+    from billing.errors import BillingError, DatabaseUnavailable
+
+    if not isinstance(result, BaseException) or isinstance(result, BillingError):
+        return result
+    if isinstance(result, (OperationalError, InterfaceError)):
+        return DatabaseUnavailable(f"the database is out of reach: {result}")
+    return BillingError(f"{type(result).__name__}: {result}")
