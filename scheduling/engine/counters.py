@@ -86,7 +86,7 @@ class Counters:
         """Sum of one field over all classes (every event is counted once per class)."""
         return sum(getattr(t, name) for t in self.classes.values())
 
-    def as_dict(self) -> dict[str, dict[str, dict[str, object]]]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "classes": {k: v.as_dict() for k, v in sorted(self.classes.items())},
             "tenants": {k: v.as_dict() for k, v in sorted(self.tenants.items())},

@@ -40,19 +40,46 @@ order, level 0, no boost (the ``fifo`` preset).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from heapq import heappop, heappush
+from typing import Never, TypeAlias
 
-from .counters import TenantInClass, wait_bucket
-from .fairness import Lane
+from .admission import RateWindow
+from .aging import AgingCurve
+from .capacity import Capacity
+from .class_plans import ClassPlan
+from .counters import Counters, Tally, TenantInClass, wait_bucket
+from .fairness import Lane, Rank
 from .outcomes import Grant
-from .store import RUNNING, WAITING, Ticket
+from .store import RUNNING, WAITING, SchedulerStore, Ticket
 
-_NO_RANK = (float("inf"),)
-_NOTHING_BLOCKED: frozenset = frozenset()
+# A preempt-heap entry: (deadline ms, level, enqueued_ms, id, ticket).
+PreemptEntry: TypeAlias = tuple[int, int, int, str, Ticket]
+
+_NO_RANK: Rank = (float("inf"),)
+_NOTHING_BLOCKED: frozenset[Never] = frozenset()  # empty, so it stands for no models and for no lanes
 
 
 class DispatchMixin:
     """Needs the attributes that :class:`Scheduler` sets up (lanes, heaps, capacity, plans, ...)."""
+
+    # Set up and kept by Scheduler (declared here for the type checker; no values at class level).
+    counters: Counters
+    _store: SchedulerStore
+    _store_holds_live_tickets: bool
+    _capacity: Capacity
+    _aging: AgingCurve
+    _lanes_age: bool
+    _plans: dict[str, ClassPlan]
+    _books: dict[tuple[str, str], TenantInClass]
+    _lane_list: list[Lane]
+    _preempt: dict[str, list[PreemptEntry]]
+    _promote_due_ms: float
+    _waiting: int
+    _promoted: int
+    _running_by_cls: dict[str, int]
+    _model_rate: dict[str, RateWindow]
+    _unqueue: Callable[[Ticket], None]
 
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
@@ -62,11 +89,12 @@ class DispatchMixin:
         if self._aging.preempt_ratio is not None and self._promote_due_ms <= now_ms:
             self._promote(now_ms)
         # Lanes and models that cannot be placed this round; sets only once something blocks.
-        blocked_models: set[str] | frozenset = _NOTHING_BLOCKED
-        blocked_lanes: set[Lane] | frozenset = _NOTHING_BLOCKED
+        blocked_models: set[str] | frozenset[str] = _NOTHING_BLOCKED
+        blocked_lanes: set[Lane] | frozenset[Lane] = _NOTHING_BLOCKED
         while True:
             ticket = self._preempt_top(blocked_models) if self._promoted else None
             if ticket is not None:
+                assert ticket.lane is not None, "a ticket at preempt is waiting, so in a lane"
                 pick = ticket.lane.peek() or ticket  # the class is owed the slot; fairness picks who
                 if not self._try_grant(pick, now_ms, True, False, grants):
                     blocked_models = blocked_models | {ticket.model}
@@ -103,6 +131,7 @@ class DispatchMixin:
                     due_ms = min(due_ms, key_ms)
                     break
                 heappop(age)
+                assert ticket.tq is not None, "a waiting ticket is in a tenant queue"
                 ticket.promoted = True
                 lane.promoted += 1
                 ticket.tq.promoted += 1
@@ -110,19 +139,19 @@ class DispatchMixin:
                 heappush(self._preempt_heap(ticket.model), self._preempt_key(ticket))
         self._promote_due_ms = due_ms
 
-    def _preempt_key(self, ticket: Ticket) -> tuple:
+    def _preempt_key(self, ticket: Ticket) -> PreemptEntry:
         plan = self._plans[ticket.cls]
         deadline = plan.deadline_ms(ticket.enqueued_ms, ticket.request.deadline_ms)
         return (deadline, plan.level, ticket.enqueued_ms, ticket.id, ticket)
 
-    def _preempt_heap(self, model: str) -> list:
+    def _preempt_heap(self, model: str) -> list[PreemptEntry]:
         heap = self._preempt.get(model)
         if heap is None:
             heap = self._preempt[model] = []
         return heap
 
-    def _preempt_top(self, blocked_models: set[str] | frozenset) -> Ticket | None:
-        best = None
+    def _preempt_top(self, blocked_models: set[str] | frozenset[str]) -> Ticket | None:
+        best: PreemptEntry | None = None
         for model, heap in self._preempt.items():
             if model in blocked_models:
                 continue
@@ -152,7 +181,7 @@ class DispatchMixin:
             book = self._books[key] = TenantInClass(*self.counters.pair(cls, tenant))
         return book
 
-    def _rank(self, lane: Lane, now_ms: int) -> tuple:
+    def _rank(self, lane: Lane, now_ms: int) -> Rank:
         """``(level - boost, level, enqueued_ms, id)`` of the lane's oldest request not at preempt.
 
         Cached on the lane: the rank changes only when the oldest request changes (a new age-heap
@@ -165,6 +194,7 @@ class DispatchMixin:
             valid_from_ms, valid_until_ms = lane.rank_valid_ms
             if (
                 top is lane.rank_entry
+                and lane.rank is not None  # set with rank_entry
                 and valid_from_ms <= now_ms < valid_until_ms
                 and ticket.state == WAITING
                 and ticket.lane is lane
@@ -178,7 +208,7 @@ class DispatchMixin:
         lane.rank_entry = age[0]
         return lane.rank
 
-    def _fresh_rank(self, lane: Lane, oldest: Ticket, now_ms: int) -> tuple[tuple, tuple[float, float]]:
+    def _fresh_rank(self, lane: Lane, oldest: Ticket, now_ms: int) -> tuple[Rank, tuple[float, float]]:
         """The rank of ``lane`` whose oldest request is ``oldest``, and the ms range it holds for."""
         level = lane.level
         if not self._lanes_age:
@@ -190,7 +220,7 @@ class DispatchMixin:
             return (level - 0.0, level, oldest.enqueued_ms, oldest.id), valid_ms
         return (level - aging.boost(ratio), level, oldest.enqueued_ms, oldest.id), (now_ms, now_ms + 1)
 
-    def _best_lane(self, now_ms: int, blocked: set[Lane] | frozenset) -> tuple[Lane | None, bool]:
+    def _best_lane(self, now_ms: int, blocked: set[Lane] | frozenset[Lane]) -> tuple[Lane | None, bool]:
         """The lane of smallest rank, and whether it won over a lower level thanks to aging."""
         best = None
         best_rank = _NO_RANK
@@ -205,7 +235,7 @@ class DispatchMixin:
                 min_level = lane.level
             if rank < best_rank:
                 best, best_rank = lane, rank
-        boosted = best is not None and best.level > min_level
+        boosted = best is not None and min_level is not None and best.level > min_level
         return best, boosted
 
     def _try_grant(self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant]) -> bool:
@@ -215,6 +245,7 @@ class DispatchMixin:
         if backend is None:
             return False
         lane, tq = ticket.lane, ticket.tq
+        assert lane is not None and tq is not None, "a waiting ticket is in a lane and a tenant queue"
         self._unqueue(ticket)
         lane.charge(ticket, tq, not preempt)
         ticket.state = RUNNING
@@ -227,12 +258,13 @@ class DispatchMixin:
         if not self._store_holds_live_tickets:
             self._store.ticket_put(ticket)
         waited_ms = now_ms - ticket.enqueued_ms
+        assert ticket.book is not None, "set on admission"
         self._count_dispatch(ticket.book.tallies, waited_ms, preempt, boosted)
         grants.append(Grant(ticket.request, backend.name, waited_ms, preempt, boosted and not preempt))
         return True
 
     @staticmethod
-    def _count_dispatch(tallies: tuple, waited_ms: int, preempt: bool, boosted: bool) -> None:
+    def _count_dispatch(tallies: tuple[Tally, Tally], waited_ms: int, preempt: bool, boosted: bool) -> None:
         bucket = wait_bucket(waited_ms)
         for tally in tallies:
             tally.dispatched += 1

@@ -27,9 +27,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
+from typing import TypeAlias
 
 from .model import FairnessMode, TenantSpec
 from .store import WAITING, SchedulerStore, Ticket
+
+# A lane's dispatch rank (see ``dispatching``): ``(level - boost, level, enqueued_ms, id)`` of its
+# oldest request not at preempt, or ``(inf,)`` when it has none; the smallest tuple wins.
+Rank: TypeAlias = tuple[float, int, int, str] | tuple[float]
+# An age-heap entry: (preempt-order key ms, id, ticket).
+AgeEntry: TypeAlias = tuple[int, str, Ticket]
 
 
 def tenant_weights(tenants: Iterable[TenantSpec], min_share: float) -> tuple[dict[str, float], float]:
@@ -131,11 +138,11 @@ class Lane:
         self.live = 0
         self.promoted = 0  # live tickets already in the preempt stage
         self.vt = 0.0  # counter of the tenant served last (virtual time)
-        self.age: list[tuple[int, str, Ticket]] = []  # (preempt-order key ms, id, ticket); kept by Scheduler
+        self.age: list[AgeEntry] = []  # kept by Scheduler
         # The dispatcher's cached rank: computed for the age-heap entry ``rank_entry`` and valid
         # for ``rank_valid_ms[0] <= now_ms < rank_valid_ms[1]`` while that entry is still the top.
-        self.rank: tuple | None = None
-        self.rank_entry: tuple | None = None
+        self.rank: Rank | None = None
+        self.rank_entry: AgeEntry | None = None
         self.rank_valid_ms: tuple[float, float] = (0, 0)
         self.weights = weights
         self.unknown_weight = unknown_weight
@@ -217,6 +224,7 @@ class Lane:
     def detach(self, ticket: Ticket) -> None:
         """Ticket leaves the lane (dispatched, cancelled, expired); O(1), lazily for non-heads."""
         tq = ticket.tq
+        assert tq is not None, "only a waiting ticket is in a lane"
         items = tq.items
         if items and items[0] is ticket and ticket.tq_no == tq.head_no:
             items.popleft()

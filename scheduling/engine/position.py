@@ -30,14 +30,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-from .fairness import Lane, TenantQueue
+from .dispatching import PreemptEntry
+from .fairness import Lane, Rank, TenantQueue
 from .model import FairnessMode
 from .store import WAITING, Ticket
 
-RankKey = Callable[[Lane], tuple]
+RankKey = Callable[[Lane], Rank]
 
 
-def preempt_rank(ticket: Ticket, preempt_heap: list) -> int:
+def preempt_rank(ticket: Ticket, preempt_heap: list[PreemptEntry]) -> int:
     """Number of preempt-stage requests ordered before ``ticket`` (which is at preempt)."""
     mine = None
     for entry in preempt_heap:
@@ -55,24 +56,24 @@ def preempt_rank(ticket: Ticket, preempt_heap: list) -> int:
 
 
 def requests_ahead(
-    ticket: Ticket, lanes: Iterable[Lane], rank: RankKey, preempt_heap: list, boosted: bool
+    ticket: Ticket, lanes: Iterable[Lane], rank: RankKey, preempt_heap: list[PreemptEntry], boosted: bool
 ) -> tuple[int, bool]:
     """(requests dispatched before ``ticket``, exact?) for a waiting ticket."""
     if ticket.promoted:
         return preempt_rank(ticket, preempt_heap), True
-    lane = ticket.lane
+    lane, tq = ticket.lane, ticket.tq
+    assert lane is not None and tq is not None, "a waiting ticket is in a lane and a tenant queue"
     own_rank = rank(lane)
     ahead = 0
     for other in lanes:
         ahead += other.promoted
         if other is not lane and other.live and rank(other) < own_rank:
             ahead += other.live - other.promoted
-    within, exact = _ahead_in_lane(ticket, lane)
-    return ahead + within, exact and not boosted and lane.promoted == ticket.tq.promoted
+    within, exact = _ahead_in_lane(ticket, lane, tq)
+    return ahead + within, exact and not boosted and lane.promoted == tq.promoted
 
 
-def _ahead_in_lane(ticket: Ticket, lane: Lane) -> tuple[int, bool]:
-    tq: TenantQueue = ticket.tq
+def _ahead_in_lane(ticket: Ticket, lane: Lane, tq: TenantQueue) -> tuple[int, bool]:
     behind_head = ticket.tq_no - tq.head_no - tq.promoted  # preempt-stage ones are counted already
     exact = tq.dead == 0
     if exact:

@@ -27,7 +27,7 @@ from .aging import AgingCurve
 from .capacity import Capacity
 from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
-from .dispatching import DispatchMixin
+from .dispatching import DispatchMixin, PreemptEntry
 from .fairness import Lane, tenant_weights
 from .model import BackendSpec, ClassSpec, FairnessMode, Request, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, QueuePosition
@@ -53,7 +53,7 @@ class Scheduler(DispatchMixin):
         self._retired: dict[str, ClassSpec] = {}
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._lane_list: list[Lane] = []
-        self._preempt: dict[str, list] = {}
+        self._preempt: dict[str, list[PreemptEntry]] = {}
         self._deadlines: list[tuple[int, str, Ticket]] = []
         self._promote_due_ms: float = 0  # no waiting request reaches preempt before this (see _promote)
         self._waiting = 0
@@ -250,12 +250,14 @@ class Scheduler(DispatchMixin):
     def _count_queued(self, ticket: Ticket, delta: int) -> None:
         self._waiting += delta
         self._depth_by_cls[ticket.cls] = self._depth_by_cls.get(ticket.cls, 0) + delta
+        assert ticket.book is not None, "set on admission"
         ticket.book.waiting += delta
 
     def _unqueue(self, ticket: Ticket) -> None:
         """Take a waiting ticket out of every index (lazily where heaps hold it)."""
         if ticket.promoted:
             self._promoted -= 1
+        assert ticket.lane is not None, "a waiting ticket is in a lane"
         ticket.lane.detach(ticket)
         ticket.promoted = False
         self._count_queued(ticket, -1)
@@ -268,6 +270,7 @@ class Scheduler(DispatchMixin):
         return ticket
 
     def _finish_running(self, ticket: Ticket, token_delta: int, fair_delta: float) -> None:
+        assert ticket.backend is not None, "set on dispatch"
         self._capacity.release(ticket.backend, ticket.window_handle, token_delta)
         self._running_by_cls[ticket.cls] -= 1
         if fair_delta and ticket.charge_lane is not None:
@@ -290,6 +293,7 @@ class Scheduler(DispatchMixin):
         self._finish_running(
             ticket, prompt_tokens + output_tokens - ticket.est_tokens, self._token_correction(ticket, actual_cost)
         )
+        assert ticket.dispatched_ms is not None, "set on dispatch"
         service_ms = now_ms - ticket.dispatched_ms
         adm.service_mean(self._cls_service, ticket.cls).add(service_ms)
         adm.service_mean(self._model_service, ticket.model).add(service_ms)
@@ -304,6 +308,7 @@ class Scheduler(DispatchMixin):
         """Upstream 429: back to the front of its queue; the backend is held until the retry-after."""
         ticket = self._running_ticket(request_id)
         backend = ticket.backend
+        assert backend is not None, "set on dispatch"
         self._finish_running(ticket, -ticket.est_tokens, -ticket.charge)
         if backend_retry_after_ms > 0:
             self._capacity.hold(backend, now_ms + backend_retry_after_ms)
@@ -317,6 +322,7 @@ class Scheduler(DispatchMixin):
         self._count_queued(ticket, +1)
         if not self._store_holds_live_tickets:
             self._store.ticket_put(ticket)
+        assert ticket.book is not None, "set on admission"
         for tally in ticket.book.tallies:
             tally.requeued += 1
 
@@ -345,6 +351,7 @@ class Scheduler(DispatchMixin):
     def _terminate(self, ticket: Ticket, outcome: str) -> None:
         ticket.state = DONE
         self._store.ticket_pop(ticket.id)
+        assert ticket.book is not None, "set on admission"
         for tally in ticket.book.tallies:
             setattr(tally, outcome, getattr(tally, outcome) + 1)
         if (

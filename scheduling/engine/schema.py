@@ -50,7 +50,8 @@ class Checker:
     """Collects issues; each check returns the converted value or None (after recording why)."""
 
     def __init__(self, source: str, lines: dict[str, int] | None) -> None:
-        self.source, self.lines, self.issues = source, lines, []
+        self.source, self.lines = source, lines
+        self.issues: list[ConfigIssue] = []
 
     def line(self, path: str) -> int | None:
         while self.lines is not None and path:
@@ -63,7 +64,14 @@ class Checker:
         self.issues.append(ConfigIssue(self.source, line or self.line(path), path, message))
 
     def get(
-        self, data: dict, path: str, key: str, check: Callable[..., Any], *, default: Any = _REQUIRED, **options: Any
+        self,
+        data: dict[str, Any],
+        path: str,
+        key: str,
+        check: Callable[..., Any],
+        *,
+        default: Any = _REQUIRED,
+        **options: Any,
     ) -> Any:
         value = data.get(key)
         if value is not None:
@@ -72,7 +80,7 @@ class Checker:
             self.error(f"{path}.{key}", "is required")
         return None if default is _REQUIRED else default
 
-    def mapping(self, path: str, value: Any, keys: Collection[str] | None = None) -> dict | None:
+    def mapping(self, path: str, value: Any, keys: Collection[str] | None = None) -> dict[str, Any] | None:
         if not isinstance(value, dict):
             self.error(path, f"must be a mapping, got {kind_of(value)}")
             return None
@@ -81,7 +89,7 @@ class Checker:
                 self.error(f"{path}.{key}", f"unknown key {key!r}; expected one of: {', '.join(keys)}")
         return value
 
-    def sequence(self, path: str, value: Any, *, non_empty: bool = False) -> list | None:
+    def sequence(self, path: str, value: Any, *, non_empty: bool = False) -> list[Any] | None:
         if not isinstance(value, list):
             self.error(path, f"must be a list, got {kind_of(value)}")
             return None
@@ -126,7 +134,7 @@ class Checker:
             return None
         return number
 
-    def text(self, path: str, value: Any, *, pattern: re.Pattern | None = None, hint: str = "") -> str | None:
+    def text(self, path: str, value: Any, *, pattern: re.Pattern[str] | None = None, hint: str = "") -> str | None:
         if not isinstance(value, str) or not value.strip():
             self.error(path, f"must be a non-empty string, got {kind_of(value)}")
         elif pattern is not None and not pattern.fullmatch(value):
@@ -141,7 +149,7 @@ class Checker:
         self.error(path, f"must be true or false, got {kind_of(value)}")
         return None
 
-    def choice(self, path: str, value: Any, *, options: dict) -> Any:
+    def choice(self, path: str, value: Any, *, options: dict[Any, Any]) -> Any:
         if isinstance(value, (str, int)) and not isinstance(value, bool) and value in options:
             return options[value]
         shown = ", ".join(dict.fromkeys(str(k) for k in options))
@@ -152,7 +160,7 @@ class Checker:
 # --- public API ------------------------------------------------------------------------
 
 
-def config_from_dict(data: dict, *, source: str = "<dict>") -> SchedulerConfig:
+def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> SchedulerConfig:
     """Validate the mapping found under ``scheduler:`` (no line numbers are known then)."""
     return _build(Checker(source, None), data)
 
@@ -179,7 +187,7 @@ def config_from_yaml(text: str, *, source: str = "<string>") -> SchedulerConfig:
     return _build(ck, document["scheduler"])
 
 
-def config_to_dict(config: SchedulerConfig) -> dict:
+def config_to_dict(config: SchedulerConfig) -> dict[str, Any]:
     """The mapping under ``scheduler:``, in the same schema (Decimal values stay Decimal)."""
     data: dict[str, Any] = {
         "policy": config.policy.value,
@@ -206,17 +214,17 @@ def config_to_yaml(config: SchedulerConfig) -> str:
     return write_yaml({"scheduler": config_to_dict(config)})
 
 
-def _class_dict(c: ClassSpec) -> dict:
+def _class_dict(c: ClassSpec) -> dict[str, Any]:
     data = {"name": c.name, "level": c.level, "sla_ms": c.sla_ms, "price_factor": c.price_factor}
     return data if c.active else {**data, "active": False}
 
 
-def _segment_dict(s: AgingSegment) -> dict:
+def _segment_dict(s: AgingSegment) -> dict[str, Any]:
     data: dict[str, Any] = {"wait_ratio": format_ratio(s.lo, s.hi), "boost": s.boost.value}
     return {**data, "k": s.k} if s.boost in (Boost.LINEAR, Boost.QUADRATIC) or s.k else data
 
 
-def _queue_dict(q: QueuePolicy) -> dict:
+def _queue_dict(q: QueuePolicy) -> dict[str, Any]:
     defaults = QueuePolicy()
     data = {
         "depth_formula": q.depth_formula,
@@ -228,12 +236,12 @@ def _queue_dict(q: QueuePolicy) -> dict:
     return {**data, **{f: getattr(q, f) for f in extras if getattr(q, f) != getattr(defaults, f)}}
 
 
-def _rule_dict(r: DowngradeRule) -> dict:
+def _rule_dict(r: DowngradeRule) -> dict[str, Any]:
     data = {"name": r.name, "if": r.condition, "action": r.action}
     return data if r.enabled else {**data, "enabled": False}
 
 
-def _tenant_dict(t: TenantSpec) -> dict:
+def _tenant_dict(t: TenantSpec) -> dict[str, Any]:
     data: dict[str, Any] = {"slug": t.slug}
     if t.name:
         data["name"] = t.name
@@ -247,7 +255,7 @@ def _tenant_dict(t: TenantSpec) -> dict:
     return data if t.active else {**data, "active": False}
 
 
-def _backend_dict(b: BackendSpec) -> dict:
+def _backend_dict(b: BackendSpec) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": b.name,
         "url": b.url,
@@ -295,7 +303,7 @@ class _NodeReader:
         self.lines.setdefault(path, node.start_mark.line + 1)
         return self.read(node, path)
 
-    def mapping(self, node: yaml.MappingNode, path: str) -> dict:
+    def mapping(self, node: yaml.MappingNode, path: str) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
@@ -340,11 +348,11 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)  # indent list items under their key
 
 
-class _Flow(dict):
+class _Flow(dict[str, Any]):
     pass
 
 
-class _FlowList(list):
+class _FlowList(list[Any]):
     pass
 
 
@@ -358,7 +366,7 @@ _Dumper.add_representer(_Flow, lambda d, v: d.represent_mapping("tag:yaml.org,20
 _Dumper.add_representer(_FlowList, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
 
 
-def write_yaml(document: dict) -> str:
+def write_yaml(document: dict[str, Any]) -> str:
     data = document["scheduler"]
     for key in ("classes", "downgrade_check", "tenants"):
         if key in data:

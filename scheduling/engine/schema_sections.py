@@ -46,7 +46,7 @@ UPPER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SLUG = re.compile(r"[A-Za-z0-9_-]+")
 DEPTH_FORMULA = "throughput_1m * sla_sec"
-BOOSTS = {0: Boost.NONE, "0": Boost.NONE, **{b.value: b for b in Boost}}
+BOOSTS: dict[int | str, Boost] = {0: Boost.NONE, "0": Boost.NONE, **{b.value: b for b in Boost}}
 BOOST_RANK = {Boost.NONE: 0, Boost.LINEAR: 1, Boost.QUADRATIC: 2, Boost.PREEMPT: 3}
 ACTION_PREFIX = "DOWNGRADE_TO_"
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
@@ -60,7 +60,8 @@ def kind_of(value: Any) -> str:
         return f"number {value}"
     if isinstance(value, str):
         return f"text {value!r}"
-    return {list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+    containers: dict[type, str] = {list: "a list", dict: "a mapping"}
+    return containers.get(type(value), type(value).__name__)
 
 
 def parse_ratio(text: str) -> tuple[float, float | None] | None:
@@ -135,13 +136,14 @@ def _segment_chain(ck: Checker, path: str, segments: list[AgingSegment]) -> None
     for i, seg in enumerate(segments):
         where = f"{path}[{i}].wait_ratio"
         prev = segments[i - 1] if i else None
-        if prev is None and seg.lo != 0:
-            ck.error(where, f"the first segment must start at 0, not {seg.lo:g}")
-        elif prev is not None and prev.hi is None:
+        if prev is None:
+            if seg.lo != 0:
+                ck.error(where, f"the first segment must start at 0, not {seg.lo:g}")
+        elif prev.hi is None:
             ck.error(f"{path}[{i - 1}].wait_ratio", 'only the last segment may be open-ended (">=a")')
-        elif prev is not None and seg.lo < prev.hi:
+        elif seg.lo < prev.hi:
             ck.error(where, f"overlaps the previous segment, which ends at {prev.hi:g}")
-        elif prev is not None and seg.lo > prev.hi:
+        elif seg.lo > prev.hi:
             ck.error(where, f"leaves a gap after {prev.hi:g}: segments must be contiguous")
         if prev is not None and BOOST_RANK[seg.boost] < BOOST_RANK[prev.boost]:
             ck.error(
@@ -162,9 +164,10 @@ def _aging(ck: Checker, raw: Any) -> AgingPolicy | None:
         data, path, "mode", ck.choice, options={m: m for m in ("piecewise", "linear", "none")}, default="piecewise"
     )
     entries = ck.get(data, path, "segments", ck.sequence, default=[]) or []
-    segments = [_segment(ck, f"{path}.segments[{i}]", e) for i, e in enumerate(entries)]
+    checked = [_segment(ck, f"{path}.segments[{i}]", e) for i, e in enumerate(entries)]
     if len(ck.issues) > start:
         return None
+    segments = [s for s in checked if s is not None]  # all of them: a None was recorded as an issue
     _segment_chain(ck, f"{path}.segments", segments)
     return AgingPolicy(mode=mode, segments=tuple(segments))
 
@@ -416,7 +419,7 @@ def _backends(ck: Checker, raw: Any) -> list[BackendSpec]:
     names = {e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)}
     for i, spec in enumerate(specs):
         target = spec.fallback_for if spec else None
-        if target is not None and (target == spec.name or target not in names):
+        if spec is not None and target is not None and (target == spec.name or target not in names):
             ck.error(f"{path}[{i}].fallback_for", f"{target!r} must name another backend of this file")
     return [s for s in specs if s is not None]
 

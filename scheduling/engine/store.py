@@ -23,9 +23,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .model import Request
+
+if TYPE_CHECKING:
+    from .counters import TenantInClass
+    from .fairness import Lane, TenantQueue
 
 WAITING, RUNNING, DONE = 0, 1, 2
 STATE_NAMES = {WAITING: "queued", RUNNING: "running"}
@@ -80,10 +84,10 @@ class Ticket:
         self.window_handle: int | None = None
         self.promoted = False
         self.vip = vip
-        self.tq = None  # TenantQueue holding it while waiting (index, not persisted)
+        self.tq: TenantQueue | None = None  # TenantQueue holding it while waiting (index, not persisted)
         self.tq_no = 0  # its number in that queue (index)
-        self.lane = None  # Lane holding it while waiting (index, not persisted)
-        self.book = None  # TenantInClass of its class and tenant (index, not persisted)
+        self.lane: Lane | None = None  # Lane holding it while waiting (index, not persisted)
+        self.book: TenantInClass | None = None  # of its class and tenant, set once admitted (index, not persisted)
 
     def as_record(self) -> dict[str, object]:
         r = self.request
@@ -120,13 +124,22 @@ class SchedulerStore(Protocol):
     def window_usage(self, key: str, now_ms: int, span_ms: int) -> tuple[float, int, int | None]: ...
 
 
+class _Sample:
+    __slots__ = ("at_ms", "amount", "handle")
+
+    def __init__(self, at_ms: int, amount: float, handle: int) -> None:
+        self.at_ms = at_ms
+        self.amount = amount
+        self.handle = handle
+
+
 class _Window:
     __slots__ = ("samples", "total", "by_handle")
 
     def __init__(self) -> None:
-        self.samples: deque[list] = deque()  # [at_ms, amount, handle], in time order
+        self.samples: deque[_Sample] = deque()  # in time order
         self.total = 0.0
-        self.by_handle: dict[int, list] = {}
+        self.by_handle: dict[int, _Sample] = {}
 
 
 class MemoryStore:
@@ -163,7 +176,7 @@ class MemoryStore:
         if window is None:
             window = self._windows[key] = _Window()
         self._next_handle += 1
-        sample = [at_ms, amount, self._next_handle]
+        sample = _Sample(at_ms, amount, self._next_handle)
         window.samples.append(sample)
         window.by_handle[self._next_handle] = sample
         window.total += amount
@@ -171,9 +184,11 @@ class MemoryStore:
 
     def window_adjust(self, key: str, handle: int, delta: float) -> None:
         window = self._windows.get(key)
-        sample = window.by_handle.get(handle) if window else None
+        if window is None:
+            return
+        sample = window.by_handle.get(handle)
         if sample is not None:  # already out of the window: nothing to correct
-            sample[1] += delta
+            sample.amount += delta
             window.total += delta
 
     def window_usage(self, key: str, now_ms: int, span_ms: int) -> tuple[float, int, int | None]:
@@ -183,11 +198,11 @@ class MemoryStore:
             return 0.0, 0, None
         samples = window.samples
         horizon = now_ms - span_ms
-        while samples and samples[0][0] <= horizon:
-            at_ms, amount, handle = samples.popleft()
-            window.total -= amount
-            del window.by_handle[handle]
+        while samples and samples[0].at_ms <= horizon:
+            sample = samples.popleft()
+            window.total -= sample.amount
+            del window.by_handle[sample.handle]
         if not samples:
             window.total = 0.0  # drop float drift
             return 0.0, 0, None
-        return window.total, len(samples), samples[0][0]
+        return window.total, len(samples), samples[0].at_ms
