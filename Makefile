@@ -37,11 +37,12 @@ demo: migrate assets
 	trap 'kill $$SIM_PID 2>/dev/null' EXIT INT TERM; \
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
-# House rules kept by tools: lint, format, the import contracts (pyproject.toml), and no model change
+# House rules kept by tools: lint, format, types (mypy's set), the import contracts (pyproject.toml), and no model change
 # without its migration. `make test` (and so CI) runs it first.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 
