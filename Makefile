@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test venv migrate lint bench clean assets surge
+.PHONY: demo test venv migrate lint import-graph bench clean assets surge
 
 venv: $(STAMP) assets
 
@@ -45,6 +45,10 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
+
+# The imports between the top-level packages, and their cycles.
+import-graph: venv
+	$(PY) scripts/import_graph.py
 
 test: venv assets lint
 	$(PY) -m pytest $(PYTEST_ARGS)
