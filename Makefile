@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test venv migrate lint import-graph bench clean assets surge
+.PHONY: demo test test-fast venv migrate lint import-graph bench clean assets surge
 
 venv: $(STAMP) assets
 
@@ -52,6 +52,10 @@ import-graph: venv
 
 test: venv assets lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit level only (no database, no servers): about half a minute.
+test-fast: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The field report's surge replayed live against a `fifo` gateway and a Fairgate one, side by side
 # (scaled: half the event, 60x time compression; about 5 minutes). Writes bench/REPORT-gateway.md.

@@ -5,7 +5,7 @@ Every production process is started from the Procfile's own line (``sh -c "exec 
 session of its own, so a signal meant for one process never reaches another), with the project's
 environment on PATH and DATABASE_URL / REDIS_URL / SECRET_KEY set, as a deployment would. The
 scratch database is created and migrated here and dropped by `Stack.stop`; with
-``db_fault="proxy"`` the processes reach PostgreSQL through tests.gateway.pgproxy.PgProxy (which
+``db_fault="proxy"`` the processes reach PostgreSQL through tests.support.pgproxy.PgProxy (which
 the bench can cut) while the bench counts through the direct URL. Nothing here imports Django.
 """
 
@@ -84,7 +84,7 @@ class Stack:
     commands: dict[str, str]  # Procfile
     port: int
     sim: Server
-    proxy: object | None = None  # tests.gateway.pgproxy.PgProxy with db_fault="proxy"
+    proxy: object | None = None  # tests.support.pgproxy.PgProxy with db_fault="proxy"
     procs: dict[str, Server] = field(default_factory=dict)  # web, worker, beat
     restarts: list[str] = field(default_factory=list)  # what the bench restarted, as a supervisor
 
@@ -246,7 +246,7 @@ def stack_start(
     direct_url = postgres_create(pg_server(), f"fg_faults_{os.getpid()}_{redis_db}")
     proxy = None
     if db_fault == "proxy":
-        from tests.gateway.pgproxy import PgProxy  # the live tests' cuttable TCP proxy
+        from tests.support.pgproxy import PgProxy  # the live tests' cuttable TCP proxy
 
         host, port = urlsplit(direct_url).hostname, urlsplit(direct_url).port or 5432
         proxy = PgProxy(host, port).start()

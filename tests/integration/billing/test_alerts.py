@@ -9,7 +9,7 @@ import pytest
 
 from billing.models import BudgetAlert, TenantBilling
 from billing.services import ledger_adjust
-from tests.billing.helpers import hold, settle
+from tests.integration.billing.helpers import hold, settle
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from billing.errors import BudgetExhausted
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release
-from tests.billing.helpers import hold, settle, year_budget
+from tests.integration.billing.helpers import hold, settle, year_budget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 MAX_CONNECTIONS = 40

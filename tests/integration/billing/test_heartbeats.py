@@ -13,7 +13,7 @@ from billing.booking import HoldAsk, book
 from billing.heartbeats import heartbeat_beat, heartbeat_stop, holds_release_orphaned, processes_dead
 from billing.models import LedgerEntry
 from billing.selectors import ledger_mismatches
-from tests.billing.helpers import year_budget
+from tests.integration.billing.helpers import year_budget
 
 pytestmark = pytest.mark.django_db
 DEAD_AFTER = timedelta(seconds=30)

@@ -10,7 +10,7 @@ import pytest
 from billing.errors import BudgetExhausted, UnknownClass, UnknownModel, UnknownTenant
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.selectors import budget_fallback_class
-from tests.billing.helpers import hold, kinds, year_budget
+from tests.integration.billing.helpers import hold, kinds, year_budget
 
 pytestmark = pytest.mark.django_db
 

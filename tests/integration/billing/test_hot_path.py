@@ -27,7 +27,7 @@ from billing.services import hold_release, holds_release_stale
 from billing.statements import INSERT_ROWS
 from gateway.models import Tenant
 from scheduling.models import Backend, PriceVersion
-from tests.billing.helpers import hold, settle, year_budget
+from tests.integration.billing.helpers import hold, settle, year_budget
 
 PER_BATCH = 6  # SAVEPOINT, lock, entries so far, price versions, UPDATE, RELEASE; plus the INSERTs:
 ASKS = 200

@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 
 from billing.models import AppendOnlyError, LedgerEntry, TenantBilling
 from billing.services import ledger_adjust
-from tests.billing.helpers import hold, settle, year_budget
+from tests.integration.billing.helpers import hold, settle, year_budget
 
 pytestmark = pytest.mark.django_db
 

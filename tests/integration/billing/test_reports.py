@@ -14,9 +14,9 @@ from billing import reports
 from billing.models import LedgerEntry
 from billing.services import hold_release, ledger_adjust
 from gateway.models import Tenant
-from tests.billing.helpers import hold, settle
+from tests.integration.billing.helpers import hold, settle
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.billing.urls")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.integration.billing.urls")]
 JAN = datetime(2025, 1, 15, 12, tzinfo=UTC)
 FEB = datetime(2025, 2, 10, 12, tzinfo=UTC)
 

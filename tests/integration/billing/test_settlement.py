@@ -13,7 +13,7 @@ from billing.models import LedgerEntry
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, holds_release_stale, ledger_adjust, price_change
 from scheduling.models import PriceVersion
-from tests.billing.helpers import hold, kinds, settle, year_budget
+from tests.integration.billing.helpers import hold, kinds, settle, year_budget
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from billing.services import budget_hold, charge_settle
 from gateway.models import Tenant, User
 from scheduling.config_files import config_load_file
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "scheduler.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "scheduler.example.yaml"
 A, B = "support", "sales"
 A_REQUEST, B_REQUEST = "req-a-secret-1", "req-b-secret-1"
 

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from billing.services import budget_hold, charge_settle
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
-from tests.console.conftest import A, B, persona
+from tests.integration.console.conftest import A, B, persona
 
 pytestmark = pytest.mark.django_db
 

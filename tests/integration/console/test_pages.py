@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.models import ApiKey
-from tests.console.conftest import A_REQUEST, B_REQUEST
+from tests.integration.console.conftest import A_REQUEST, B_REQUEST
 
 PAGES = ["/console/queue/", "/console/finance/", "/console/policy/", "/console/ops/", "/console/audit/"]
 ALLOWED = {
@@ -94,7 +94,7 @@ def test_key_created_shows_the_secret_once_and_lists_the_prefix(member_a):
 
 
 def test_key_class_must_be_allowed_to_the_tenant(world):
-    from tests.console.conftest import persona
+    from tests.integration.console.conftest import persona
 
     finance_member = persona("fin", role="member", tenant=world["finance"])  # may declare NEAR_RT, BATCH, RETRY
     response = finance_member.client.post("/console/keys/create/", {"default_class": "INTERACTIVE"}, follow=True)
@@ -116,7 +116,7 @@ def test_revoke_own_key_but_not_another_tenants(member_a, member_b):
 def test_forms_need_csrf(world):
     from django.test import Client
 
-    from tests.console.conftest import persona
+    from tests.integration.console.conftest import persona
 
     user = persona("csrf", role="member", tenant=world["support"]).user
     strict = Client(enforce_csrf_checks=True)

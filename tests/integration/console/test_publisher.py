@@ -16,7 +16,7 @@ from console.live.timeline import Sample, Timeline, p95_ms
 from gateway.dispatcher import Dispatcher
 from scheduling.engine.model import Request
 from scheduling.selectors import config_live
-from tests.console.conftest import A, B
+from tests.integration.console.conftest import A, B
 
 
 def _one_slot_config():

@@ -18,8 +18,8 @@ from channels.layers import get_channel_layer
 
 from console.live.groups import tenant_group
 from gateway.models import Tenant
-from tests.console.conftest import persona
-from tests.console.test_consumers import connected, keep_the_test_connection, run  # noqa: F401  (autouse fixture)
+from tests.integration.console.conftest import persona
+from tests.integration.console.test_consumers import connected, keep_the_test_connection, run  # noqa: F401  (autouse fixture)
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 

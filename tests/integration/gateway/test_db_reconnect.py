@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 
 from gateway.db import DATABASE_UNAVAILABLE, db_call
-from tests.gateway.pgproxy import PgProxy
+from tests.support.pgproxy import PgProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

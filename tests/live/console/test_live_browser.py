@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from simbackend import RunningSim, SimConfig, start_in_thread
-from tests.gateway.livestack import REPO_ROOT, Gateway, start_gateway, wait_until
+from tests.support.livestack import REPO_ROOT, Gateway, start_gateway, wait_until
 
 pytestmark = pytest.mark.live
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is in the dev extras")

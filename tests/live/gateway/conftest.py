@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from simbackend import RunningSim, SimConfig, start_in_thread
-from tests.gateway.livestack import Gateway, free_port, start_gateway
+from tests.support.livestack import Gateway, free_port, start_gateway
 
 # scenario -> simulator options (all run in threads of the test process)
 SIMS = {

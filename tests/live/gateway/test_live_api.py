@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import sim_stats
-from tests.gateway.livestack import wait_until
+from tests.live.gateway.conftest import sim_stats
+from tests.support.livestack import wait_until
 
 pytestmark = pytest.mark.live
 CHAT = [{"role": "user", "content": "Say hello to the queue."}]

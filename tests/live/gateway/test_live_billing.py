@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.gateway.livestack import start_gateway, wait_until
+from tests.support.livestack import start_gateway, wait_until
 
 pytestmark = pytest.mark.live
 

@@ -7,8 +7,8 @@ import threading
 import httpx
 import pytest
 
-from tests.gateway.conftest import sim_stats
-from tests.gateway.livestack import wait_until
+from tests.live.gateway.conftest import sim_stats
+from tests.support.livestack import wait_until
 
 pytestmark = pytest.mark.live
 CHAT = [{"role": "user", "content": "hello"}]

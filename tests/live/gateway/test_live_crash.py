@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.gateway.livestack import FAST_HOUSEKEEPING, ONE_TENANT_YAML, another_process, start_gateway, wait_until
+from tests.support.livestack import FAST_HOUSEKEEPING, ONE_TENANT_YAML, another_process, start_gateway, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.redis]
 

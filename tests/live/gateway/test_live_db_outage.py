@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.gateway import livestack
-from tests.gateway.livestack import Gateway, start_gateway
-from tests.gateway.pgproxy import PgProxy
+from tests.support import livestack
+from tests.support.livestack import Gateway, start_gateway
+from tests.support.pgproxy import PgProxy
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres]
 

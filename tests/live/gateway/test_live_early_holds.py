@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.gateway.livestack import start_gateway
+from tests.support.livestack import start_gateway
 
 pytestmark = pytest.mark.live
 

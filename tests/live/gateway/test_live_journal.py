@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.gateway import livestack
-from tests.gateway.livestack import (
+from tests.support import livestack
+from tests.support.livestack import (
     FAST_HOUSEKEEPING,
     ONE_TENANT_YAML,
     Gateway,
@@ -26,7 +26,7 @@ from tests.gateway.livestack import (
     start_gateway,
     wait_until,
 )
-from tests.gateway.pgproxy import PgProxy
+from tests.support.pgproxy import PgProxy
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]
 

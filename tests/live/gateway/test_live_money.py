@@ -13,7 +13,7 @@ import pytest
 
 from bench.launch import free_port
 from simbackend import SimConfig, start_in_thread
-from tests.gateway.livestack import start_gateway
+from tests.support.livestack import start_gateway
 
 pytestmark = pytest.mark.live
 

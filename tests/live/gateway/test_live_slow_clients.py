@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.gateway.conftest import TIGHT_YAML
-from tests.gateway.livestack import Gateway, free_port, start_gateway
+from tests.live.gateway.conftest import TIGHT_YAML
+from tests.support.livestack import Gateway, free_port, start_gateway
 
 pytestmark = pytest.mark.live
 

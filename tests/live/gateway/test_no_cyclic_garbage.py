@@ -16,7 +16,7 @@ from django.http import HttpResponse
 
 from gateway.asgi import GatewayASGIHandler
 from gateway.upstream import Pool
-from tests.gateway.test_upstream_client import _ok, _serve
+from tests.live.gateway.test_upstream_client import _ok, _serve
 
 REQUESTS = 50
 

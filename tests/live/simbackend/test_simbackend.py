@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from simbackend import RunningSim, SimConfig
 from simbackend.model import Capacity, SlidingWindow, plan_service
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
 WAIT_LIMIT_S = 10.0
 

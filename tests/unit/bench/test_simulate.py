@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench.simulate import run_file
-from tests.bench.conftest import CONFIG, tiny_surge, write
+from tests.unit.bench.conftest import CONFIG, tiny_surge, write
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 POLICIES = ("fairgate", "fifo", "strict", "linear")
 
 

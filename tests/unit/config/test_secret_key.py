@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 START = "import django; django.setup(); from django.conf import settings; print('KEY', len(settings.SECRET_KEY))"
 PRODUCTION = {
     "postgres": {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/fairgate"},

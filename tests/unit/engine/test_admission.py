@@ -1,5 +1,5 @@
 from scheduling.engine import admission as adm
-from tests.engine.engine_helpers import backend, config, req, scheduler, submit, tenants, with_sla
+from tests.unit.engine.engine_helpers import backend, config, req, scheduler, submit, tenants, with_sla
 
 
 def enforcing(**kw):

@@ -2,7 +2,7 @@ import pytest
 
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.model import AgingPolicy, AgingSegment, Boost
-from tests.engine.engine_helpers import REPORT_SEGMENTS
+from tests.unit.engine.engine_helpers import REPORT_SEGMENTS
 
 CURVE = AgingCurve(AgingPolicy("piecewise", REPORT_SEGMENTS))
 

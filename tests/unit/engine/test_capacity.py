@@ -1,5 +1,5 @@
 from scheduling.engine import TenantSpec
-from tests.engine.engine_helpers import backend, config, req, scheduler, submit
+from tests.unit.engine.engine_helpers import backend, config, req, scheduler, submit
 
 
 def ids(grants):

@@ -1,5 +1,5 @@
 from scheduling.engine import FairnessMode, apply_policy
-from tests.engine.engine_helpers import backend, config, drain_order, req, scheduler, submit, with_sla
+from tests.unit.engine.engine_helpers import backend, config, drain_order, req, scheduler, submit, with_sla
 
 
 def test_lower_level_first_without_aging():

@@ -1,5 +1,5 @@
 from scheduling.engine import apply_policy
-from tests.engine.engine_helpers import config, drain_order, req, scheduler, submit, with_sla
+from tests.unit.engine.engine_helpers import config, drain_order, req, scheduler, submit, with_sla
 
 
 def test_expires_only_past_the_class_deadline():

@@ -2,7 +2,7 @@ import pytest
 
 from scheduling.engine import FairnessMode, TenantSpec
 from scheduling.engine.fairness import tenant_weights
-from tests.engine.engine_helpers import config, drain_order, req, scheduler, submit, tenants
+from tests.unit.engine.engine_helpers import config, drain_order, req, scheduler, submit, tenants
 
 WFT, WRR = FairnessMode.WEIGHTED_FAIR_TOKENS, FairnessMode.WEIGHTED_ROUND_ROBIN
 

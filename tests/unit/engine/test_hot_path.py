@@ -13,8 +13,8 @@ from scheduling.engine import MemoryStore, Scheduler
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.model import AgingPolicy, AgingSegment, Boost
 from scheduling.engine.store import WAITING
-from tests.engine.engine_helpers import REPORT_SEGMENTS, backend, config, req, tenants
-from tests.engine.test_properties import FAST, Harness, any_ops
+from tests.unit.engine.engine_helpers import REPORT_SEGMENTS, backend, config, req, tenants
+from tests.unit.engine.test_properties import FAST, Harness, any_ops
 
 CURVES = {
     "report": AgingCurve(AgingPolicy("piecewise", REPORT_SEGMENTS)),

@@ -1,7 +1,7 @@
 import copy
 import random
 
-from tests.engine.engine_helpers import config, drain_order, req, scheduler, submit, tenants, with_sla
+from tests.unit.engine.engine_helpers import config, drain_order, req, scheduler, submit, tenants, with_sla
 
 
 def brute_force_positions(sched, now_ms):

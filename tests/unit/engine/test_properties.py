@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine import FairnessMode, TenantSpec, apply_policy
-from tests.engine.engine_helpers import backend, config, req, scheduler, tenants, with_sla
+from tests.unit.engine.engine_helpers import backend, config, req, scheduler, tenants, with_sla
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CLASS_NAMES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")

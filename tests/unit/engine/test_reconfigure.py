@@ -3,7 +3,7 @@ from dataclasses import replace
 import pytest
 
 from scheduling.engine import FairnessMode, apply_policy
-from tests.engine.engine_helpers import CLASSES, config, drain_order, req, scheduler, submit, tenants, with_sla
+from tests.unit.engine.engine_helpers import CLASSES, config, drain_order, req, scheduler, submit, tenants, with_sla
 
 
 def waiting_ids(sched):

@@ -34,7 +34,7 @@ from scheduling.engine.schema import (
     config_to_yaml,
 )
 
-EXAMPLE_PATH = Path(__file__).resolve().parents[2] / "config" / "scheduler.example.yaml"
+EXAMPLE_PATH = Path(__file__).resolve().parents[3] / "config" / "scheduler.example.yaml"
 EXAMPLE = EXAMPLE_PATH.read_text(encoding="utf-8")
 MINIMAL = """scheduler:
   classes:
