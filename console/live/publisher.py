@@ -22,6 +22,7 @@ import time
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from console.live import db
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
@@ -109,7 +110,7 @@ class Publisher:
             await self._poll_downgrades()
         slugs = set(self.signatures) | (set(d.live) if d is not None else set())
         await self._learn(slugs)
-        if d is not None:
+        if d is not None and settings.FAIRGATE_BILLING:
             await self._fetch_holds(d, slugs)
         messages = self._tenant_messages(d, slugs) if d is not None else {}
         for tenant_id in list(self.pending):
