@@ -19,7 +19,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse
 from django.urls import resolve
 
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, GatewayError
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
@@ -96,7 +96,7 @@ def _body_late() -> HttpResponse:
     """408 for a body that did not arrive within FAIRGATE_BODY_TIMEOUT_MS. The connection is closed
     after it: the rest of the body may still be on its way, and would otherwise keep it open."""
     message = f"The request body did not arrive within {settings.FAIRGATE_BODY_TIMEOUT_MS} ms."
-    return GatewayError(408, "request_timeout", message, headers={"Connection": "close"}).to_response()
+    return GatewayError(408, ErrorCode.REQUEST_TIMEOUT, message, headers={"Connection": "close"}).to_response()
 
 
 async def _disconnected(receive) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from gateway.db import db_call
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, GatewayError
 from gateway.keys import key_matches, key_prefix
 from gateway.models import ApiKey
 
@@ -41,7 +41,7 @@ _CACHE_MAX = 10_000
 
 
 def _unauthorized(message: str) -> GatewayError:
-    return GatewayError(401, "invalid_api_key", message)
+    return GatewayError(401, ErrorCode.INVALID_API_KEY, message)
 
 
 def _load(prefix: str) -> _KeyRow | None:

@@ -48,7 +48,7 @@ from billing.inflight import HeldEntry, held_forget, held_remember
 from billing.money import ZERO
 from console.live.hooks import publish_committed
 from gateway import billing_worker, metrics
-from gateway.errors import GatewayError, invalid_request
+from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.unbooked import Unbooked
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ async def stop() -> None:
 
 
 def _budget_error(exc: BudgetExhausted) -> GatewayError:
-    return GatewayError(402, "budget_exhausted", f"{exc} Ask finance to raise it, or use a cheaper class.")
+    return GatewayError(402, ErrorCode.BUDGET_EXHAUSTED, f"{exc} Ask finance to raise it, or use a cheaper class.")
 
 
 def _submit_hold(asked: Hold, *, fallback: bool) -> asyncio.Future:
@@ -459,6 +459,7 @@ def release(held: Hold | EarlyHold, *, reason: str) -> None:
     the process lives (gateway.unbooked)."""
     if not settings.FAIRGATE_BILLING:
         return
+    reason = str(reason)  # a plain str to billing (an outcome may be one of gateway.errors' codes)
     if isinstance(held, EarlyHold):
         held.release(reason)
     else:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from billing.tasks import holds_release_at_startup
 from gateway.circuit import Circuits
 from gateway.db import db_call, log_failure
-from gateway.errors import GatewayError, invalid_request
+from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.events import DowngradeLog
 from gateway.terminal import TerminalLog
 from gateway.tokens import encoding
@@ -63,7 +63,7 @@ class Entry:
 def queue_timeout_error(entry: Entry) -> GatewayError:
     return GatewayError(
         504,
-        "queue_timeout",
+        ErrorCode.QUEUE_TIMEOUT,
         f"Request {entry.public_id} waited {entry.waited_ms} ms in class {entry.cls} without being served: "
         "the system is overloaded for this class. Do not retry now; degrade (smaller or lower-class request) "
         "or try again later.",
@@ -128,7 +128,9 @@ class Dispatcher:
         for entries in self.live.values():
             for entry in entries.values():
                 if not entry.future.done():
-                    entry.future.set_exception(GatewayError(503, "no_backend", "The gateway is shutting down; retry."))
+                    entry.future.set_exception(
+                        GatewayError(503, ErrorCode.NO_BACKEND, "The gateway is shutting down; retry.")
+                    )
         await self.downgrades.flush()
 
     def now_ms(self) -> int:
@@ -193,7 +195,7 @@ class Dispatcher:
         if not self.serves_now(model):
             raise GatewayError(
                 503,
-                "no_backend",
+                ErrorCode.NO_BACKEND,
                 f"No enabled backend serves model '{model}' right now; try again later or use another model.",
             )
 
@@ -218,11 +220,13 @@ class Dispatcher:
             if admission.reason == "queue_full":
                 raise GatewayError(
                     429,
-                    "queue_full",
+                    ErrorCode.QUEUE_FULL,
                     f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
                     retry_after_ms=admission.retry_after_ms or 1000,
                 )
-            raise GatewayError(503, "no_backend", f"No enabled backend serves model '{request.model}' right now.")
+            raise GatewayError(
+                503, ErrorCode.NO_BACKEND, f"No enabled backend serves model '{request.model}' right now."
+            )
         entry = Entry(
             request.id,
             public_id,

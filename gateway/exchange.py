@@ -16,7 +16,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from gateway import charging, metrics
 from gateway.dispatcher import Dispatcher, Entry
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, GatewayError
 from gateway.payload import Payload, upstream_body
 from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, sse_error, upstream_open, usage_of
 from gateway.tokens import count_text
@@ -43,7 +43,7 @@ def _log_failure(task: asyncio.Task) -> None:
 
 
 def upstream_error(message: str) -> GatewayError:
-    return GatewayError(502, "upstream_error", message)
+    return GatewayError(502, ErrorCode.UPSTREAM_ERROR, message)
 
 
 class Exchange:
@@ -168,7 +168,7 @@ class Exchange:
             refused = failed
             self.billed = True
             self.finish("early_hold_refused")
-            if refused.code == "budget_exhausted":
+            if refused.code == ErrorCode.BUDGET_EXHAUSTED:
                 raise charging.EarlyHoldRefused from None
             raise
 

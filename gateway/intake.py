@@ -15,7 +15,7 @@ from gateway import charging, metrics
 from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
-from gateway.errors import GatewayError, invalid_request
+from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
 from gateway.limits import output_limit, prompt_bound
 from gateway.payload import Payload, payload_estimate, payload_parse
@@ -32,7 +32,7 @@ def request_body(request: HttpRequest) -> bytes:
         return request.body
     except RequestDataTooBig:
         raise GatewayError(
-            413, "request_too_large", f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes."
+            413, ErrorCode.REQUEST_TOO_LARGE, f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes."
         ) from None
 
 

@@ -15,7 +15,7 @@ import time
 
 from django.conf import settings
 
-from gateway.errors import UPSTREAM_ERROR
+from gateway.errors import ErrorCode
 from gateway.upstream import Headers, Pool, UpstreamResponse
 from scheduling.engine.model import BackendSpec
 
@@ -178,5 +178,5 @@ def _data_of(event: bytes):
 
 
 def sse_error(message: str) -> bytes:
-    body = {"error": {"message": message, "type": UPSTREAM_ERROR, "code": UPSTREAM_ERROR}}
+    body = {"error": {"message": message, "type": ErrorCode.UPSTREAM_ERROR, "code": ErrorCode.UPSTREAM_ERROR}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -19,7 +19,7 @@ from gateway import metrics
 from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.dispatcher import Dispatcher, Entry, describe
-from gateway.errors import GatewayError, internal_error, not_found, service_unavailable
+from gateway.errors import ErrorCode, GatewayError, internal_error, not_found, service_unavailable
 from gateway.intake import REQUEST_ID_RE, serve
 from gateway.payload import CHAT, TEXT
 from gateway.runtime import dispatcher_get
@@ -84,7 +84,7 @@ def api_view(*methods: str) -> Callable[[View], View]:
                 if request.method not in methods:
                     raise GatewayError(
                         405,
-                        "method_not_allowed",
+                        ErrorCode.METHOD_NOT_ALLOWED,
                         f"Use {' or '.join(methods)} on {request.path}.",
                         headers={"Allow": ", ".join(methods)},
                     )

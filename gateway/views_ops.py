@@ -11,7 +11,7 @@ from django.views.defaults import page_not_found
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.db import db_call
-from gateway.errors import GatewayError, internal_error, invalid_request, not_found
+from gateway.errors import ErrorCode, GatewayError, internal_error, invalid_request, not_found
 from gateway.metrics import exposition
 from gateway.openapi import openapi_document
 from gateway.runtime import dispatcher_get
@@ -66,7 +66,7 @@ async def openapi_view(request: HttpRequest) -> HttpResponse:
 def handler400(request: HttpRequest, exception=None) -> HttpResponse:
     """Left for Django to log: a SuspiciousOperation (a bad Host, say) is a security event."""
     if isinstance(exception, RequestDataTooBig):
-        return GatewayError(413, "request_too_large", "The request body is too large.").to_response()
+        return GatewayError(413, ErrorCode.REQUEST_TOO_LARGE, "The request body is too large.").to_response()
     return invalid_request("The request could not be read.").to_response()
 
 
