@@ -126,7 +126,7 @@ async def open_loop(
     pool = rawhttp.Pool(target.base_url, max_connections=max_connections)
     payload = target.request_bytes()
     result = Result(offered_per_s=rate_per_s, duration_s=duration_s)
-    tasks: set[asyncio.Task] = set()
+    tasks: set[asyncio.Task[None]] = set()
     start_s = loop.time()
     due_s = start_s
     end_s = start_s + duration_s
