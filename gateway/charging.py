@@ -49,6 +49,7 @@ from billing.money import ZERO
 from console.live.hooks import publish_committed
 from gateway import billing_worker, metrics
 from gateway.errors import ErrorCode, GatewayError, invalid_request
+from gateway.lifecycle import Outcome
 from gateway.unbooked import Unbooked
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class Booker:
                 elif future.cancelled():  # the caller left: a hold booked for it is given back
                     if isinstance(ask, HoldAsk) and isinstance(result, HeldEntry):
                         self.submit(
-                            ReleaseAsk(request_id=result.request_id, reason="cancelled", at=timezone.now()),
+                            ReleaseAsk(request_id=result.request_id, reason=str(Outcome.CANCELLED), at=timezone.now()),
                             answer=False,
                         )
                 elif isinstance(result, BaseException):

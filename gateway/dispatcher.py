@@ -24,6 +24,7 @@ from gateway.circuit import Circuits
 from gateway.db import db_call, log_failure
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.events import DowngradeLog
+from gateway.lifecycle import Outcome, State
 from gateway.terminal import TerminalLog
 from gateway.tokens import encoding
 from scheduling.engine import Grant, Scheduler
@@ -49,7 +50,7 @@ class Entry:
     downgrade_rule: str | None
     queued_since_ms: int
     future: asyncio.Future
-    state: str = "queued"  # queued | running | <terminal>
+    state: str = State.QUEUED  # State while live, then its outcome (gateway.lifecycle)
     waited_ms: int = 0
     backend: str | None = None
     preempt: bool = False
@@ -248,7 +249,7 @@ class Dispatcher:
         """Upstream 429 (or a retried failure): back to the front of its queue, not charged."""
         now_ms = self.now_ms()
         self._leave_backend(entry)
-        entry.state = "queued"
+        entry.state = State.QUEUED
         entry.queued_since_ms = now_ms
         entry.future = self.loop.create_future()
         self.sched.requeue(entry.key, now_ms=now_ms, backend_retry_after_ms=max(0, retry_after_ms))
@@ -263,21 +264,21 @@ class Dispatcher:
         with the tokens used, so fair shares and TPM windows see them; otherwise it fails.
         False when the request goes on: a cancel that the policy ignores (``fifo`` preset, the
         old gateway) leaves it queued, to be served for nobody (``orphan``)."""
-        if entry.state not in ("queued", "running"):
+        if entry.state not in (State.QUEUED, State.RUNNING):
             return True
         now_ms = self.now_ms()
         engine_state = self.sched.state_of(entry.key)
-        if engine_state == "queued" and not self.sched.cancel(entry.key, now_ms=now_ms):
+        if engine_state == State.QUEUED and not self.sched.cancel(entry.key, now_ms=now_ms):
             entry.orphan = True
             if entry.future.done():  # cancelled with the client's task: a new one for whoever serves it
                 entry.future = self.loop.create_future()
             return False
         if entry.orphan:
-            outcome = "cancelled"
-        if served and engine_state == "running":
+            outcome = Outcome.CANCELLED
+        if served and engine_state == State.RUNNING:
             self.sched.complete(entry.key, now_ms=now_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
             self.circuits.add_tokens(entry.backend or "", now_ms, prompt_tokens + output_tokens)
-        elif engine_state == "running":
+        elif engine_state == State.RUNNING:
             self.sched.fail(entry.key, now_ms=now_ms, reason=outcome)
         self._leave_backend(entry)
         self._finish(entry, outcome, now_ms)
@@ -295,11 +296,11 @@ class Dispatcher:
             self.pump()
 
     def _leave_backend(self, entry: Entry) -> None:
-        if entry.state == "running" and entry.backend:
+        if entry.state == State.RUNNING and entry.backend:
             self.circuits.of(entry.backend).in_use -= 1
 
     def _finish(self, entry: Entry, outcome: str, now_ms: int) -> None:
-        if entry.state == "queued":
+        if entry.state == State.QUEUED:
             entry.waited_ms += max(0, now_ms - entry.queued_since_ms)
         entry.state = outcome
         entries = self.live.get(entry.tenant)
@@ -322,7 +323,7 @@ class Dispatcher:
                 entry.waited_ms += max(0, now_ms - entry.queued_since_ms)
                 if not entry.future.done():
                     entry.future.set_exception(queue_timeout_error(entry))
-                self._finish(entry, "queue_timeout", now_ms)
+                self._finish(entry, ErrorCode.QUEUE_TIMEOUT, now_ms)
         for grant in sched.dispatch(now_ms=now_ms):
             self._granted(grant, now_ms)
         self._arm(now_ms)
@@ -330,9 +331,9 @@ class Dispatcher:
     def _granted(self, grant: Grant, now_ms: int) -> None:
         entry = self._entry(grant.request.id)
         if entry is None or entry.future.done():  # nobody waits for it any more: free the slot
-            self.sched.fail(grant.request.id, now_ms=now_ms, reason="cancelled")
+            self.sched.fail(grant.request.id, now_ms=now_ms, reason=Outcome.CANCELLED)
             return
-        entry.state = "running"
+        entry.state = State.RUNNING
         entry.backend = grant.backend
         entry.preempt = grant.preempt
         entry.boosted = grant.boosted
@@ -378,7 +379,7 @@ def describe(entry: Entry, *, position) -> dict:
     eta_ms = None
     if position is not None and position.eta_ms >= 0:
         eta_ms = position.eta_ms
-    elif entry.state == "running":
+    elif entry.state == State.RUNNING:
         eta_ms = 0
     return {
         "id": entry.public_id,

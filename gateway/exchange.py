@@ -17,6 +17,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from gateway import charging, metrics
 from gateway.dispatcher import Dispatcher, Entry
 from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle import Outcome, State
 from gateway.payload import Payload, upstream_body
 from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, sse_error, upstream_open, usage_of
 from gateway.tokens import count_text
@@ -69,14 +70,14 @@ class Exchange:
     def finish(self, outcome: str, *, usage: tuple[int, int] | None = None, partial: bool = False) -> None:
         """End the request once: engine state, metrics and the billing hold."""
         entry = self.entry
-        served = usage is not None and entry.state == "running"
+        served = usage is not None and entry.state == State.RUNNING
         prompt_tokens, output_tokens = usage or (0, 0)
         if not self.d.end(entry, outcome, prompt_tokens=prompt_tokens, output_tokens=output_tokens, served=served):
             if not self.orphaned:
                 self.orphaned = True
                 spawn(self._serve_orphan())
             return
-        if served and outcome == "completed":
+        if served and outcome == Outcome.COMPLETED:
             metrics.COMPLETED.labels(entry.cls).inc()
         if self.billed:
             return
@@ -105,7 +106,7 @@ class Exchange:
                 return self._stream(upstream)
             return await self._plain(upstream)
         except asyncio.CancelledError:
-            self.finish("cancelled")
+            self.finish(Outcome.CANCELLED)
             raise
         except charging.EarlyHoldRefused:
             raise
@@ -114,7 +115,7 @@ class Exchange:
             err.headers.update(self.response_headers())
             raise
         except BaseException:
-            self.finish("upstream_error")
+            self.finish(ErrorCode.UPSTREAM_ERROR)
             raise
 
     async def _serve_orphan(self) -> None:
@@ -122,9 +123,9 @@ class Exchange:
         try:
             await self._plain(await self._obtain())
         except (GatewayError, charging.EarlyHoldRefused):  # nobody to tell
-            self.finish("upstream_error")
+            self.finish(ErrorCode.UPSTREAM_ERROR)
         except BaseException:
-            self.finish("upstream_error")
+            self.finish(ErrorCode.UPSTREAM_ERROR)
             raise
 
     async def _obtain(self) -> UpstreamResponse:
@@ -167,7 +168,7 @@ class Exchange:
                 raise
             refused = failed
             self.billed = True
-            self.finish("early_hold_refused")
+            self.finish(Outcome.EARLY_HOLD_REFUSED)
             if refused.code == ErrorCode.BUDGET_EXHAUSTED:
                 raise charging.EarlyHoldRefused from None
             raise
@@ -201,9 +202,9 @@ class Exchange:
             await upstream.aclose()
         if upstream.status_code < 300:
             usage = usage_of(content) or (self.payload.prompt_tokens, 0)
-            self.finish("completed", usage=usage)
+            self.finish(Outcome.COMPLETED, usage=usage)
         else:
-            self.finish("upstream_rejected")
+            self.finish(Outcome.UPSTREAM_REJECTED)
         response = HttpResponse(
             content, status=upstream.status_code, content_type=upstream.headers.get("content-type", "application/json")
         )
@@ -261,7 +262,7 @@ class StreamBody:
                     return out
         except StopAsyncIteration:
             tail = self._done_event + self.filter.flush()
-            self.end("completed")
+            self.end(Outcome.COMPLETED)
             if self.exchange.settlement is not None:  # booked, or journaled to be: then the end
                 await self.exchange.settlement
             if tail:
@@ -271,10 +272,10 @@ class StreamBody:
             backend = self.exchange.entry.backend or ""
             metrics.UPSTREAM_ERRORS.labels(backend, exc.kind).inc()
             self.exchange.d.upstream_result(backend, ok=False)
-            self.end("upstream_error")
+            self.end(ErrorCode.UPSTREAM_ERROR)
             return sse_error(f"The backend broke off the stream ({exc}).")
         except BaseException:
-            self.end("cancelled")
+            self.end(Outcome.CANCELLED)
             raise
 
     def _hold_back_done(self, out: bytes) -> bytes:
@@ -293,7 +294,7 @@ class StreamBody:
         self._done = True
         exchange = self.exchange
         usage = self.filter.usage
-        partial = outcome != "completed" or usage is None
+        partial = outcome != Outcome.COMPLETED or usage is None
         if usage is None:  # abandoned or cut: charge what was relayed so far
             usage = (exchange.payload.prompt_tokens, count_text(self.filter.text_sent()))
         exchange.finish(outcome, usage=usage, partial=partial)
@@ -301,7 +302,7 @@ class StreamBody:
 
     def __del__(self) -> None:
         if not self._done and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.end, "cancelled")
+            self._loop.call_soon_threadsafe(self.end, Outcome.CANCELLED)
 
 
 class RelayResponse(StreamingHttpResponse):
@@ -316,4 +317,4 @@ class RelayResponse(StreamingHttpResponse):
             async for part in self._body:
                 yield part
         finally:
-            self._body.end("cancelled")
+            self._body.end(Outcome.CANCELLED)

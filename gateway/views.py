@@ -21,6 +21,7 @@ from gateway.db import DATABASE_UNAVAILABLE
 from gateway.dispatcher import Dispatcher, Entry, describe
 from gateway.errors import ErrorCode, GatewayError, internal_error, not_found, service_unavailable
 from gateway.intake import REQUEST_ID_RE, serve
+from gateway.lifecycle import State
 from gateway.payload import CHAT, TEXT
 from gateway.runtime import dispatcher_get
 
@@ -121,9 +122,9 @@ async def models(request: HttpRequest) -> HttpResponse:
 
 
 def _live_view(d: Dispatcher, entry: Entry, now_ms: int) -> dict:
-    position = d.sched.position(entry.key, now_ms=now_ms) if entry.state == "queued" else None
+    position = d.sched.position(entry.key, now_ms=now_ms) if entry.state == State.QUEUED else None
     item = describe(entry, position=position)
-    if entry.state == "queued":
+    if entry.state == State.QUEUED:
         item["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
     return item
 
@@ -134,7 +135,7 @@ async def queue_list(request: HttpRequest) -> HttpResponse:
     d = await dispatcher_get()
     now_ms = d.now_ms()
     items = [_live_view(d, e, now_ms) for e in d.entries_of(caller.tenant)]
-    items.sort(key=lambda i: (i["state"] != "running", i["position"] or 0))
+    items.sort(key=lambda i: (i["state"] != State.RUNNING, i["position"] or 0))
     return json_response({"object": "list", "data": items})
 
 
