@@ -151,9 +151,9 @@ def book_batch(asks: list) -> tuple[list[object], list[dict]]:
         for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
             results[i] = result
     results = [_crossing(r) for r in results]
-    events = list(_events or ())
-    if _events:
-        _events.clear()
+    events: list[dict] = []
+    if _events:  # (None outside the worker: a test booking a batch directly)
+        events, _events[:] = list(_events), []
     return results, events
 
 

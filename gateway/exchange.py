@@ -122,11 +122,10 @@ class Exchange:
         """The old gateway's way (``fifo`` preset): a request whose client left is still served."""
         try:
             await self._plain(await self._obtain())
-        except (GatewayError, charging.EarlyHoldRefused):  # nobody to tell
+        except BaseException as failed:
             self.finish(ErrorCode.UPSTREAM_ERROR)
-        except BaseException:
-            self.finish(ErrorCode.UPSTREAM_ERROR)
-            raise
+            if not isinstance(failed, (GatewayError, charging.EarlyHoldRefused)):  # those: nobody to tell
+                raise
 
     async def _obtain(self) -> UpstreamResponse:
         """Wait for a grant and open the upstream; retries 429s and failures through the queue."""
