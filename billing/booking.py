@@ -48,7 +48,7 @@ from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestI
 from billing.inflight import UNLIMITED, HeldEntry, held_forget, held_get, held_remember
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, money
-from billing.pricing import backend_prices, charge_of, price_version_at, upper_bound_base_cost
+from billing.pricing import backend_prices, capped, charge_of, price_version_at, upper_bound_base_cost
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
@@ -82,6 +82,9 @@ class SettleAsk:
     prompt_tokens: int
     completion_tokens: int
     at: datetime
+    # The unrounded base cost, priced by the gateway that told its client the charge (X-Charge)
+    # from the backend's prices it had; None: priced here, from the backend's prices now.
+    base_cost: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -217,9 +220,13 @@ def _prepare(ask: Ask) -> _Plan:
         _check_tokens(ask.prompt_tokens, ask.completion_tokens)
         if plan.held is None:
             raise HoldNotFound(f"request {ask.request_id!r} has no hold")
-        plan.base = backend_prices(backend_name=ask.backend_name).base_cost(
-            prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens
-        )
+        plan.base = ask.base_cost
+        if plan.base is not None and not plan.base >= 0:
+            raise BillingError(f"a base cost is not negative, not {plan.base}")
+        if plan.base is None:
+            plan.base = backend_prices(backend_name=ask.backend_name).base_cost(
+                prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens
+            )
         plan.charge = charge_of(base_cost=plan.base, factor=plan.held.factor)
     return plan
 
@@ -437,8 +444,7 @@ def _decide_end(plan: _Plan, rows: dict[int, _Row], done: Done) -> None:
         ceiling: Decimal | None = held.amount
     else:  # late: the hold went back to the budget when its process was taken for dead
         ceiling = _room(moved)
-    charge = plan.charge if ceiling is None else min(plan.charge, ceiling)
-    unbilled = plan.charge - charge
+    charge, unbilled = capped(plan.charge, ceiling)
     plan.entries.append(
         _booked(
             held,

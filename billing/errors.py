@@ -58,3 +58,9 @@ class RequestIdInUse(BillingError):
 class DatabaseUnavailable(BillingError):
     """The database could not be reached (an OperationalError or InterfaceError): the ask may be
     sent again, booking is idempotent per request id. The gateway answers 503 service_unavailable."""
+
+
+def transient(error: BaseException) -> bool:
+    """A booking failure that may not recur (the database out, the billing worker gone), so the ask
+    is kept and sent again; any other billing error is final."""
+    return isinstance(error, DatabaseUnavailable) or not isinstance(error, BillingError)

@@ -150,4 +150,7 @@ class Housekeeper:
         self.failing = False
 
     def stop(self) -> None:
+        """The process ended (cleanly, or its worker saw it die): what it still holds is released now."""
         self._run(lambda: heartbeat_stop(owner=self.owner))
+        if not self.failing:
+            self._run(holds_release_orphaned)

@@ -59,6 +59,13 @@ def charge_of(*, base_cost: Decimal, factor: Decimal) -> Decimal:
     return money(base_cost * factor)
 
 
+def capped(priced: Decimal, ceiling: Decimal | None) -> tuple[Decimal, Decimal]:
+    """(charged, unbilled) of a settlement priced ``priced``: never more than ``ceiling`` (its
+    hold, or what the budget has left; None: no ceiling), the rest unbilled."""
+    charged = priced if ceiling is None else min(priced, ceiling)
+    return charged, priced - charged
+
+
 def _load_versions(class_name: str) -> tuple[PriceInForce, ...]:
     rows = (
         PriceVersion.objects.filter(priority_class__name=class_name)
@@ -89,6 +96,16 @@ def _load_backends() -> dict[str, BackendPrices]:
 
 def _all_backends(refresh: bool) -> dict[str, BackendPrices]:
     return _backends.get("all", _load_backends, refresh=refresh)
+
+
+def backends_cached() -> dict[str, BackendPrices] | None:
+    """The backends as cached now (loaded if the entry aged out); None if they cannot be read."""
+    from django.db import DatabaseError
+
+    try:
+        return _all_backends(False)
+    except DatabaseError:  # the database out: the caller asks again later
+        return None
 
 
 def backend_prices(*, backend_name: str, refresh: bool = False) -> UnitPrices:

@@ -5,8 +5,13 @@ it and talks to it without blocking its loop, is gateway.billing_worker).
 The protocol: one pickled message each way per batch, ``Connection.send_bytes`` framing (a 4-byte
 big-endian signed length and the payload; length -1, then an 8-byte unsigned length, for a message
 of 2 GiB or more: `frame_header`, `Frames`). The worker sends `READY` once Django is set up, then,
-for each batch of asks (billing.booking), `book_batch`'s answer: the results and the console
-events the booking produced (`hand_back`), for the gateway to publish.
+for each batch of asks (billing.booking), `book_batch`'s answer: the results, the console
+events the booking produced (`hand_back`), for the gateway to publish, and the backends' prices
+when they changed since the last answer (the gateway prices its clients' ``X-Charge`` with them,
+gateway.charging). A batch of None (`STOP`) is a clean stop.
+
+When the gateway dies under it (the pipe ends without `STOP`), the worker books the settlements
+its gateway journaled (gateway.journal) before it ends, and releases what the gateway still held.
 
 The spawned process imports this module before Django is set up, so nothing here imports Django,
 or a module that needs it, at module level.
@@ -21,6 +26,8 @@ import threading
 import time
 
 READY = b"ready"
+STOP = pickle.dumps(None, pickle.HIGHEST_PROTOCOL)
+ORPHAN_GRACE_S = 120.0  # a worker whose gateway died ends within this, its last bookings done or not
 IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
 CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
 _SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
@@ -98,7 +105,7 @@ def serve(conn, gateway_pid: int, owner: str = "") -> None:
     import django
 
     # A stop signal sent to the whole process group (honcho, systemd) is the gateway's to handle: it
-    # ends this worker by closing the pipe, after its last bookings and with its clean stop recorded.
+    # ends this worker with `STOP`, after its last bookings and with its clean stop recorded.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     django.setup()
@@ -121,22 +128,68 @@ def serve(conn, gateway_pid: int, owner: str = "") -> None:
             continue
         try:
             asks = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):  # the gateway stopped (OSError: with a batch half sent)
+        except (EOFError, OSError):  # the gateway died (OSError: with a batch half sent)
+            _gateway_gone(owner, gateway_pid, keeper)
+            asks = None
+        if asks is None:
             if keeper is not None:
                 keeper.stop()
             return
         conn.send_bytes(pickle.dumps(book_batch(asks), pickle.HIGHEST_PROTOCOL))
 
 
+def _gateway_gone(owner: str, gateway_pid: int, keeper) -> None:
+    """Books the settlements the dead gateway journaled: its clients have their answers. (Its
+    files are closed, their locks free, once it is gone: reparented, this worker knows.) While
+    the database is out it tries again every second, beating for the gateway meanwhile so its
+    holds are not taken for a dead process's and released first, until `ORPHAN_GRACE_S` is near;
+    then what is left stays for the next gateway on this host."""
+    import logging
+
+    from django.db import close_old_connections
+
+    from billing.booking import book
+    from gateway.journal import journal_replay
+
+    def booked(asks: list) -> list[object]:
+        close_old_connections()  # one that failed is replaced
+        return book(asks)
+
+    log = logging.getLogger("fairgate.billing")
+    started_s = time.monotonic()
+    while os.getppid() == gateway_pid and time.monotonic() - started_s < 5.0:
+        time.sleep(0.01)
+    if not owner:
+        return
+    total = 0
+    while True:
+        done, left = journal_replay(owner, booked)
+        total += done
+        if not left or time.monotonic() - started_s > ORPHAN_GRACE_S - 10.0:
+            break
+        if keeper is not None:
+            keeper.tick(time.monotonic())
+        time.sleep(1.0)
+    if total or left:
+        log.warning(
+            "gateway process %s ended without stopping: booked %s settlements from its journal%s",
+            owner,
+            total,
+            f"; {left} could not be booked and stay for the next gateway on this host" if left else "",
+        )
+
+
 def _exit_with(gateway_pid: int) -> None:
-    """A worker whose gateway died (killed, not stopped) ends too."""
+    """A worker whose gateway died ends too: once its last bookings are done, or after a grace."""
     while os.getppid() == gateway_pid:
         time.sleep(1.0)
+    time.sleep(ORPHAN_GRACE_S)
     os._exit(0)
 
 
-def book_batch(asks: list) -> tuple[list[object], list[dict]]:
-    """billing.booking.book, plus the console events it produced. Refusals cross back as they
+def book_batch(asks: list) -> tuple[list[object], list[dict], dict | None]:
+    """billing.booking.book, plus the console events it produced and the backends' prices if they
+    changed since the last answer (`_prices_changed`). Refusals cross back as they
     are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
     answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
 
@@ -154,7 +207,22 @@ def book_batch(asks: list) -> tuple[list[object], list[dict]]:
     events: list[dict] = []
     if _events:  # (None outside the worker: a test booking a batch directly)
         events, _events[:] = list(_events), []
-    return results, events
+    return results, events, _prices_changed()
+
+
+_prices_sent: object = None
+
+
+def _prices_changed() -> dict | None:
+    """{backend name: UnitPrices} as this process's cache has them, if that is not what was sent last."""
+    global _prices_sent
+    from billing.pricing import backends_cached
+
+    table = backends_cached()
+    if table is None or table is _prices_sent:
+        return None
+    _prices_sent = table
+    return {name: backend.prices for name, backend in table.items()}
 
 
 def _book(asks: list) -> tuple[list[object], bool]:

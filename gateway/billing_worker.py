@@ -39,7 +39,7 @@ import pickle
 from collections import deque
 from collections.abc import Callable
 
-from billing.worker import READY, Frames, frame_header, serve
+from billing.worker import READY, STOP, Frames, frame_header, serve
 from gateway import metrics
 
 log = logging.getLogger(__name__)
@@ -215,8 +215,16 @@ class Worker:
         self._writing = False
 
     async def stop(self) -> None:
+        """A clean stop: `STOP`, then the pipe closed (an end of file alone means the gateway died)."""
         self._unwatch()
-        self.conn.close()  # the worker sees EOF and exits
+        if not self.dead:
+            try:
+                os.set_blocking(self.conn.fileno(), True)
+                self._write_available()  # the rest of a batch the socket had not taken
+                self.conn.send_bytes(STOP)
+            except OSError:  # the worker is gone already
+                pass
+        self.conn.close()
         await asyncio.get_running_loop().run_in_executor(None, self._join)
 
     def _join(self) -> None:

@@ -6,9 +6,9 @@
   with ample room: booked while the request goes on, confirmed before its answer's first byte
   (see "early holds" below);
 * ``settle`` once, when the upstream finished, with the actual usage (for a stream the client
-  abandoned: the tokens sent so far, ``partial=True``); returns a future of the charge, which
-  is set once the charge is booked, or to None once a settlement that cannot be booked now
-  (the database is out) is journaled on disk to be booked later (gateway.unbooked);
+  abandoned: the tokens sent so far, ``partial=True``); returns a future of the charge, set once
+  the settlement is in the journal on disk (gateway.journal), and booked in the database behind
+  it (see "settlements" below);
 * ``release`` once, when the request ends without a charge (refused, queue timeout, cancelled
   while waiting, upstream failure).
 
@@ -23,9 +23,22 @@ written by the billing worker, a process of its own (``billing.booking.book``: o
 transaction), new asks wait in a list; when it ends they all go in the next one. An idle gateway
 therefore books an ask at once, on its own; a busy one books many per transaction (about 15 at
 1,400 requests/s in the overhead benchmark), which is what keeps billing cheap at high rates.
-Every caller still waits for its own ask to commit: a 402 or an ``X-Charge`` is never given for
-a booking that could still be lost. ``FAIRGATE_BILLING=0`` turns the seam into
-no-ops (used by the benchmark that measures billing's cost).
+A hold's caller waits for its hold to commit (an early hold's, before the answer's first byte):
+a request never goes on, nor a 402 out, on a booking that could still be lost.
+
+Settlements: the answer's end waits for its settlement to be on local disk, not in the
+database. The journal (gateway.journal) makes it durable with an ``fdatasync`` (about 0.1 ms);
+the booking follows in the next batch, and if this process is killed first, its billing worker
+or the next gateway on this host books it from the journal. ``X-Charge`` is priced here as the
+booking prices it: the backend's prices as the billing worker last read them (sent back with
+its answers, `Booker.prices`), the hold's factor, at most the hold; the settlement carries that
+base cost, so the ledger charges what the client was told. (One exception, written down in
+billing.booking: a process taken for dead whose hold went back to the budget has its late
+settlement charged at most what the budget still has.) Before the worker's first answer, or if
+the journal cannot be written, the answer waits for the booking, as it did before the journal.
+
+``FAIRGATE_BILLING=0`` turns the seam into no-ops (used by the benchmark that measures billing's
+cost).
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from billing.errors import BudgetExhausted, RequestIdInUse, RequestIdUsed
 from billing.heartbeats import process_owner
 from billing.inflight import HeldEntry, held_forget, held_remember
 from billing.money import ZERO
+from billing.pricing import UnitPrices, capped, charge_of
 from console.live.hooks import publish_committed
 from gateway import billing_worker, metrics
 from gateway.errors import ErrorCode, GatewayError, invalid_request
@@ -54,6 +68,7 @@ from gateway.unbooked import Unbooked
 
 log = logging.getLogger(__name__)
 BUDGET_RULE = "budget"
+STOP_DRAIN_S = 10.0  # at a clean stop, how long to wait for the bookings still on their way
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class Hold:
     max_output_tokens: int
     amount: Decimal | None = None
     fallback: bool = False
+    factor: Decimal | None = None  # its class's price factor (once booked)
 
 
 class Booker:
@@ -83,6 +99,7 @@ class Booker:
         self._worker: billing_worker.Worker | None = None
         self._worker_ready: asyncio.Future | None = None
         self.unbooked = Unbooked(lambda ask: self.submit(ask, answer=False))
+        self.prices: dict[str, UnitPrices] = {}  # each backend's, as the billing worker last read them
 
     async def start(self) -> None:
         """Start the worker now (Django's start-up in it takes a second), not on the first batch,
@@ -110,9 +127,46 @@ class Booker:
             await worker.stop()
 
     async def stop(self) -> None:
+        """Books what is waiting (the journal keeps what cannot be), then stops the worker."""
+        deadline_s = time.monotonic() + STOP_DRAIN_S
+        while (self._pending or self._in_flight) and time.monotonic() < deadline_s:
+            await asyncio.sleep(0.01)
         if self._worker is not None:
             await self._forget(self._worker)
         self.unbooked.close()
+
+    def settle(self, ask: SettleAsk, held: Hold) -> asyncio.Future:
+        """Journals ``ask`` and books it: the future gives the Charged once the line is on disk
+        (priced here, see the module's doc), or, when that cannot be, the booking's result once
+        it is booked (None if it could not be: then it is kept and retried)."""
+        unit = self.prices.get(ask.backend_name)
+        priced = unit is not None and held.factor is not None and held.amount is not None
+        if priced:
+            ask = replace(
+                ask, base_cost=unit.base_cost(prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens)
+            )
+        try:
+            durable: asyncio.Future | None = self.unbooked.journal.keep(ask)
+        except OSError as failed:
+            log.error("could not journal the settlement of %s: %r", ask.request_id, failed)
+            durable = None
+        booked = self.submit(ask)
+        result = asyncio.get_running_loop().create_future()
+        charged = Charged(*capped(charge_of(base_cost=ask.base_cost, factor=held.factor), held.amount)) if priced else None
+
+        def ended(_done: asyncio.Future) -> None:
+            on_disk = durable is not None and durable.done() and durable.exception() is None
+            if result.done():
+                return
+            if on_disk and charged is not None:
+                result.set_result(charged)
+            elif booked.done() and (durable is None or durable.done()):
+                result.set_result(booked.result())
+
+        booked.add_done_callback(ended)
+        if durable is not None:
+            durable.add_done_callback(ended)
+        return result
 
     def submit(self, ask: Ask, *, answer: bool = True) -> asyncio.Future | None:
         """Queues ``ask``; its future gives the result once booked. With ``answer=False`` no one
@@ -192,7 +246,9 @@ class Booker:
                 log.error("billing batch of %s failed: %r", len(batch), outcome)
                 results = [outcome] * len(batch)
             else:
-                results, events = outcome
+                results, events, prices = outcome
+                if prices is not None:
+                    self.prices = prices
                 metrics.BILLING_BATCH_SECONDS.observe(self._loop.time() - started_s)
                 metrics.BILLING_BATCH_ASKS.observe(len(batch))
                 if events:
@@ -205,8 +261,8 @@ class Booker:
                     held_forget(ask.request_id)
                 if not isinstance(ask, HoldAsk):  # an end: booked, or kept until it is (gateway.unbooked)
                     if isinstance(result, BaseException):
-                        self.unbooked.failed(ask, result)  # a settlement is on disk when this returns
-                        result = None if isinstance(ask, SettleAsk) else False  # served without X-Charge
+                        self.unbooked.failed(ask, result)  # kept and retried (a settlement is journaled)
+                        result = None if isinstance(ask, SettleAsk) else False
                     else:
                         self.unbooked.booked(ask)
                 if isinstance(result, Charged) and result.unbilled:
@@ -288,6 +344,7 @@ async def _held(asked: Hold, future: asyncio.Future) -> Hold:
         cls=held.class_name,
         amount=held.amount,
         fallback=held.class_name != asked.cls,
+        factor=held.factor,
     )
 
 
@@ -439,20 +496,19 @@ def hold_early(
 def settle(
     held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int, partial: bool = False
 ) -> asyncio.Future | None:
-    """Sends the settlement now. The future gives the ``Charged`` once it is booked, or None once
-    it is kept to be booked later (gateway.unbooked). Booked even if no one waits for it.
-    ``partial``: a stream the client abandoned, charged for the tokens sent."""
+    """Sends the settlement now. The future gives the ``Charged`` once the settlement is on disk
+    (`Booker.settle`); it is booked whether or not anyone waits. ``partial``: a stream the client
+    abandoned, charged for the tokens sent."""
     if not settings.FAIRGATE_BILLING:
         return None
-    return booker().submit(
-        SettleAsk(
-            request_id=held.request_id,
-            backend_name=backend,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=output_tokens,
-            at=timezone.now(),
-        )
+    ask = SettleAsk(
+        request_id=held.request_id,
+        backend_name=backend,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=output_tokens,
+        at=timezone.now(),
     )
+    return booker().settle(ask, held)
 
 
 def release(held: Hold | EarlyHold, *, reason: str) -> None:

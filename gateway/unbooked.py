@@ -1,14 +1,14 @@
 """Ends of requests (settlements, releases) that could not be booked: kept until they are.
 
-While the database is down a served request's settlement cannot be booked. The Booker hands it
-here: it is journaled (gateway.journal, on disk before the client gets its last byte) and sent
-again every ``RETRY_S`` while the process lives, until booked; then its journal line is marked
-done. Releases are retried the same way but not journaled: if this process dies, its holds are
-released by the heartbeat sweep (billing.heartbeats) anyway. A refusal that retrying cannot
-change (a billing error other than the database being out) is logged and dropped.
+Every settlement is in the journal (gateway.journal) before its client gets the last byte. One
+whose booking fails (the database is down) is sent again every ``RETRY_S`` while the process
+lives, until booked; then the journal lets its line go. Releases are retried the same way but
+not journaled: if this process dies, its holds are released by the heartbeat sweep
+(billing.heartbeats) anyway. A refusal that retrying cannot change (a billing error other than
+the database being out) is logged and dropped.
 
-At start, journals left by dead processes on this host are adopted: their settlements are
-copied into this process's journal, the old file removed, and booked like its own.
+Journals left by dead processes on this host (what their billing workers could not book) are
+adopted at start and every ``ADOPT_S`` after, and their settlements booked like this process's own.
 """
 
 from __future__ import annotations
@@ -18,18 +18,14 @@ import logging
 from collections.abc import Callable
 
 from billing.booking import Ask, SettleAsk
-from billing.errors import BillingError, DatabaseUnavailable
+from billing.errors import transient
 from billing.heartbeats import process_owner
 from gateway import metrics
-from gateway.journal import Journal, journal_retire, journals_orphaned
+from gateway.journal import Journal
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0
-
-
-def transient(error: BaseException) -> bool:
-    """A failure that may not recur: the database out, the billing worker gone."""
-    return isinstance(error, DatabaseUnavailable) or not isinstance(error, BillingError)
+ADOPT_S = 10.0  # how often to look for journals left by dead processes on this host
 
 
 class Unbooked:
@@ -38,6 +34,7 @@ class Unbooked:
         self._asks: dict[str, Ask] = {}
         self._journal: Journal | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._adopting: asyncio.TimerHandle | None = None
 
     @property
     def journal(self) -> Journal:
@@ -49,16 +46,13 @@ class Unbooked:
         return len(self._asks)
 
     def failed(self, ask: Ask, error: BaseException) -> None:
-        """``ask`` could not be booked: keep it (a settlement durably) and retry, unless retrying
-        cannot help."""
+        """``ask`` could not be booked: keep it and retry, unless retrying cannot help."""
         rid = ask.request_id
         if not transient(error):
             log.error("could not book %s of %s, and retrying cannot help: %r", type(ask).__name__, rid, error)
-            self._forget(ask)  # nothing more to do for it
+            self.booked(ask)  # nothing more to do for it
             return
         if rid not in self._asks:
-            if isinstance(ask, SettleAsk):
-                self.journal.keep([ask])
             self._asks[rid] = ask
             metrics.BILLING_UNBOOKED.set(len(self._asks))
             log.warning(
@@ -67,37 +61,32 @@ class Unbooked:
         self._retry_soon()
 
     def booked(self, ask: Ask) -> None:
-        if self._forget(ask) and not self._asks:
+        """Booked, or past help."""
+        if isinstance(ask, SettleAsk) and self._journal is not None:
+            self._journal.booked(ask.request_id)
+        if self._asks.pop(ask.request_id, None) is None:
+            return
+        metrics.BILLING_UNBOOKED.set(len(self._asks))
+        if not self._asks:
             log.warning("every kept billing ask is booked now")
 
-    def _forget(self, ask: Ask) -> bool:
-        """No longer kept (booked, or past help); whether it was."""
-        if self._asks.pop(ask.request_id, None) is None:
-            return False
-        metrics.BILLING_UNBOOKED.set(len(self._asks))
-        if isinstance(ask, SettleAsk):
-            self.journal.done([ask.request_id])
-        return True
-
     def adopt_orphans(self) -> int:
-        """Take over the journals of dead processes on this host; returns the settlements adopted."""
-        adopted = 0
-        for path, fd, asks in journals_orphaned():
-            fresh = [ask for ask in asks if ask.request_id not in self._asks]
-            if fresh:
-                self.journal.keep(fresh)
-                self._asks.update((ask.request_id, ask) for ask in fresh)
-            journal_retire(path, fd)
-            adopted += len(fresh)
-        if adopted:
+        """Take over the journals of dead processes on this host, now and every ``ADOPT_S``;
+        returns the settlements adopted now."""
+        if self._adopting is not None:
+            self._adopting.cancel()
+        self._adopting = asyncio.get_running_loop().call_later(ADOPT_S, self.adopt_orphans)
+        fresh = [ask for ask in self.journal.adopt() if ask.request_id not in self._asks]
+        if fresh:
+            self._asks.update((ask.request_id, ask) for ask in fresh)
             metrics.BILLING_UNBOOKED.set(len(self._asks))
-            log.warning("adopted %s unbooked settlements from journals of processes that are gone", adopted)
+            log.warning("adopted %s unbooked settlements from journals of processes that are gone", len(fresh))
             self._retry_soon()
-        return adopted
+        return len(fresh)
 
-    def _retry_soon(self) -> None:
+    def _retry_soon(self, after_s: float = RETRY_S) -> None:
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(RETRY_S, self._retry)
+            self._timer = asyncio.get_running_loop().call_later(after_s, self._retry)
 
     def _retry(self) -> None:
         self._timer = None
@@ -105,14 +94,11 @@ class Unbooked:
             self._resubmit(ask)
 
     def close(self) -> None:
-        """At a clean stop: a journal with nothing pending is removed; one with pending
-        settlements stays for the next start on this host."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """At a clean stop: the journal keeps what is not booked for the next start on this host."""
+        for timer in (self._timer, self._adopting):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._adopting = None
         if self._journal is not None:
-            pending = any(isinstance(ask, SettleAsk) for ask in self._asks.values())
-            if not pending:
-                self._journal.path.unlink(missing_ok=True)
             self._journal.close()
             self._journal = None

@@ -105,8 +105,13 @@ class Gateway:
         if self.owns_database and "DATABASE_URL" in self.env:
             postgres_drop(self.env["DATABASE_URL"])
 
+    def children(self) -> list[int]:
+        """The process's children (its billing worker)."""
+        pid = self.process.pid
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
     def kill(self) -> None:
-        """SIGKILL, as a crash: nothing of the process runs after it."""
+        """SIGKILL, as a crash: nothing of the process runs after it (its billing worker does)."""
         self.process.kill()
         self.process.wait(timeout=10)
 
