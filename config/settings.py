@@ -145,6 +145,9 @@ FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
 # trusted for this long.
 FAIRGATE_EARLY_HOLDS = env_bool("FAIRGATE_EARLY_HOLDS", True)
 FAIRGATE_EARLY_HOLD_ROOM_MS = env_int("FAIRGATE_EARLY_HOLD_ROOM_MS", 1000, minimum=0)
+# How long a booking no request waits for now (a journaled settlement, a release, an early hold)
+# may wait for others to share its batch (gateway.charging): fewer, fuller transactions.
+FAIRGATE_BILLING_LINGER_MS = env_int("FAIRGATE_BILLING_LINGER_MS", 10, minimum=0)
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
 # PostgreSQL: booking statements are prepared on the server after this many runs (billing/statements.py);
 # 0 never prepares (behind a transaction-pooling proxy that cannot keep prepared statements).

@@ -20,9 +20,12 @@ of those costs a turn of a busy event loop, and every turn is added to the reque
 
 Group commit: every ask goes to one ``Booker`` per gateway process. While a batch is being
 written by the billing worker, a process of its own (``billing.booking.book``: one
-transaction), new asks wait in a list; when it ends they all go in the next one. An idle gateway
-therefore books an ask at once, on its own; a busy one books many per transaction (about 15 at
-1,400 requests/s in the overhead benchmark), which is what keeps billing cheap at high rates.
+transaction), new asks wait in a list; when it ends they all go in the next one. An ask someone
+waits for (a hold before admission) goes at once; the others (journaled settlements, releases,
+early holds) may wait up to ``FAIRGATE_BILLING_LINGER_MS`` for company, so a quiet gateway
+books a few per transaction instead of one, and a busy one many (the linger then rarely runs
+out before the batch out is answered). Fewer transactions is what keeps billing cheap: each
+costs the worker and the database about a millisecond of CPU whatever its size.
 A hold's caller waits for its hold to commit (an early hold's, before the answer's first byte):
 a request never goes on, nor a 402 out, on a booking that could still be lost.
 
@@ -95,10 +98,12 @@ class Booker:
     def __init__(self) -> None:
         self._pending: list[tuple[Ask, asyncio.Future]] = []
         self._in_flight = False
+        self._urgent = False  # an ask someone waits for is pending
+        self._linger: asyncio.TimerHandle | None = None  # sends the pending asks that may linger
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: billing_worker.Worker | None = None
         self._worker_ready: asyncio.Future | None = None
-        self.unbooked = Unbooked(lambda ask: self.submit(ask, answer=False))
+        self.unbooked = Unbooked(lambda ask: self.submit(ask, answer=False, urgent=False))
         self.prices: dict[str, UnitPrices] = {}  # each backend's, as the billing worker last read them
 
     async def start(self) -> None:
@@ -129,6 +134,8 @@ class Booker:
     async def stop(self) -> None:
         """Books what is waiting (the journal keeps what cannot be), then stops the worker."""
         deadline_s = time.monotonic() + STOP_DRAIN_S
+        if self._loop is asyncio.get_running_loop():
+            self.hurry()
         while (self._pending or self._in_flight) and time.monotonic() < deadline_s:
             await asyncio.sleep(0.01)
         if self._worker is not None:
@@ -150,9 +157,11 @@ class Booker:
         except OSError as failed:
             log.error("could not journal the settlement of %s: %r", ask.request_id, failed)
             durable = None
-        booked = self.submit(ask)
+        booked = self.submit(ask, urgent=not priced)  # priced: no one waits for the booking
         result = asyncio.get_running_loop().create_future()
-        charged = Charged(*capped(charge_of(base_cost=ask.base_cost, factor=held.factor), held.amount)) if priced else None
+        charged = None
+        if priced:
+            charged = Charged(*capped(charge_of(base_cost=ask.base_cost, factor=held.factor), held.amount))
 
         def ended(_done: asyncio.Future) -> None:
             on_disk = durable is not None and durable.done() and durable.exception() is None
@@ -168,16 +177,24 @@ class Booker:
             durable.add_done_callback(ended)
         return result
 
-    def submit(self, ask: Ask, *, answer: bool = True) -> asyncio.Future | None:
+    def submit(self, ask: Ask, *, answer: bool = True, urgent: bool = True) -> asyncio.Future | None:
         """Queues ``ask``; its future gives the result once booked. With ``answer=False`` no one
-        waits: a failure is logged."""
+        waits: a failure is logged. Not ``urgent`` (no one waits for it now: a settlement that is
+        journaled, a release, an early hold): it may wait up to ``FAIRGATE_BILLING_LINGER_MS`` for
+        others to share its batch (`hurry` sends what waits at once)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (tests): what the old one left cannot be answered
-            self._loop, self._pending, self._in_flight = loop, [], False
+            self._loop, self._pending, self._in_flight, self._linger = loop, [], False, None
         future = loop.create_future() if answer else None
         self._pending.append((ask, future))
+        self._urgent |= urgent
         self._send()
         return future
+
+    def hurry(self) -> None:
+        """Someone waits for an ask: what waits goes now (or as soon as the batch out is answered)."""
+        self._urgent = True
+        self._send()
 
     def _ready_worker(self) -> billing_worker.Worker | None:
         ready = self._worker_ready
@@ -193,12 +210,20 @@ class Booker:
         return self._worker
 
     def _send(self) -> None:
-        """Everything waiting goes as one batch, unless a batch is out already. Sent from here and
-        answered in a callback: no task in between, so a batch costs the event loop no extra turns.
-        (Two or four batches out at once were measured no faster at saturation; four slower.)"""
+        """Everything waiting goes as one batch, unless a batch is out already, or nothing waiting
+        is urgent and its linger has not run out. Sent from here and answered in a callback: no task
+        in between, so a batch costs the event loop no extra turns. (Two or four batches out at
+        once were measured no faster at saturation; four slower.)"""
         if not self._pending or self._in_flight:
             return
-        batch, self._pending = self._pending, []
+        if not self._urgent:  # only asks that may linger: once the batch out is answered, they wait
+            if self._linger is None:
+                self._linger = self._loop.call_later(settings.FAIRGATE_BILLING_LINGER_MS / 1000, self.hurry)
+            return
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        batch, self._pending, self._urgent = self._pending, [], False
         self._in_flight = True
         started_s = self._loop.time()
         worker = self._ready_worker()
@@ -275,6 +300,7 @@ class Booker:
                         self.submit(
                             ReleaseAsk(request_id=result.request_id, reason=str(Outcome.CANCELLED), at=timezone.now()),
                             answer=False,
+                            urgent=False,
                         )
                 elif isinstance(result, BaseException):
                     future.set_exception(result)
@@ -308,7 +334,7 @@ def _budget_error(exc: BudgetExhausted) -> GatewayError:
     return GatewayError(402, ErrorCode.BUDGET_EXHAUSTED, f"{exc} Ask finance to raise it, or use a cheaper class.")
 
 
-def _submit_hold(asked: Hold, *, fallback: bool) -> asyncio.Future:
+def _submit_hold(asked: Hold, *, fallback: bool, urgent: bool = True) -> asyncio.Future:
     return booker().submit(
         HoldAsk(
             request_id=asked.request_id,
@@ -320,7 +346,8 @@ def _submit_hold(asked: Hold, *, fallback: bool) -> asyncio.Future:
             at=timezone.now(),
             fallback=fallback,
             owner=process_owner(),
-        )
+        ),
+        urgent=urgent,
     )
 
 
@@ -444,6 +471,8 @@ class EarlyHold:
 
     async def booked(self) -> Hold:
         """The hold once booked (usually it is by now); a refusal as its GatewayError."""
+        if not self.future.done():
+            booker().hurry()
         return await _held(self.asked, self.future)
 
     def release(self, reason: str) -> None:
@@ -454,7 +483,9 @@ class EarlyHold:
 def _release_booked(future: asyncio.Future, reason: str) -> None:
     if future.cancelled() or future.exception() is not None:  # cancelled: the Booker released it
         return
-    booker().submit(ReleaseAsk(request_id=future.result().request_id, reason=reason, at=timezone.now()), answer=False)
+    booker().submit(
+        ReleaseAsk(request_id=future.result().request_id, reason=reason, at=timezone.now()), answer=False, urgent=False
+    )
 
 
 def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callable[[asyncio.Future], None]:
@@ -488,7 +519,7 @@ def hold_early(
     if estimate is None:
         return None
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
-    future = _submit_hold(asked, fallback=False)
+    future = _submit_hold(asked, fallback=False, urgent=False)  # waited for only at its confirmation
     future.add_done_callback(_noting(tenant, tokens, early=estimate))
     return EarlyHold(asked, future)
 
@@ -520,4 +551,6 @@ def release(held: Hold | EarlyHold, *, reason: str) -> None:
     if isinstance(held, EarlyHold):
         held.release(reason)
     else:
-        booker().submit(ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now()), answer=False)
+        booker().submit(
+            ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now()), answer=False, urgent=False
+        )

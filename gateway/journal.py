@@ -140,9 +140,7 @@ class Journal:
 
     def _taking(self) -> _Segment:
         current = self._current
-        if current is not None and (
-            current.lines >= ROTATE_LINES or time.monotonic() - current.opened_s >= ROTATE_S
-        ):
+        if current is not None and (current.lines >= ROTATE_LINES or time.monotonic() - current.opened_s >= ROTATE_S):
             self._close_to_lines(current)
             current = None
         if current is None:

@@ -56,6 +56,18 @@ def ledger(gateway, tenant: str, public_id: str) -> list[list[str]]:
     return json.loads(gateway.shell(LEDGER.format(rid=f"{tenant}/{public_id}")).strip())
 
 
+def settled(gateway, tenant: str, public_id: str) -> list[list[str]]:
+    """The request's ledger once its settlement is booked (it is, just after the answer)."""
+    found: list[list[str]] = []
+
+    def charged() -> bool:
+        found[:] = ledger(gateway, tenant, public_id)
+        return any(kind == "charge" for kind, _, _ in found)
+
+    wait_until(charged, what=f"{public_id}'s settlement booked")
+    return found
+
+
 def ask(gateway, key: str, request_id: str, max_tokens: int = 100):
     return gateway.sdk(key).chat.completions.with_raw_response.create(
         model="m",
@@ -71,7 +83,7 @@ def test_completion_carries_its_charge_and_the_ledger_agrees(billed):
     expected = (Decimal(usage.prompt_tokens) * 1 + Decimal(usage.completion_tokens) * 2) / 1000 * Decimal("1.6")
     assert Decimal(raw.headers["X-Charge"]) == expected.quantize(Decimal("0.000001"))
     assert raw.headers["X-Charge-Currency"]
-    entries = {kind: Decimal(amount) for kind, amount, _ in ledger(billed, "rich", "bill-1")}
+    entries = {kind: Decimal(amount) for kind, amount, _ in settled(billed, "rich", "bill-1")}
     assert sorted(entries) == ["charge", "hold", "release"]
     assert entries["charge"] == Decimal(raw.headers["X-Charge"])
 
@@ -105,11 +117,11 @@ def test_a_request_refused_by_the_queue_is_not_charged(billed):
 
 
 def test_a_request_id_reused_after_its_request_ended_is_refused_and_not_served_free(billed):
-    ask(billed, "rich", "bill-5")
+    ask(billed, "rich", "bill-5")  # its settlement is booked before a hold asked after it (one queue)
     with pytest.raises(openai.BadRequestError) as info:
         ask(billed, "rich", "bill-5")
     assert "bill-5" in info.value.message and "earlier request that was served" in info.value.message
-    assert [kind for kind, _, _ in ledger(billed, "rich", "bill-5")] == ["hold", "release", "charge"]
+    assert [kind for kind, _, _ in settled(billed, "rich", "bill-5")] == ["hold", "release", "charge"]
 
 
 def _billing_worker_pid(gateway) -> int:
@@ -135,4 +147,4 @@ def test_billing_is_booked_by_a_worker_process_that_is_replaced_if_it_dies(bille
     raw = ask(billed, "rich", "bill-7")  # the next batch starts a new worker
     assert Decimal(raw.headers["X-Charge"]) > 0
     assert _billing_worker_pid(billed) != worker
-    assert [kind for kind, _, _ in ledger(billed, "rich", "bill-7")] == ["hold", "release", "charge"]
+    assert [kind for kind, _, _ in settled(billed, "rich", "bill-7")] == ["hold", "release", "charge"]

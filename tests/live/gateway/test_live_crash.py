@@ -101,6 +101,12 @@ def test_the_holds_of_a_killed_process_are_released_and_a_live_ones_are_kept(sta
     )
     for thread in threads:
         thread.join(timeout=120)
+    wait_until(  # answered once journaled: booked just after
+        lambda: all("charge" in entries(first).get(f"acme/alive-{i}", {}) for i in range(4)),
+        limit_s=60,
+        step_s=0.2,
+        what="the live process's settlements booked",
+    )
     ledger = entries(first)
     for i in range(4):
         assert ledger[f"acme/doomed-{i}"]["release"][1] == "owner_gone"

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import start_gateway
+from tests.support.livestack import start_gateway, wait_until
 
 pytestmark = pytest.mark.live
 
@@ -96,6 +96,18 @@ def ledger(gateway, engine_id: str) -> list[str]:
     return json.loads(gateway.shell(LEDGER.format(rid=engine_id)).strip())
 
 
+def settled(gateway, engine_id: str) -> list[str]:
+    """The request's ledger once its settlement is booked (it is, just after the answer)."""
+    found: list[str] = []
+
+    def charged() -> bool:
+        found[:] = ledger(gateway, engine_id)
+        return "charge" in found
+
+    wait_until(charged, what=f"{engine_id}'s settlement booked")
+    return found
+
+
 def test_a_tenant_with_room_is_held_early_and_charged_as_before(stack):
     booked = early(stack, "booked")
     first = ask(stack, "plain", "early-1")  # nothing known of the room yet: held first
@@ -104,7 +116,7 @@ def test_a_tenant_with_room_is_held_early_and_charged_as_before(stack):
     assert early(stack, "booked") == booked + 1
     for raw, rid in ((first, "plain/early-1"), (second, "plain/early-2")):
         assert Decimal(raw.headers["X-Charge"]) > 0
-        assert ledger(stack, rid) == ["hold", "release", "charge"]
+        assert settled(stack, rid) == ["hold", "release", "charge"]
 
 
 def test_an_early_hold_refused_serves_nothing_charges_nothing_and_the_answer_is_the_402(stack):
@@ -131,5 +143,5 @@ def test_a_tenant_set_to_fall_back_refused_early_is_served_at_the_class_that_fit
     assert raw.headers["X-Priority-Class"] == "BATCH"
     assert raw.headers["X-Priority-Downgraded"] == "INTERACTIVE; rule=budget"
     assert Decimal(raw.headers["X-Charge"]) > 0
-    assert ledger(stack, "saver/early-6") == ["hold", "release", "charge"]
+    assert settled(stack, "saver/early-6") == ["hold", "release", "charge"]
     budget_ok(stack, "saver")

@@ -13,7 +13,7 @@ import pytest
 
 from bench.launch import free_port
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import start_gateway
+from tests.support.livestack import start_gateway, wait_until
 
 pytestmark = pytest.mark.live
 
@@ -112,6 +112,9 @@ def test_output_beyond_the_limit_is_not_charged_but_recorded_as_unbilled(stack):
         extra_headers={"X-Request-Id": "greedy-1"},
     )
     assert raw.parse().usage.completion_tokens == 310  # the backend ignored the limit
+    wait_until(  # booked just after the answer
+        lambda: any(kind == "charge" for _, kind, _, _ in ledger(stack, "ample/greedy-1")), what="greedy-1 settled"
+    )
     entries = {
         kind: (Decimal(amount), Decimal(unbilled)) for _, kind, amount, unbilled in ledger(stack, "ample/greedy-1")
     }
