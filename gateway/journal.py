@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -62,8 +62,12 @@ def _safe(owner: str) -> str:
     return owner.replace("/", "_")
 
 
+_FIELDS = tuple(f.name for f in fields(SettleAsk))
+
+
 def _line(ask: SettleAsk) -> bytes:
-    record = {**asdict(ask), "at": ask.at.isoformat()}
+    record = {name: getattr(ask, name) for name in _FIELDS}  # (not asdict: it deep-copies, 5x slower)
+    record["at"] = ask.at.isoformat()
     if ask.base_cost is not None:
         record["base_cost"] = str(ask.base_cost)
     return (json.dumps({"settle": record}, separators=(",", ":")) + "\n").encode()
