@@ -128,14 +128,14 @@ def serve(conn, gateway_pid: int, owner: str = "") -> None:
             continue
         try:
             asks = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):  # the gateway died (OSError: with a batch half sent)
+            if asks is not None:
+                conn.send_bytes(pickle.dumps(book_batch(asks), pickle.HIGHEST_PROTOCOL))
+                continue
+        except (EOFError, OSError):  # the gateway died (OSError: a batch half sent, or no one to answer)
             _gateway_gone(owner, gateway_pid, keeper)
-            asks = None
-        if asks is None:
-            if keeper is not None:
-                keeper.stop()
-            return
-        conn.send_bytes(pickle.dumps(book_batch(asks), pickle.HIGHEST_PROTOCOL))
+        if keeper is not None:  # stopped cleanly (`STOP`), or its gateway is gone
+            keeper.stop()
+        return
 
 
 def _gateway_gone(owner: str, gateway_pid: int, keeper) -> None:

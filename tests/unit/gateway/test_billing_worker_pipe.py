@@ -254,3 +254,39 @@ def test_a_failing_answer_callback_is_reported_and_the_answers_after_it_still_ma
 
     run(uvloop.new_event_loop, scenario())
     assert [str(exc) for exc in reported] == ["a callback that fails"]
+
+
+def test_asks_no_one_waits_for_linger_until_one_someone_waits_for_takes_them_along(monkeypatch, settings):
+    from django.utils import timezone
+
+    from billing.booking import ReleaseAsk
+    from gateway.charging import Booker
+
+    monkeypatch.setattr(billing_worker, "serve", fake_serve_none)
+    settings.FAIRGATE_BILLING_LINGER_MS = 3_600_000  # never by time in this test: only by urgency
+    sent: list[int] = []
+
+    def release(request_id: str) -> ReleaseAsk:
+        return ReleaseAsk(request_id=request_id, reason="test", at=timezone.now())
+
+    async def scenario() -> None:
+        booker = Booker()
+        try:
+            await booker.start()
+            real_send = booker._worker.send
+            monkeypatch.setattr(
+                booker._worker, "send", lambda asks, done: (sent.append(len(asks)), real_send(asks, done))
+            )
+            lingering = [booker.submit(release(f"linger-{i}"), urgent=False) for i in range(3)]
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert sent == [] and not any(f.done() for f in lingering)  # waiting for company
+            assert await booker.submit(release("linger-urgent")) is None  # someone waits: all go now
+            assert sent == [4] and all(f.done() for f in lingering)
+            later = booker.submit(release("linger-4"), urgent=False)
+            booker.hurry()  # an early hold being confirmed, say
+            assert await later is None and sent == [4, 1]
+        finally:
+            await booker.stop()
+
+    run(uvloop.new_event_loop, scenario())
