@@ -83,7 +83,8 @@ ABOUT = {  # fault -> (what it does, what finance expects)
         "in flight lose their connection (a reset, or a stream cut without `[DONE]`); new connections are "
         "refused until the new process is ready.",
         "Holds of the dead process are released as `owner_gone` by a live billing worker or beat's sweep "
-        "within dead-after + sweep (30 + 15 s); a served request was charged before its last byte.",
+        "within dead-after + sweep (30 + 15 s); a served request's settlement was journaled before its last "
+        "byte, and the dead gateway's billing worker books its journal before it ends.",
     ),
     "kill-worker": (
         "SIGKILL to the gateway's billing worker (the spawned child) mid-load. Clients should notice nothing "
@@ -93,8 +94,8 @@ ABOUT = {  # fault -> (what it does, what finance expects)
     "db-restart": (
         "PostgreSQL goes away mid-load and comes back (see the notes for which way). Requests that need a "
         "hold while it is down are refused with 503 service_unavailable.",
-        "Settlements that cannot be booked are journaled on disk before the client's last byte and booked "
-        "once it is back.",
+        "Every settlement is journaled on disk before the client's last byte; one that cannot be booked is "
+        "retried and booked once it is back.",
     ),
     "backend-stop": (
         "SIGKILL to the simulated backend (the only one) while streams run; started again on the same port a few "
