@@ -144,14 +144,10 @@ class Booker:
 
     def settle(self, ask: SettleAsk, held: Hold) -> asyncio.Future:
         """Journals ``ask`` and books it: the future gives the Charged once the line is on disk
-        (priced here, see the module's doc), or, when that cannot be, the booking's result once
-        it is booked (None if it could not be: then it is kept and retried)."""
-        unit = self.prices.get(ask.backend_name)
-        priced = unit is not None and held.factor is not None and held.amount is not None
-        if priced:
-            ask = replace(
-                ask, base_cost=unit.base_cost(prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens)
-            )
+        (``ask`` priced with its ``base_cost``, see the module's doc), or, when that cannot be,
+        the booking's result once it is booked (None if it could not be: then it is kept and
+        retried)."""
+        priced = ask.base_cost is not None and held.factor is not None and held.amount is not None
         try:
             durable: asyncio.Future | None = self.unbooked.journal.keep(ask)
         except OSError as failed:
@@ -532,14 +528,18 @@ def settle(
     abandoned, charged for the tokens sent."""
     if not settings.FAIRGATE_BILLING:
         return None
+    books = booker()
+    unit = books.prices.get(backend)  # priced here only with the prices the booking would use
+    base = None if unit is None else unit.base_cost(prompt_tokens=prompt_tokens, completion_tokens=output_tokens)
     ask = SettleAsk(
         request_id=held.request_id,
         backend_name=backend,
         prompt_tokens=prompt_tokens,
         completion_tokens=output_tokens,
         at=timezone.now(),
+        base_cost=base,
     )
-    return booker().settle(ask, held)
+    return books.settle(ask, held)
 
 
 def release(held: Hold | EarlyHold, *, reason: str) -> None:

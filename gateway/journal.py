@@ -102,6 +102,9 @@ class _Segment:
     open_asks: int = 0  # its settlements not booked yet
     taking: bool = True  # still takes new lines (only the current segment does)
 
+    def full(self) -> bool:
+        return self.lines >= ROTATE_LINES or time.monotonic() - self.opened_s >= ROTATE_S
+
 
 class Journal:
     """This process's journal, used from its event loop: opened (and locked) on first use."""
@@ -144,7 +147,7 @@ class Journal:
 
     def _taking(self) -> _Segment:
         current = self._current
-        if current is not None and (current.lines >= ROTATE_LINES or time.monotonic() - current.opened_s >= ROTATE_S):
+        if current is not None and current.full():
             self._close_to_lines(current)
             current = None
         if current is None:
@@ -202,10 +205,11 @@ class Journal:
 
     def _booked_in(self, segment: _Segment) -> None:
         segment.open_asks -= 1
-        if segment.open_asks == 0 and segment is self._current:
-            if segment.lines >= ROTATE_LINES or time.monotonic() - segment.opened_s >= ROTATE_S:
-                self._close_to_lines(segment)
-        if segment.open_asks == 0 and not segment.taking:
+        if segment.open_asks:
+            return
+        if segment is self._current and segment.full():
+            self._close_to_lines(segment)  # (and removes it)
+        elif not segment.taking:
             self._remove(segment)
 
     def _close_to_lines(self, segment: _Segment) -> None:

@@ -105,10 +105,13 @@ class Gateway:
         if self.owns_database and "DATABASE_URL" in self.env:
             postgres_drop(self.env["DATABASE_URL"])
 
-    def children(self) -> list[int]:
-        """The process's children (its billing worker)."""
+    def billing_worker_pid(self) -> int:
+        """Its one spawned child (multiprocessing's resource tracker is another child)."""
         pid = self.process.pid
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        spawned = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(spawned) == 1, children
+        return spawned[0]
 
     def kill(self) -> None:
         """SIGKILL, as a crash: nothing of the process runs after it (its billing worker does)."""
@@ -192,6 +195,18 @@ def another_process(gateway: Gateway, name: str = "another gateway process") -> 
     )
     wait_ready(other, "/readyz", limit_s=STARTUP_LIMIT_S)
     return other
+
+
+def wait_for(read, ok, *, what: str, **options):
+    """``read()``'s value once ``ok`` holds of it (polled as `wait_until`)."""
+    found: list = []
+
+    def holds() -> bool:
+        found[:] = [read()]
+        return ok(found[0])
+
+    wait_until(holds, what=what, **options)
+    return found[0]
 
 
 def wait_until(predicate, *, limit_s: float = 10.0, step_s: float = 0.02, what: str = "condition"):

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import start_gateway, wait_until
+from tests.support.livestack import start_gateway, wait_for, wait_until
 
 pytestmark = pytest.mark.live
 
@@ -58,14 +58,11 @@ def ledger(gateway, tenant: str, public_id: str) -> list[list[str]]:
 
 def settled(gateway, tenant: str, public_id: str) -> list[list[str]]:
     """The request's ledger once its settlement is booked (it is, just after the answer)."""
-    found: list[list[str]] = []
-
-    def charged() -> bool:
-        found[:] = ledger(gateway, tenant, public_id)
-        return any(kind == "charge" for kind, _, _ in found)
-
-    wait_until(charged, what=f"{public_id}'s settlement booked")
-    return found
+    return wait_for(
+        lambda: ledger(gateway, tenant, public_id),
+        lambda rows: any(kind == "charge" for kind, _, _ in rows),
+        what=f"{public_id}'s settlement booked",
+    )
 
 
 def ask(gateway, key: str, request_id: str, max_tokens: int = 100):
@@ -124,18 +121,9 @@ def test_a_request_id_reused_after_its_request_ended_is_refused_and_not_served_f
     assert [kind for kind, _, _ in settled(billed, "rich", "bill-5")] == ["hold", "release", "charge"]
 
 
-def _billing_worker_pid(gateway) -> int:
-    """The gateway's one spawned child (multiprocessing's resource tracker is another child)."""
-    pid = gateway.process.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    spawned = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    assert len(spawned) == 1, children
-    return spawned[0]
-
-
 def test_billing_is_booked_by_a_worker_process_that_is_replaced_if_it_dies(billed):
     ask(billed, "rich", "bill-6")
-    worker = _billing_worker_pid(billed)
+    worker = billed.billing_worker_pid()
     os.kill(worker, signal.SIGKILL)
     wait_until(
         lambda: (
@@ -146,5 +134,5 @@ def test_billing_is_booked_by_a_worker_process_that_is_replaced_if_it_dies(bille
     )
     raw = ask(billed, "rich", "bill-7")  # the next batch starts a new worker
     assert Decimal(raw.headers["X-Charge"]) > 0
-    assert _billing_worker_pid(billed) != worker
+    assert billed.billing_worker_pid() != worker
     assert [kind for kind, _, _ in settled(billed, "rich", "bill-7")] == ["hold", "release", "charge"]

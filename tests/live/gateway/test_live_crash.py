@@ -119,16 +119,9 @@ def test_the_holds_of_a_killed_process_are_released_and_a_live_ones_are_kept(sta
     second.manage("ledger", "verify")
 
 
-def _billing_worker_pid(gateway) -> int:
-    pid = gateway.process.pid
-    children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    (worker,) = [int(c) for c in children if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()]
-    return worker
-
-
 def test_a_stop_signal_to_the_whole_process_group_is_a_clean_stop(stack):
     first, second = stack
-    worker = _billing_worker_pid(first)
+    worker = first.billing_worker_pid()
     os.kill(worker, signal.SIGTERM)  # as honcho or systemd signal every process of the group
     os.kill(first.process.pid, signal.SIGTERM)
     first.process.wait(timeout=60)

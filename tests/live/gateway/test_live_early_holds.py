@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import start_gateway, wait_until
+from tests.support.livestack import start_gateway, wait_for
 
 pytestmark = pytest.mark.live
 
@@ -98,14 +98,7 @@ def ledger(gateway, engine_id: str) -> list[str]:
 
 def settled(gateway, engine_id: str) -> list[str]:
     """The request's ledger once its settlement is booked (it is, just after the answer)."""
-    found: list[str] = []
-
-    def charged() -> bool:
-        found[:] = ledger(gateway, engine_id)
-        return "charge" in found
-
-    wait_until(charged, what=f"{engine_id}'s settlement booked")
-    return found
+    return wait_for(lambda: ledger(gateway, engine_id), lambda kinds: "charge" in kinds, what=f"{engine_id} settled")
 
 
 def test_a_tenant_with_room_is_held_early_and_charged_as_before(stack):

@@ -13,7 +13,7 @@ import pytest
 
 from bench.launch import free_port
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import start_gateway, wait_until
+from tests.support.livestack import start_gateway, wait_for
 
 pytestmark = pytest.mark.live
 
@@ -112,12 +112,12 @@ def test_output_beyond_the_limit_is_not_charged_but_recorded_as_unbilled(stack):
         extra_headers={"X-Request-Id": "greedy-1"},
     )
     assert raw.parse().usage.completion_tokens == 310  # the backend ignored the limit
-    wait_until(  # booked just after the answer
-        lambda: any(kind == "charge" for _, kind, _, _ in ledger(stack, "ample/greedy-1")), what="greedy-1 settled"
+    rows = wait_for(  # booked just after the answer
+        lambda: ledger(stack, "ample/greedy-1"),
+        lambda rows: any(kind == "charge" for _, kind, _, _ in rows),
+        what="greedy-1 settled",
     )
-    entries = {
-        kind: (Decimal(amount), Decimal(unbilled)) for _, kind, amount, unbilled in ledger(stack, "ample/greedy-1")
-    }
+    entries = {kind: (Decimal(amount), Decimal(unbilled)) for _, kind, amount, unbilled in rows}
     assert entries["charge"][0] == entries["hold"][0] == Decimal(raw.headers["X-Charge"])  # capped at the hold
     assert entries["charge"][1] > 0
     assert stack.metric("fairgate_billing_unbilled_total") > 0
