@@ -27,17 +27,22 @@ from bench.launch import (  # the same set-up as the live benchmarks
     postgres_drop,
     wait_ready,
 )
+from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 STARTUP_LIMIT_S = 30.0
-# One class, one tenant, one slow backend (``url``, ``slots``): the crash and outage tests' world.
-ONE_TENANT_YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 60000, price_factor: 1.6}}
-  tenants:
-    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
-  backends:
-    - {{name: slow, url: "{url}", models: [m], slots: {slots}, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
+
+
+def one_tenant_yaml(url: str, slots: int) -> str:
+    """The crash and outage tests' world: one class (INTERACTIVE, 60 s SLA), one tenant (acme), one
+    backend (slow, ``slots`` slots)."""
+    return scheduler_yaml(
+        classes=["INTERACTIVE"],
+        sla_ms={"INTERACTIVE": 60000},
+        tenants=[tenant("acme", share=0.5)],
+        backends=[backend("slow", url, slots=slots)],
+    )
+
+
 # Crash leftovers found in seconds, not the production 30 s (billing.heartbeats).
 FAST_HOUSEKEEPING = {"FAIRGATE_HEARTBEAT_S": "1", "FAIRGATE_PROCESS_DEAD_AFTER_S": "5", "FAIRGATE_ORPHAN_SWEEP_S": "1"}
 

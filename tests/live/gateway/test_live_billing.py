@@ -14,22 +14,11 @@ import pytest
 
 from simbackend import SimConfig, start_in_thread
 from tests.support.livestack import start_gateway, wait_for, wait_until
+from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
 
-YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 3000,  price_factor: 1.6}}
-    - {{name: NEAR_RT,     level: 1, sla_ms: 15000, price_factor: 1.2}}
-    - {{name: BATCH,       level: 2, sla_ms: 60000, price_factor: 0.7}}
-    - {{name: RETRY,       level: 3, sla_ms: 90000, price_factor: 0.4}}
-  tenants:
-    - {{slug: rich,    name: Rich,    quota_share: 0.5, annual_budget: 1000}}
-    - {{slug: thrifty, name: Thrifty, quota_share: 0.2, annual_budget: 0.01}}
-    - {{slug: saver,   name: Saver,   quota_share: 0.2, annual_budget: 0.25}}
-  backends:
-    - {{name: priced, url: "{url}", models: [m], slots: 2, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
+
 KEYS = {"rich": ("rich", "INTERACTIVE"), "thrifty": ("thrifty", "INTERACTIVE"), "saver": ("saver", "INTERACTIVE")}
 LEDGER = """
 import json
@@ -42,7 +31,16 @@ print(json.dumps([[e.kind, str(e.amount), e.tenant.slug] for e in rows]))
 @pytest.fixture(scope="module")
 def billed(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=2, ttft_ms=2, tokens_per_s=5000, seed=3))
-    gateway = start_gateway(tmp_path_factory.mktemp("gw-billing"), YAML.format(url=f"{sim.url}/v1"), KEYS)
+    yaml = scheduler_yaml(
+        classes=["INTERACTIVE", "NEAR_RT", "BATCH", "RETRY"],
+        tenants=[
+            tenant("rich", share=0.5),
+            tenant("thrifty", budget=0.01, share=0.2),
+            tenant("saver", budget=0.25, share=0.2),
+        ],
+        backends=[backend("priced", f"{sim.url}/v1")],
+    )
+    gateway = start_gateway(tmp_path_factory.mktemp("gw-billing"), yaml, KEYS)
     gateway.shell(
         "from billing.models import TenantBilling; from gateway.models import Tenant; "
         "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)"

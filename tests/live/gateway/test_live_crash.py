@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import FAST_HOUSEKEEPING, ONE_TENANT_YAML, another_process, start_gateway, wait_until
+from tests.support.livestack import FAST_HOUSEKEEPING, another_process, one_tenant_yaml, start_gateway, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.redis]
 
@@ -50,7 +50,7 @@ def balances(gateway) -> list[tuple[Decimal, Decimal, Decimal]]:
 @pytest.fixture
 def stack(tmp_path):
     sim = start_in_thread(SimConfig(port=0, slots=16, ttft_ms=1, tokens_per_s=20, seed=9))  # 100 tokens: 5 s
-    yaml = ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=16)
+    yaml = one_tenant_yaml(f"{sim.url}/v1", slots=16)
     first = start_gateway(
         tmp_path / "gw",
         yaml,

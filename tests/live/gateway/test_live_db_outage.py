@@ -20,18 +20,11 @@ from simbackend import SimConfig, start_in_thread
 from tests.support import livestack
 from tests.support.livestack import Gateway, start_gateway
 from tests.support.pgproxy import PgProxy
+from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres]
 
-YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 3000,  price_factor: 1.6}}
-    - {{name: BATCH,       level: 2, sla_ms: 60000, price_factor: 0.7}}
-  tenants:
-    - {{slug: acme, name: Acme, quota_share: 0.5, annual_budget: 1000}}
-  backends:
-    - {{name: b, url: "{url}", models: [m], slots: 4, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
+
 # "warm" is used before the outage (its key stays cached: the hold is the first thing to need the
 # database); "fresh" is first used during it (its lookup needs the database).
 KEYS = {"warm": ("acme", "INTERACTIVE"), "fresh": ("acme", "INTERACTIVE")}
@@ -52,7 +45,7 @@ def through_proxy(tmp_path_factory) -> Iterator[tuple[Gateway, PgProxy]]:
             patch.setattr(livestack, "_postgres_database", lambda var_dir: proxy.url_through(direct(var_dir)))
             gateway = start_gateway(
                 tmp_path_factory.mktemp("gw-outage"),
-                YAML.format(url=f"{sim.url}/v1"),
+                scheduler_yaml(tenants=[tenant("acme", share=0.5)], backends=[backend("b", f"{sim.url}/v1", slots=4)]),
                 KEYS,
                 FAIRGATE_AUTH_CACHE_MS="600000",
             )

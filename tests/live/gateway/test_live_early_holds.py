@@ -17,19 +17,11 @@ import pytest
 
 from simbackend import SimConfig, start_in_thread
 from tests.support.livestack import start_gateway, wait_for
+from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
 
-YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 3000,  price_factor: 1.6}}
-    - {{name: BATCH,       level: 2, sla_ms: 60000, price_factor: 0.7}}
-  tenants:
-    - {{slug: plain, name: Plain, quota_share: 0.3, annual_budget: 1000}}
-    - {{slug: saver, name: Saver, quota_share: 0.3, annual_budget: 1000}}
-  backends:
-    - {{name: priced, url: "{url}", models: [m], slots: 2, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
+
 KEYS = {"plain": ("plain", "INTERACTIVE"), "saver": ("saver", "INTERACTIVE")}
 BUDGET = """
 import json
@@ -55,7 +47,7 @@ def stack(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=4, ttft_ms=1, tokens_per_s=100_000, seed=8))
     gateway = start_gateway(
         tmp_path_factory.mktemp("gw-early"),
-        YAML.format(url=f"{sim.url}/v1"),
+        scheduler_yaml(tenants=[tenant("plain"), tenant("saver")], backends=[backend("priced", f"{sim.url}/v1")]),
         KEYS,
         FAIRGATE_EARLY_HOLD_ROOM_MS="3600000",
     )

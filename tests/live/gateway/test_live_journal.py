@@ -21,9 +21,9 @@ from simbackend import SimConfig, start_in_thread
 from tests.support import livestack
 from tests.support.livestack import (
     FAST_HOUSEKEEPING,
-    ONE_TENANT_YAML,
     Gateway,
     another_process,
+    one_tenant_yaml,
     start_gateway,
     wait_until,
 )
@@ -78,7 +78,7 @@ def stack(tmp_path) -> Iterator[Stack]:
             patch.setattr(livestack, "_postgres_database", through)
             gateway = start_gateway(
                 tmp_path / "gw",
-                ONE_TENANT_YAML.format(url=f"{sim.url}/v1", slots=8),
+                one_tenant_yaml(f"{sim.url}/v1", slots=8),
                 {"acme": ("acme", "INTERACTIVE")},
                 REDIS_URL=os.environ.get("REDIS_URL", ""),
                 **SETTINGS,

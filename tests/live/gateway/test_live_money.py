@@ -14,21 +14,11 @@ import pytest
 from bench.launch import free_port
 from simbackend import SimConfig, start_in_thread
 from tests.support.livestack import start_gateway, wait_for
+from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
 
-YAML = """scheduler:
-  classes:
-    - {{name: INTERACTIVE, level: 0, sla_ms: 3000,  price_factor: 1.6}}
-    - {{name: BATCH,       level: 2, sla_ms: 60000, price_factor: 0.7}}
-  tenants:
-    - {{slug: edge,  name: Edge,  quota_share: 0.3, annual_budget: 0.5}}
-    - {{slug: ample, name: Ample, quota_share: 0.3, annual_budget: 1000}}
-  backends:
-    - {{name: greedy, url: "{greedy}", models: [m], slots: 2, input_price_per_1k: 0.001, output_price_per_1k: 0.002}}
-    - {{name: honest, url: "{honest}", models: [clean], slots: 2, input_price_per_1k: 1, output_price_per_1k: 2}}
-    - {{name: later, url: "{later}", models: [later], slots: 2, input_price_per_1k: 1, output_price_per_1k: 2}}
-"""
+
 KEYS = {"edge": ("edge", "BATCH"), "ample": ("ample", "INTERACTIVE")}
 BUDGETS = """
 import json
@@ -59,7 +49,14 @@ def stack(tmp_path_factory):
     )
     honest = start_in_thread(SimConfig(port=0, slots=2, ttft_ms=1, tokens_per_s=100_000, seed=6))
     later_port = free_port()  # nothing listens there until a test starts a backend on it
-    yaml = YAML.format(greedy=f"{greedy.url}/v1", honest=f"{honest.url}/v1", later=f"http://127.0.0.1:{later_port}/v1")
+    yaml = scheduler_yaml(
+        tenants=[tenant("edge", budget=0.5), tenant("ample")],
+        backends=[
+            backend("greedy", f"{greedy.url}/v1", input_per_1k=0.001, output_per_1k=0.002),
+            backend("honest", f"{honest.url}/v1", models=["clean"]),
+            backend("later", f"http://127.0.0.1:{later_port}/v1", models=["later"]),
+        ],
+    )
     gateway = start_gateway(
         tmp_path_factory.mktemp("gw-money"),
         yaml,
