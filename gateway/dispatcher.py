@@ -243,6 +243,12 @@ class Dispatcher:
         self.pump()
         return entry
 
+    async def wait_for_grant(self, entry: Entry) -> Grant:
+        """The next grant of ``entry`` (a slot on a backend); raises its refusal (queue timeout, the
+        backend gone). Ask again after a requeue: each wait is for the grant in force then (the
+        dispatcher keeps one future per wait on the entry; its readers never hold one)."""
+        return await entry.future
+
     # --- outcomes ------------------------------------------------------------------------
 
     def requeue(self, entry: Entry, *, retry_after_ms: int) -> None:

@@ -132,7 +132,7 @@ class Exchange:
         entry = self.entry
         body = upstream_body(self.payload)
         while True:
-            grant = await entry.future
+            grant = await self.d.wait_for_grant(entry)
             metrics.WAIT.labels(entry.cls).observe(grant.waited_ms / 1000)
             spec = self.d.backend_specs.get(grant.backend)
             if spec is None:
