@@ -33,6 +33,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     watch_id: str | None = None
     _card_text: str | None = None
     _charge: dict | None = None
+    watching = None  # the publisher told of this socket's tenant (told again when it closes)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -43,6 +44,10 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         self.tenant, self.joined = await database_sync_to_async(_scope_of)(user, requested)
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
+        publisher = publisher_current()
+        if self.tenant is not None and publisher is not None:
+            publisher.watch(self.tenant.pk)
+            self.watching = publisher
         await self.accept()
         await self.send_json(
             {
@@ -55,6 +60,9 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         await self._send_initial()
 
     async def disconnect(self, code: int) -> None:
+        if self.watching is not None:
+            self.watching.unwatch(self.tenant.pk)
+            self.watching = None
         for group in getattr(self, "joined", ()):
             await self.channel_layer.group_discard(group, self.channel_name)
 

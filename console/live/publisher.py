@@ -1,6 +1,7 @@
 """The console's publisher: one task beside the dispatcher, on its event loop.
 
-Every ``tick_ms`` it looks at each tenant with live requests, and if the tenant's table changed
+Every ``tick_ms`` it looks at each tenant with live requests that a socket of this process
+watches (``watch``/``unwatch``, from ``console.consumers``), and if the tenant's table changed
 (ids, states, positions, ETAs, counts) it sends ONE message with a snapshot to ``tenant.<id>``,
 together with the tenant's committed database events of that tick (charges, downgrades,
 alerts, and a fresh budget when money moved). So a viewer receives at most 1000/tick_ms
@@ -10,7 +11,9 @@ figures; every ``sample_ms`` a timeline point is kept (a ring buffer of one hour
 Database events arrive from ``console.live.hooks`` after their transaction commits (charges
 and alerts through ``notify_threadsafe``); downgrade events are bulk-written by the gateway
 (no per-row signal), so the publisher reads committed rows after a cursor once a second.
-The task ends by itself once the dispatcher it served has stopped.
+The task ends by itself once the dispatcher it served has stopped. A tenant nobody watches costs
+nothing per tick: no snapshot, no hold or budget read, its events dropped (a page that opens
+reads its charges from the database and gets its first snapshot on connect).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -56,6 +60,7 @@ class Publisher:
         self.tenant_ids: dict[str, int] = {}
         self.slugs: dict[int, str] = {}
         self.holds: dict[str, str | None] = {}  # "<slug>/<id>" -> held amount
+        self.watched: Counter[int] = Counter()  # tenant id -> sockets of this process on its group
         self.budget_due: set[int] = set()
         self.budget_at_ms: dict[int, int] = {}
         self.timeline = Timeline(step_ms=sample_ms)
@@ -69,6 +74,17 @@ class Publisher:
 
     # --- input ---------------------------------------------------------------------------
 
+    def watch(self, tenant_id: int) -> None:
+        """A socket joined ``tenant_id``'s group: its table is published from the next tick."""
+        self.watched[tenant_id] += 1
+        self.budget_due.add(tenant_id)
+
+    def unwatch(self, tenant_id: int) -> None:
+        self.watched[tenant_id] -= 1
+        if self.watched[tenant_id] <= 0:
+            del self.watched[tenant_id]
+            self.signatures.pop(self.slugs.get(tenant_id, ""), None)
+
     def notify_threadsafe(self, events: list[dict]) -> None:
         """From any thread (after a commit): ``[{"kind": "charges"|"alerts", "tenant_id", "row"}, ...]``."""
         if events and self.loop is not None and not self.loop.is_closed():
@@ -80,10 +96,13 @@ class Publisher:
 
     def add_event(self, event: dict) -> None:
         tenant_id = event["tenant_id"]
+        if event["kind"] in ("charges", "alerts"):
+            self.finance_pending.add(tenant_id)
+        if tenant_id not in self.watched:
+            return
         self.pending.setdefault(tenant_id, {}).setdefault(event["kind"], []).append(event["row"])
         if event["kind"] in ("charges", "alerts"):
             self.budget_due.add(tenant_id)
-            self.finance_pending.add(tenant_id)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -110,6 +129,7 @@ class Publisher:
             await self._poll_downgrades()
         slugs = set(self.signatures) | (set(d.live) if d is not None else set())
         await self._learn(slugs)
+        slugs = {s for s in slugs if self.tenant_ids.get(s) in self.watched}
         if d is not None and settings.FAIRGATE_BILLING:
             await self._fetch_holds(d, slugs)
         messages = self._tenant_messages(d, slugs) if d is not None else {}
@@ -184,6 +204,7 @@ class Publisher:
         return {k: v for k, v in events.items() if v}
 
     async def _add_budgets(self, messages: dict[int, dict], now_wall_ms: int) -> None:
+        self.budget_due &= self.watched.keys()
         due = [t for t in self.budget_due if now_wall_ms - self.budget_at_ms.get(t, 0) >= BUDGET_EVERY_MS]
         if not due:
             return

@@ -66,6 +66,8 @@ def test_one_message_per_changed_tenant_per_tick_and_only_its_own_rows(world):
         publisher = Publisher(layer=layer)
         chan_a = await _listen(layer, tenant_group(world[A].pk))
         chan_b = await _listen(layer, tenant_group(world[B].pk))
+        publisher.watch(world[A].pk)
+        publisher.watch(world[B].pk)
         entries = [_admit(d, A, f"a{i}") for i in range(3)] + [_admit(d, B, f"b{i}") for i in range(2)]
         await publisher.tick(d, 1_000)
         got_a, got_b = await _drain(layer, chan_a), await _drain(layer, chan_b)
@@ -102,6 +104,7 @@ def test_events_ride_with_the_snapshot_and_bring_the_budget(world):
         chan_a = await _listen(layer, tenant_group(world[A].pk))
         chan_b = await _listen(layer, tenant_group(world[B].pk))
         chan_f = await _listen(layer, FINANCE_GROUP)
+        publisher.watch(world[A].pk)
         await publisher.tick(d, 1_000)  # learn nothing yet; the downgrade cursor starts at the newest row
         publisher.tenant_ids[A], publisher.slugs[world[A].pk] = world[A].pk, A
         publisher.add_event(
@@ -114,6 +117,40 @@ def test_events_ride_with_the_snapshot_and_bring_the_budget(world):
         assert payload["budget"]["spent"] is not None and "queue" not in payload
         assert await _drain(layer, chan_b) == []
         assert [m["payload"]["tenants"] for m in await _drain(layer, chan_f)] == [[A]]
+        await d.close()
+
+    async_to_sync(scenario)()
+
+
+def test_a_tenant_nobody_watches_gets_nothing_until_a_socket_watches_it(world):
+    config = _one_slot_config()
+
+    async def scenario():
+        layer = InMemoryChannelLayer()
+        d = _dispatcher(config)
+        publisher = Publisher(layer=layer)
+        chan_a = await _listen(layer, tenant_group(world[A].pk))
+        chan_b = await _listen(layer, tenant_group(world[B].pk))
+        publisher.watch(world[A].pk)
+        _admit(d, A, "a0")
+        _admit(d, B, "b0")
+        publisher.add_event(
+            {"kind": "charges", "tenant_id": world[B].pk, "row": {"request_id": f"{B}/x", "amount": "1"}}
+        )
+        await publisher.tick(d, 1_000)
+        assert len(await _drain(layer, chan_a)) == 1
+        assert await _drain(layer, chan_b) == [] and world[B].pk not in publisher.pending
+
+        publisher.watch(world[B].pk)  # a page opens: its table (and budget) from the next tick
+        await publisher.tick(d, 4_000)
+        [opened] = await _drain(layer, chan_b)
+        assert [r["id"] for r in opened["payload"]["queue"]["rows"]] == ["b0"] and "budget" in opened["payload"]
+        assert "charges" not in opened["payload"]  # dropped while nobody watched (the page reads them itself)
+
+        publisher.unwatch(world[B].pk)
+        _admit(d, B, "b1")
+        await publisher.tick(d, 4_300)
+        assert await _drain(layer, chan_b) == [] and world[B].pk not in publisher.watched
         await d.close()
 
     async_to_sync(scenario)()
