@@ -41,9 +41,9 @@ def _setup_django() -> None:
 def _world() -> None:
     from datetime import datetime
 
-    from gateway.models import Tenant
     from scheduling.models import Backend, PriorityClass
     from scheduling.services import price_set
+    from tenants.models import Tenant
 
     since = datetime(2020, 1, 1, tzinfo=UTC)
     for name, level, factor in (("INTERACTIVE", 0, "1.6"), ("BATCH", 2, "0.7")):
@@ -133,7 +133,7 @@ def _queries() -> dict[str, int]:
 
 def _reference_query_us(rounds: int) -> float:
     """One trivial ORM read on the same machine and database: the yardstick for the figures above."""
-    from gateway.models import Tenant
+    from tenants.models import Tenant
 
     t0 = time.perf_counter()
     for _ in range(rounds):

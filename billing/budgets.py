@@ -22,7 +22,7 @@ from billing.cache import TtlCache
 from billing.errors import UnknownTenant
 from billing.models import Budget, TenantBilling
 from billing.periods import Period, month_period_at, period_key, year_period_at
-from gateway.models import Tenant
+from tenants.models import Tenant
 
 ALERT_THRESHOLDS_PCT = (80, 100)
 

@@ -125,8 +125,8 @@ def connect_invalidation() -> None:
     from django.db.models.signals import post_delete, post_save
 
     from billing.models import TenantBilling
-    from gateway.models import Tenant
     from scheduling.models import Backend, PriceVersion, PriorityClass
+    from tenants.models import Tenant
 
     for model in (Tenant, TenantBilling, PriorityClass, PriceVersion, Backend):
         for signal in (post_save, post_delete):

@@ -19,9 +19,9 @@ ZERO = Decimal("0")
 
 
 class TenantBilling(models.Model):
-    """Optional billing settings of a tenant (kept out of gateway.Tenant)."""
+    """Optional billing settings of a tenant (kept out of tenants.Tenant)."""
 
-    tenant = models.OneToOneField("gateway.Tenant", on_delete=models.PROTECT, related_name="billing")
+    tenant = models.OneToOneField("tenants.Tenant", on_delete=models.PROTECT, related_name="billing")
     monthly_cap = models.DecimalField(**MONEY, null=True, blank=True, help_text="Empty: no monthly cap.")
     fallback_on_exhausted = models.BooleanField(
         default=False, help_text="When the budget cannot hold a request, fall back to a cheaper class that fits."
@@ -41,7 +41,7 @@ class Budget(models.Model):
         YEAR = "year", "Fiscal year"
         MONTH = "month", "Fiscal month"
 
-    tenant = models.ForeignKey("gateway.Tenant", on_delete=models.PROTECT, related_name="budgets")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="budgets")
     kind = models.CharField(max_length=8, choices=Kind.choices)
     fiscal_year = models.PositiveIntegerField(help_text="Calendar year in which the fiscal year starts.")
     starts_at = models.DateTimeField()
@@ -103,7 +103,7 @@ class LedgerEntry(models.Model):
     # deleted, so their foreign keys need no index of their own.
     at = models.DateTimeField()
     tenant = models.ForeignKey(
-        "gateway.Tenant", on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
     )
     budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="entries", db_index=False)
     month_budget = models.ForeignKey(

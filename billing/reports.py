@@ -17,8 +17,8 @@ from django.utils import timezone
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, MoneySum, money, or_zero
 from billing.periods import fiscal_tz, fiscal_year_of, year_period
-from gateway.models import Tenant
 from scheduling.models import PriceVersion
+from tenants.models import Tenant
 
 SHARE = Decimal("0.0001")
 

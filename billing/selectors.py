@@ -14,9 +14,9 @@ from billing.budgets import billing_of, budgets_for, tenant_get
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, MoneySum, or_zero
 from billing.pricing import charge_of, price_version_at, upper_bound_base_cost
-from gateway.models import Tenant
 from scheduling.models import PriorityClass
 from scheduling.selectors import classes_with_price
+from tenants.models import Tenant
 
 Kind = LedgerEntry.Kind
 # How each kind of entry moves a budget's denormalised columns.

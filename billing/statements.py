@@ -33,8 +33,8 @@ from django.conf import settings
 from django.db import connection
 
 from billing.models import Budget, LedgerEntry, TenantBilling
-from gateway.models import Tenant
 from scheduling.models import PriceVersion
+from tenants.models import Tenant
 
 BUDGET = Budget._meta.db_table
 LEDGER = LedgerEntry._meta.db_table

@@ -11,7 +11,7 @@ when they changed since the last answer (the gateway prices its clients' ``X-Cha
 gateway.charging). A batch of None (`STOP`) is a clean stop.
 
 When the gateway dies under it (the pipe ends without `STOP`), the worker books the settlements
-its gateway journaled (gateway.journal) before it ends, and releases what the gateway still held.
+its gateway journaled (billing.journal) before it ends, and releases what the gateway still held.
 
 The spawned process imports this module before Django is set up, so nothing here imports Django,
 or a module that needs it, at module level.
@@ -149,7 +149,7 @@ def _gateway_gone(owner: str, gateway_pid: int, keeper) -> None:
     from django.db import close_old_connections
 
     from billing.booking import book
-    from gateway.journal import journal_replay
+    from billing.journal import journal_replay
 
     def booked(asks: list) -> list[object]:
         close_old_connections()  # one that failed is replaced

@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "channels",
+    "tenants",
     "gateway",
     "scheduling",
     "billing",
@@ -73,7 +74,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
-AUTH_USER_MODEL = "gateway.User"
+AUTH_USER_MODEL = "tenants.User"
 
 TEMPLATES = [
     {

@@ -1,6 +1,6 @@
 """Who may see what in the console. Every view and the WebSocket consumer ask here, once.
 
-Roles (``gateway.User.role``): ``member`` sees its own tenant only; ``finance`` sees every
+Roles (``tenants.User.role``): ``member`` sees its own tenant only; ``finance`` sees every
 tenant's charges and budgets, read-only; ``admin`` sees everything and changes configuration.
 """
 
@@ -13,7 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
-from gateway.models import Tenant, User
+from tenants.models import Tenant, User
 
 MEMBER, FINANCE, ADMIN = User.Role.MEMBER, User.Role.FINANCE, User.Role.ADMIN
 

@@ -6,5 +6,8 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         from console.live import hooks
+        from console.live.publisher import console_live_start
+        from gateway import live
 
         hooks.connect()
+        live.register(publish=hooks.publish_committed, on_serving=console_live_start)

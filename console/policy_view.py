@@ -6,12 +6,12 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from gateway.models import Tenant
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.model import AgingPolicy, FairnessMode
 from scheduling.engine.schema_sections import format_ratio
 from scheduling.models import Backend, PriceVersion
 from scheduling.selectors import classes_with_price, config_live
+from tenants.models import Tenant
 
 CURVE_STEP = 0.01
 CURVE_MAX_RATIO = 1.2

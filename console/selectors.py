@@ -12,8 +12,9 @@ from django.conf import settings
 from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
 from billing.reports import budget_burn
-from gateway.models import ApiKey, DowngradeEvent, Tenant
+from gateway.models import DowngradeEvent
 from scheduling.models import AuditLog
+from tenants.models import ApiKey, Tenant
 
 RECENT = 20
 

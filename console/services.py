@@ -10,10 +10,10 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from gateway.models import ApiKey, Tenant, User
 from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
 from scheduling.services import audit_record
+from tenants.models import ApiKey, Tenant, User
 
 
 @transaction.atomic

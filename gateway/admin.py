@@ -1,32 +1,14 @@
 from django.contrib import admin
-from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 
-from gateway.models import ApiKey, Tenant, User
 from scheduling.admin import AuditedAdmin
+from tenants.models import Tenant
 
 
 @admin.register(Tenant)
 class TenantAdmin(AuditedAdmin):
+    """A tenant's weight, budget and classes are configuration: every change is audited."""
+
     audit_entity = "tenant"
     list_display = ("slug", "name", "quota_share", "annual_budget", "allowed_classes", "vip", "active")
     list_filter = ("vip", "active")
     search_fields = ("slug", "name")
-
-
-@admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "tenant", "label", "default_class", "created_at", "revoked_at", "last_used_at")
-    list_filter = ("default_class", "tenant")
-    search_fields = ("prefix", "label", "tenant__slug")
-    readonly_fields = ("prefix", "secret_hash", "created_at", "last_used_at")
-
-    def has_add_permission(self, request):
-        return False  # keys are created with `manage.py apikey create` or in the console (secret shown once)
-
-
-@admin.register(User)
-class UserAdmin(BaseUserAdmin):
-    list_display = ("username", "tenant", "role", "is_staff", "is_active")
-    list_filter = ("role", "tenant", "is_staff")
-    fieldsets = BaseUserAdmin.fieldsets + (("Fairgate", {"fields": ("tenant", "role")}),)
-    add_fieldsets = BaseUserAdmin.add_fieldsets + (("Fairgate", {"fields": ("tenant", "role")}),)

@@ -3,4 +3,4 @@ from django.apps import AppConfig
 
 class GatewayConfig(AppConfig):
     name = "gateway"
-    verbose_name = "Gateway: tenants, users and API keys"
+    verbose_name = "Gateway"

@@ -19,6 +19,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse
 from django.urls import resolve
 
+from gateway import live
 from gateway.errors import ErrorCode, GatewayError
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,7 @@ class Lifespan:
                     await dispatcher_get()
                     await charging.start()  # the billing worker process
                     resolve("/v1/models")  # import the URLconf and views now, not on the first request
-                    from console.live.publisher import console_live_start
-
-                    console_live_start()  # the console's live pushes, beside the dispatcher; ends with it
+                    live.serving()  # the console's live pushes start, beside the dispatcher; end with it
                     # Everything loaded so far (Django, the app, the tokenizer) lives as long as the
                     # process: move it out of the collector's way, so full collections stay short.
                     gc.collect()

@@ -15,8 +15,8 @@ from django.conf import settings
 
 from gateway.db import db_call
 from gateway.errors import ErrorCode, GatewayError
-from gateway.keys import key_matches, key_prefix
-from gateway.models import ApiKey
+from tenants.keys import key_matches, key_prefix
+from tenants.models import ApiKey
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
   (see "early holds" below);
 * ``settle`` once, when the upstream finished, with the actual usage (for a stream the client
   abandoned: the tokens sent so far, ``partial=True``); returns a future of the charge, set once
-  the settlement is in the journal on disk (gateway.journal), and booked in the database behind
+  the settlement is in the journal on disk (billing.journal), and booked in the database behind
   it (see "settlements" below);
 * ``release`` once, when the request ends without a charge (refused, queue timeout, cancelled
   while waiting, upstream failure).
@@ -30,7 +30,7 @@ A hold's caller waits for its hold to commit (an early hold's, before the answer
 a request never goes on, nor a 402 out, on a booking that could still be lost.
 
 Settlements: the answer's end waits for its settlement to be on local disk, not in the
-database. The journal (gateway.journal) makes it durable with an ``fdatasync`` (about 0.1 ms);
+database. The journal (billing.journal) makes it durable with an ``fdatasync`` (about 0.1 ms);
 the booking follows in the next batch, and if this process is killed first, its billing worker
 or the next gateway on this host books it from the journal. ``X-Charge`` is priced here as the
 booking prices it: the backend's prices as the billing worker last read them (sent back with
@@ -63,8 +63,8 @@ from billing.heartbeats import process_owner
 from billing.inflight import HeldEntry, held_forget, held_remember
 from billing.money import ZERO
 from billing.pricing import UnitPrices, capped, charge_of
-from console.live.hooks import publish_committed
-from gateway import billing_worker, metrics
+from billing.tasks import holds_release_at_startup
+from gateway import billing_worker, live, metrics
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.lifecycle import Outcome
 from gateway.unbooked import Unbooked
@@ -273,7 +273,7 @@ class Booker:
                 metrics.BILLING_BATCH_SECONDS.observe(self._loop.time() - started_s)
                 metrics.BILLING_BATCH_ASKS.observe(len(batch))
                 if events:
-                    publish_committed(events)
+                    live.publish_on_commit(events)
             for (ask, future), result in zip(batch, results):
                 if isinstance(ask, HoldAsk):
                     if isinstance(result, HeldEntry):
@@ -540,6 +540,15 @@ def settle(
         base_cost=base,
     )
     return books.settle(ask, held)
+
+
+def release_leftover_holds() -> None:
+    """At start (synchronous: through gateway.db): holds of requests a previous run of this process
+    never ended (crash, kill) hold no more."""
+    if settings.FAIRGATE_BILLING:
+        released = holds_release_at_startup(sole_process=not settings.REDIS_URL)
+        if released:
+            log.warning("released %d billing holds left behind by an earlier run", released)
 
 
 def release(held: Hold | EarlyHold, *, reason: str) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from django.conf import settings
 from django.utils import timezone
 
-from billing.tasks import holds_release_at_startup
+from gateway import charging
 from gateway.circuit import Circuits
 from gateway.db import db_call, log_failure
 from gateway.errors import ErrorCode, GatewayError, invalid_request
@@ -80,14 +80,6 @@ def _load() -> tuple[int | None, SchedulerConfig]:
     return pk, config_live()
 
 
-def _release_leftover_holds() -> None:
-    """Holds of requests a previous run of this process never ended (crash, kill) hold no more."""
-    if settings.FAIRGATE_BILLING:
-        released = holds_release_at_startup(sole_process=not settings.REDIS_URL)
-        if released:
-            log.warning("released %d billing holds left behind by an earlier run", released)
-
-
 class Dispatcher:
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -114,7 +106,7 @@ class Dispatcher:
     @classmethod
     async def create(cls) -> Dispatcher:
         audit_pk, config = await db_call(_load)()
-        await db_call(_release_leftover_holds)()
+        await db_call(charging.release_leftover_holds)()
         await asyncio.to_thread(encoding)  # load the tokenizer now, not on the first request
         dispatcher = cls(config, audit_pk=audit_pk, loop=asyncio.get_running_loop())
         dispatcher._poller = asyncio.create_task(dispatcher._poll(), name="fairgate-config-poll")

@@ -1,83 +1,10 @@
-"""Who is calling: tenants (business units), their users and their API keys.
-
-The gateway owns identity because every request starts here: a key names a tenant, a tenant
-has a weight, a budget and the classes it may declare.
-"""
+"""The gateway's own records: downgrade events (identity is the tenants app)."""
 
 from __future__ import annotations
 
-from decimal import Decimal
-
-from django.contrib.auth.models import AbstractUser
-from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-
-class Tenant(models.Model):
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
-    quota_share = models.DecimalField(
-        max_digits=6,
-        decimal_places=4,
-        validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(Decimal("1"))],
-        help_text="Weight for fair sharing inside a class (0 < share <= 1).",
-    )
-    annual_budget = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
-    allowed_classes = models.JSONField(
-        default=list, blank=True, help_text="Class names this tenant may declare; empty means all."
-    )
-    vip = models.BooleanField(default=False)
-    active = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["slug"]
-        constraints = [
-            models.CheckConstraint(
-                condition=models.Q(quota_share__gt=0, quota_share__lte=1), name="tenant_quota_share_range"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-class User(AbstractUser):
-    class Role(models.TextChoices):
-        MEMBER = "member", "Member"
-        FINANCE = "finance", "Finance"
-        ADMIN = "admin", "Admin"
-
-    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="users")
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
-
-    @property
-    def sees_all_tenants(self) -> bool:
-        """Finance and admins (and superusers) see every tenant's charges; members only their own."""
-        return self.is_superuser or self.role in (self.Role.FINANCE, self.Role.ADMIN)
-
-
-class ApiKey(models.Model):
-    """The secret is shown once at creation; only its SHA-256 digest is stored."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="api_keys")
-    label = models.CharField(max_length=200, blank=True)
-    default_class = models.CharField(max_length=32)
-    prefix = models.CharField(max_length=16, unique=True)
-    secret_hash = models.CharField(max_length=64)
-    created_at = models.DateTimeField(auto_now_add=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.tenant.slug})"
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
+from tenants.models import Tenant
 
 
 class DowngradeEvent(models.Model):

@@ -8,10 +8,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from gateway.keys import key_generate
-from gateway.models import ApiKey, Tenant
 from scheduling.models import PriorityClass
 from scheduling.services import audit_record
+from tenants.keys import key_generate
+from tenants.models import ApiKey, Tenant
 
 
 def _check_share(quota_share) -> Decimal:

@@ -1,6 +1,6 @@
 """Ends of requests (settlements, releases) that could not be booked: kept until they are.
 
-Every settlement is in the journal (gateway.journal) before its client gets the last byte. One
+Every settlement is in the journal (billing.journal) before its client gets the last byte. One
 whose booking fails (the database is down) is sent again every ``RETRY_S`` while the process
 lives, until booked; then the journal lets its line go. Releases are retried the same way but
 not journaled: if this process dies, its holds are released by the heartbeat sweep
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from billing.booking import Ask, SettleAsk
 from billing.errors import transient
 from billing.heartbeats import process_owner
+from billing.journal import Journal
 from gateway import metrics
-from gateway.journal import Journal
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0

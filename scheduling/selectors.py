@@ -7,7 +7,6 @@ from decimal import Decimal
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from gateway.models import Tenant
 from scheduling.engine.model import (
     AgingPolicy,
     BackendSpec,
@@ -35,6 +34,7 @@ from scheduling.models import (
     PriorityClass,
     SchedulerPolicy,
 )
+from tenants.models import Tenant
 
 
 def classes_with_price(*, at=None, active_only: bool = True):

@@ -15,7 +15,6 @@ from typing import Any
 from django.db import models, transaction
 from django.utils import timezone
 
-from gateway.models import Tenant
 from scheduling.engine.model import BackendSpec, ClassSpec, SchedulerConfig, TenantSpec
 from scheduling.models import (
     AgingSegment,
@@ -28,6 +27,7 @@ from scheduling.models import (
     SchedulerPolicy,
 )
 from scheduling.selectors import classes_with_price, policy_get
+from tenants.models import Tenant
 
 SECTIONS = (
     "classes",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from console import selectors
-from gateway.models import DowngradeEvent, Tenant
+from gateway.models import DowngradeEvent
+from tenants.models import Tenant
 
 DOWNGRADE_BATCH = 500
 

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 
 from config.cli import SubcommandCommand
 from console.services import user_create
-from gateway.models import User
+from tenants.models import User
 
 
 class Command(SubcommandCommand):

@@ -1,6 +1,6 @@
 from config.cli import SubcommandCommand
-from gateway.models import ApiKey
 from gateway.services import apikey_create, apikey_revoke
+from tenants.models import ApiKey
 
 
 class Command(SubcommandCommand):

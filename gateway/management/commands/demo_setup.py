@@ -11,9 +11,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from gateway.models import ApiKey, Tenant, User
 from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
+from tenants.models import ApiKey, Tenant, User
 
 DEMO_LABEL = "demo"
 DEMO_KEYS = (  # tenant, class, what it shows

@@ -1,6 +1,6 @@
 from config.cli import SubcommandCommand, class_list_arg, decimal_arg
-from gateway.models import Tenant
 from gateway.services import tenant_create, tenant_update
+from tenants.models import Tenant
 
 
 class Command(SubcommandCommand):

@@ -8,9 +8,9 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
-from gateway.models import Tenant, User
 from scheduling.models import Backend, PriorityClass
 from scheduling.services import price_set
+from tenants.models import Tenant, User
 
 D = Decimal
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)

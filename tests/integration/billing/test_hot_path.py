@@ -25,8 +25,8 @@ from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, holds_release_stale
 from billing.statements import INSERT_ROWS
-from gateway.models import Tenant
 from scheduling.models import Backend, PriceVersion
+from tenants.models import Tenant
 from tests.integration.billing.helpers import hold, settle, year_budget
 
 PER_BATCH = 6  # SAVEPOINT, lock, entries so far, price versions, UPDATE, RELEASE; plus the INSERTs:

@@ -13,7 +13,7 @@ from django.db.models import Sum
 from billing import reports
 from billing.models import LedgerEntry
 from billing.services import hold_release, ledger_adjust
-from gateway.models import Tenant
+from tenants.models import Tenant
 from tests.integration.billing.helpers import hold, settle
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.integration.billing.urls")]

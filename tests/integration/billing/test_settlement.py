@@ -89,7 +89,7 @@ def test_usage_beyond_the_hold_is_not_charged_but_recorded_as_unbilled(world):
 
 
 def test_a_budget_is_never_overspent_by_a_backend_reporting_more_than_was_held(world):
-    from gateway.models import Tenant
+    from tenants.models import Tenant
 
     Tenant.objects.filter(slug="alpha").update(annual_budget=D("3.2"))  # room for exactly one hold
     hold("r1")
@@ -101,7 +101,7 @@ def test_a_budget_is_never_overspent_by_a_backend_reporting_more_than_was_held(w
 
 def test_a_late_settlement_after_its_process_was_taken_for_dead_charges_only_what_the_budget_has(world):
     from billing.booking import OWNER_GONE_REASON
-    from gateway.models import Tenant
+    from tenants.models import Tenant
 
     Tenant.objects.filter(slug="alpha").update(annual_budget=D("4"))
     hold("r1")

@@ -11,8 +11,8 @@ import pytest
 from django.test import Client
 
 from billing.services import budget_hold, charge_settle
-from gateway.models import Tenant, User
 from scheduling.config_files import config_load_file
+from tenants.models import Tenant, User
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "scheduler.example.yaml"
 A, B = "support", "sales"

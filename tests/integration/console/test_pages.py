@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.models import ApiKey
+from tenants.models import ApiKey
 from tests.integration.console.conftest import A_REQUEST, B_REQUEST
 
 PAGES = ["/console/queue/", "/console/finance/", "/console/policy/", "/console/ops/", "/console/audit/"]

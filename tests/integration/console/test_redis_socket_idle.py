@@ -17,7 +17,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 from console.live.groups import tenant_group
-from gateway.models import Tenant
+from tenants.models import Tenant
 from tests.integration.console.conftest import persona
 from tests.integration.console.test_consumers import connected, keep_the_test_connection, run  # noqa: F401  (autouse fixture)
 

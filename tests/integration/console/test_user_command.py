@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from gateway.models import User
+from tenants.models import User
 
 
 def run(*args: str, stdin: str = "") -> str:

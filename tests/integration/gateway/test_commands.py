@@ -14,9 +14,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from gateway.keys import key_matches, key_prefix
-from gateway.models import ApiKey, Tenant
 from scheduling.models import AuditLog, Backend
+from tenants.keys import key_matches, key_prefix
+from tenants.models import ApiKey, Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -42,7 +42,7 @@ def billed(tmp_path_factory):
     )
     gateway = start_gateway(tmp_path_factory.mktemp("gw-billing"), yaml, KEYS)
     gateway.shell(
-        "from billing.models import TenantBilling; from gateway.models import Tenant; "
+        "from billing.models import TenantBilling; from tenants.models import Tenant; "
         "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)"
     )
     yield gateway

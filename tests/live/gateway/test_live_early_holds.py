@@ -30,7 +30,7 @@ print(json.dumps([[str(b.spent), str(b.held), str(b.limit)] for b in Budget.obje
 """
 SHRINK = """
 from decimal import Decimal
-from gateway.models import Tenant
+from tenants.models import Tenant
 from billing.models import Budget
 b = Budget.objects.get(tenant__slug={slug!r}, kind="year")
 Tenant.objects.filter(slug={slug!r}).update(annual_budget=b.spent + b.held + Decimal("{room}"))
@@ -52,7 +52,7 @@ def stack(tmp_path_factory):
         FAIRGATE_EARLY_HOLD_ROOM_MS="3600000",
     )
     gateway.shell(
-        "from billing.models import TenantBilling; from gateway.models import Tenant; "
+        "from billing.models import TenantBilling; from tenants.models import Tenant; "
         "TenantBilling.objects.create(tenant=Tenant.objects.get(slug='saver'), fallback_on_exhausted=True)"
     )
     gateway.extra["sim"] = sim

@@ -272,7 +272,7 @@ def test_concurrent_lookups_of_an_expired_key_share_one_database_query(monkeypat
     import time
 
     from gateway import auth
-    from gateway.keys import key_generate
+    from tenants.keys import key_generate
 
     full_key, prefix, secret_hash = key_generate()
     calls = []
