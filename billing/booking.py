@@ -281,6 +281,11 @@ def attempt_key(request_id: str, attempt: int) -> str:
     return request_id if attempt == 1 else f"{request_id}#{attempt}"
 
 
+def attempt_of(key: str) -> str:
+    """The request id an attempt's key was made from (ids never contain ``#``)."""
+    return key.split("#", 1)[0]
+
+
 Done = dict[tuple[str, str], tuple[Decimal, str]]
 Holds = dict[str, HeldEntry | None]  # None: in the ledger, not read yet
 

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from billing.booking import SettleAsk
+from billing.booking import SettleAsk, attempt_of
 
 log = logging.getLogger(__name__)
 SUFFIX = ".jsonl"
@@ -115,6 +116,7 @@ class Journal:
         self._current: _Segment | None = None
         self._segments: list[_Segment] = []  # every segment open (its lock held), adopted ones too
         self._where: dict[str, _Segment] = {}  # request id -> the segment of its line, until booked
+        self._ids: Counter[str] = Counter()  # the same, by the id the client sent (attempts together)
         # What goes to disk next, in order: (fd, line) to append, or (fd, path) to remove (a segment
         # is removed after its last line was written: same queue, one thread).
         self._buffer: list[tuple[int, bytes | Path]] = []
@@ -126,6 +128,11 @@ class Journal:
     def __len__(self) -> int:
         """Settlements kept and not booked yet."""
         return len(self._where)
+
+    def settling(self, request_id: str) -> bool:
+        """Whether a request sent with ``request_id`` (any attempt) was served and its settlement
+        is kept here, not booked yet: until it is, the ledger cannot tell that the id was used."""
+        return request_id in self._ids
 
     # --- keeping ---
 
@@ -168,6 +175,8 @@ class Journal:
             return
         if before is not None:  # kept again (a settlement sent once more): the newer line counts
             self._booked_in(before)
+        else:
+            self._ids[attempt_of(request_id)] += 1
         self._where[request_id] = segment
         segment.open_asks += 1
 
@@ -202,6 +211,10 @@ class Journal:
         segment = self._where.pop(request_id, None)
         if segment is not None:
             self._booked_in(segment)
+            sent_as = attempt_of(request_id)
+            self._ids[sent_as] -= 1
+            if not self._ids[sent_as]:
+                del self._ids[sent_as]
 
     def _booked_in(self, segment: _Segment) -> None:
         segment.open_asks -= 1
@@ -257,6 +270,7 @@ class Journal:
         for segment in self._segments:
             os.close(segment.fd)
         self._segments, self._current, self._where, self._buffer, self._waiters = [], None, {}, [], []
+        self._ids.clear()
 
 
 def _write(ops: list[tuple[int, bytes | Path]]) -> None:

@@ -378,6 +378,10 @@ async def hold(
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
         return asked
+    if booker().unbooked.journal.settling(request_id):
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(RequestIdUsed(f"request id {request_id!r} was used by a request that was served"))
+        return await _held(asked, future)  # served here a moment ago: the ledger will say so once booked
     future = _submit_hold(asked, fallback=True)
     future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)
@@ -509,6 +513,8 @@ def hold_early(
     """Starts booking the hold and returns at once, if the tenant's room allows (see Rooms); else
     None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
     if not (settings.FAIRGATE_BILLING and settings.FAIRGATE_EARLY_HOLDS):
+        return None
+    if booker().unbooked.journal.settling(request_id):  # refused by `hold`, before anything goes upstream
         return None
     tokens = prompt_tokens + max_output_tokens
     estimate = rooms.early_estimate(tenant, tokens, time.monotonic())

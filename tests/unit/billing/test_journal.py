@@ -190,3 +190,17 @@ def test_unbooked_settlements_are_retried_and_adopted_by_the_next_process(monkey
 
     asyncio.run(next_start())
     assert journals_orphaned() == [] and lines_on_disk() == []  # adopted, booked, nothing left behind
+
+
+def test_an_id_is_settling_from_its_first_kept_attempt_until_every_attempt_is_booked():
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        assert not mine.settling("t/r1")
+        await mine.keep(settle("t/r1#2"))  # the second attempt sent with id r1 was served
+        await mine.keep(settle("t/r1#2"))  # kept again (sent once more): still one
+        assert mine.settling("t/r1") and not mine.settling("t/r") and not mine.settling("t/r10")
+        mine.booked("t/r1#2")
+        assert not mine.settling("t/r1")
+        mine.close()
+
+    asyncio.run(scenario())
