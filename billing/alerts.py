@@ -14,8 +14,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from billing import news
 from billing.budgets import billing_of
 from billing.models import Budget, BudgetAlert
+from billing.news import AlertRaised
 
 logger = logging.getLogger("fairgate.billing.alerts")
 WEBHOOK_TIMEOUT_S = 5.0
@@ -42,6 +44,8 @@ def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAl
             settings.FAIRGATE_CURRENCY,
         )
         transaction.on_commit(lambda pk=alert.pk: _enqueue(pk))
+        raised = AlertRaised.of(alert)
+        transaction.on_commit(lambda raised=raised: news.announce(alerts=[raised]))
         created.append(alert)
     return created
 

@@ -26,8 +26,8 @@ Inside the transaction, in this order:
 5. One INSERT appends the entries; one UPDATE per moved row writes its new balance; 80 %/100 %
    crossings are recorded as alerts.
 
-After commit, holds are remembered in this process (billing.inflight) and `entries_booked` is
-sent (the console's live feed listens).
+After commit, holds are remembered in this process (billing.inflight) and the charges are
+announced (billing.news; the console's live feed listens).
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
-from django.dispatch import Signal
 
-from billing import statements
+from billing import news, statements
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
 from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdInUse, RequestIdUsed
@@ -57,9 +56,6 @@ OWNER_GONE_REASON = "owner_gone"  # released because its gateway process died (b
 LATE_SETTLEMENT_REASONS = frozenset({STALE_REASON, OWNER_GONE_REASON})
 MAX_ATTEMPTS = 64  # requests one id may name: an id whose request ended unserved may be sent again
 MAX_BATCH = 256  # asks per transaction (3 entries × 18 columns each stays far below bind limits)
-
-# Sent after commit with every entry a batch appended: entries_booked.send(sender=None, entries=[Booked, ...]).
-entries_booked = Signal()
 
 
 @dataclass(frozen=True)
@@ -524,8 +520,9 @@ def _committed(plans: list[_Plan], entries: list[Booked]) -> None:
                 held_remember(plan.result)
         else:
             held_forget(plan.ask.request_id)
-    if entries:
-        entries_booked.send(sender=None, entries=entries)
+    charges = [e for e in entries if e.kind == Kind.CHARGE]
+    if charges:
+        news.announce(charges=charges)
 
 
 def _book_prepared(plans: list[_Plan]) -> None:

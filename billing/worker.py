@@ -5,8 +5,8 @@ it and talks to it without blocking its loop, is gateway.billing_worker).
 The protocol: one pickled message each way per batch, ``Connection.send_bytes`` framing (a 4-byte
 big-endian signed length and the payload; length -1, then an 8-byte unsigned length, for a message
 of 2 GiB or more: `frame_header`, `Frames`). The worker sends `READY` once Django is set up, then,
-for each batch of asks (billing.booking), `book_batch`'s answer: the results, the console
-events the booking produced (`hand_back`), for the gateway to publish, and the backends' prices
+for each batch of asks (billing.booking), `book_batch`'s answer: the results, the news of what
+was booked (billing.news: charges and alerts), for the gateway to announce, and the backends' prices
 when they changed since the last answer (the gateway prices its clients' ``X-Charge`` with them,
 gateway.charging). A batch of None (`STOP`) is a clean stop.
 
@@ -85,17 +85,6 @@ class Frames:
 
 # --- in the worker process -------------------------------------------------------------------------
 
-_events: list[dict] | None = None  # in the worker: console events of the batch being booked
-
-
-def hand_back(events: list[dict]) -> bool:
-    """In the worker, keeps ``events`` (console events of what a booking committed) for the gateway
-    to publish, and returns True; elsewhere False (the caller publishes them itself)."""
-    if _events is None:
-        return False
-    _events.extend(events)
-    return True
-
 
 def serve(conn, gateway_pid: int, owner: str = "") -> None:
     """The worker's loop: book each batch; between batches beat for the gateway and sweep the
@@ -109,11 +98,11 @@ def serve(conn, gateway_pid: int, owner: str = "") -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     django.setup()
+    from billing import news
     from billing.cache import caches_refresh_one
     from billing.heartbeats import Housekeeper
 
-    global _events
-    _events = []
+    news.keep_for_the_gateway()
     threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
     keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
     if keeper is not None:
@@ -187,8 +176,8 @@ def _exit_with(gateway_pid: int) -> None:
     os._exit(0)
 
 
-def book_batch(asks: list) -> tuple[list[object], list[dict], dict | None]:
-    """billing.booking.book, plus the console events it produced and the backends' prices if they
+def book_batch(asks: list) -> tuple[list[object], tuple[list, list], dict | None]:
+    """billing.booking.book, plus its news (charges, alerts) and the backends' prices if they
     changed since the last answer (`_prices_changed`). Refusals cross back as they
     are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
     answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
@@ -203,11 +192,10 @@ def book_batch(asks: list) -> tuple[list[object], list[dict], dict | None]:
     if reused and failed and not connection.is_usable():
         for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
             results[i] = result
+    from billing import news
+
     results = [_crossing(r) for r in results]
-    events: list[dict] = []
-    if _events:  # (None outside the worker: a test booking a batch directly)
-        events, _events[:] = list(_events), []
-    return results, events, _prices_changed()
+    return results, news.taken(), _prices_changed()
 
 
 _prices_sent: object = None

@@ -10,4 +10,4 @@ class ConsoleConfig(AppConfig):
         from gateway import live
 
         hooks.connect()
-        live.register(publish=hooks.publish_committed, on_serving=console_live_start)
+        live.register(on_serving=console_live_start)

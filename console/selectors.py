@@ -11,6 +11,7 @@ from django.conf import settings
 
 from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
+from billing.news import AlertRaised
 from billing.reports import budget_burn
 from gateway.models import DowngradeEvent
 from scheduling.models import AuditLog
@@ -101,19 +102,19 @@ def downgrades_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
     return [downgrade_row(e) for e in DowngradeEvent.objects.filter(tenant=tenant)[:limit]]
 
 
-def alert_row(alert: BudgetAlert) -> dict:
+def alert_row(alert: AlertRaised) -> dict:
     return {
-        "budget": alert.budget.label,
+        "budget": alert.budget,
         "threshold_pct": alert.threshold_pct,
         "spent": str(alert.spent),
         "limit": str(alert.limit),
-        "at": alert.created_at.isoformat(),
+        "at": alert.at.isoformat(),
     }
 
 
 def alerts_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
     qs = BudgetAlert.objects.filter(budget__tenant=tenant).select_related("budget__tenant")[:limit]
-    return [alert_row(a) for a in qs]
+    return [alert_row(AlertRaised.of(a)) for a in qs]
 
 
 def keys_of(*, tenant: Tenant) -> list[ApiKey]:

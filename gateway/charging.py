@@ -57,6 +57,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils import timezone
 
+from billing import news
 from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.errors import BudgetExhausted, RequestIdInUse, RequestIdUsed
 from billing.heartbeats import process_owner
@@ -64,7 +65,7 @@ from billing.inflight import HeldEntry, held_forget, held_remember
 from billing.money import ZERO
 from billing.pricing import UnitPrices, capped, charge_of
 from billing.tasks import holds_release_at_startup
-from gateway import billing_worker, live, metrics
+from gateway import billing_worker, metrics
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.lifecycle import Outcome
 from gateway.unbooked import Unbooked
@@ -93,7 +94,7 @@ class Booker:
     """Collects asks on the event loop and books them in batches in the billing worker: a process
     of its own (spawned, one Django connection), so booking never competes with the event loop
     for the GIL. Holds and ends are mirrored in this process's memo of holds (billing.inflight,
-    which the console's queue table reads); console events the worker produced are published here."""
+    which the console's queue table reads); the news of what the worker booked (billing.news) is announced here."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[Ask, asyncio.Future]] = []
@@ -240,7 +241,7 @@ class Booker:
         """The slow way, with a worker to start or replace (booking is idempotent: a batch whose
         worker ended is booked again by a new one)."""
         asks = [ask for ask, _ in batch]
-        outcome: BaseException | tuple[list[object], list[dict]]
+        outcome: BaseException | tuple[list[object], tuple[list, list], dict | None]
         for _attempt in range(2):
             worker = await self._started()
             try:
@@ -259,7 +260,7 @@ class Booker:
         self,
         batch: list[tuple[Ask, asyncio.Future | None]],
         started_s: float,
-        outcome: BaseException | tuple[list[object], list[dict]],
+        outcome: BaseException | tuple[list[object], tuple[list, list], dict | None],
     ) -> None:
         self._in_flight = False
         try:
@@ -267,13 +268,13 @@ class Booker:
                 log.error("billing batch of %s failed: %r", len(batch), outcome)
                 results = [outcome] * len(batch)
             else:
-                results, events, prices = outcome
+                results, (charges, alerts), prices = outcome
                 if prices is not None:
                     self.prices = prices
                 metrics.BILLING_BATCH_SECONDS.observe(self._loop.time() - started_s)
                 metrics.BILLING_BATCH_ASKS.observe(len(batch))
-                if events:
-                    live.publish_on_commit(events)
+                if charges or alerts:  # committed in the worker: announced here, where they are watched
+                    news.announce(charges=charges, alerts=alerts)
             for (ask, future), result in zip(batch, results):
                 if isinstance(ask, HoldAsk):
                     if isinstance(result, HeldEntry):

@@ -1,10 +1,9 @@
 """Database events for the console, published only after the transaction that wrote them commits.
 
-Billing announces the ledger entries it booked once they have committed (``entries_booked``); alerts
-are created with ``Model.objects.create``, and their receiver registers a ``transaction.on_commit``
-callback, so a rolled-back alert is never shown. In the serving process the callback hands the event
-to the publisher (coalesced into its next tick); elsewhere (a Celery worker, a command) it sends it
-to the channel layer directly.
+Billing announces the charges it booked and the budget alerts it raised once they have committed
+(billing.news), in the process that serves the requests (a gateway announces what its billing
+worker booked when the answer arrives). There the rows go to the publisher (coalesced into its
+next tick); elsewhere (a Celery worker, a command) straight to the channel layer.
 """
 
 from __future__ import annotations
@@ -14,12 +13,8 @@ import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import transaction
-from django.db.models.signals import post_save
 
-from billing.booking import entries_booked
-from billing.models import BudgetAlert, LedgerEntry
-from billing.worker import hand_back
+from billing.news import alerts_raised, charges_booked
 from console import selectors
 from console.live.groups import FINANCE_GROUP, tenant_group
 
@@ -30,8 +25,6 @@ def publish_committed(events: list[dict]) -> None:
     """``[{"kind", "tenant_id", "row"}, ...]`` → the tenants' viewers (and finance), after commit."""
     from console.live.publisher import publisher_running
 
-    if hand_back(events):  # in the gateway's billing worker: the gateway publishes them (gateway.charging)
-        return
     publisher = publisher_running()
     try:
         if publisher is not None:
@@ -54,24 +47,16 @@ def publish_committed(events: list[dict]) -> None:
         log.exception("could not publish a console event")
 
 
-def _on_entries_booked(sender, entries: list, **kwargs) -> None:
-    """Billing's booked entries (already committed): the charges go to the live console."""
+def _on_charges_booked(sender, charges: list, **kwargs) -> None:
     publish_committed(
-        [
-            {"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")}
-            for e in entries
-            if e.kind == LedgerEntry.Kind.CHARGE
-        ]
+        [{"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")} for e in charges]
     )
 
 
-def _on_budget_alert(sender, instance: BudgetAlert, created: bool, **kwargs) -> None:
-    if created:
-        tenant_id = instance.budget.tenant_id
-        event = {"kind": "alerts", "tenant_id": tenant_id, "row": selectors.alert_row(instance)}
-        transaction.on_commit(lambda: publish_committed([event]))
+def _on_alerts_raised(sender, alerts: list, **kwargs) -> None:
+    publish_committed([{"kind": "alerts", "tenant_id": a.tenant_id, "row": selectors.alert_row(a)} for a in alerts])
 
 
 def connect() -> None:
-    entries_booked.connect(_on_entries_booked, dispatch_uid="console-ledger-charge")
-    post_save.connect(_on_budget_alert, sender=BudgetAlert, dispatch_uid="console-budget-alert")
+    charges_booked.connect(_on_charges_booked, dispatch_uid="console-ledger-charge")
+    alerts_raised.connect(_on_alerts_raised, dispatch_uid="console-budget-alert")
