@@ -348,6 +348,16 @@ def _submit_hold(asked: Hold, *, fallback: bool, urgent: bool = True) -> asyncio
     )
 
 
+def _id_refused(asked: Hold, *, served: bool) -> GatewayError:
+    public_id = asked.request_id.split("/", 1)[-1]
+    why = (
+        "was used by an earlier request that was served; send a new one"
+        if served
+        else "is already in use by one of your live requests"
+    )
+    return invalid_request(f"X-Request-Id '{public_id}' {why}.")
+
+
 async def _held(asked: Hold, future: asyncio.Future) -> Hold:
     """The hold once booked; a refusal as the GatewayError the client gets."""
     try:
@@ -355,13 +365,7 @@ async def _held(asked: Hold, future: asyncio.Future) -> Hold:
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
     except (RequestIdUsed, RequestIdInUse) as taken:
-        public_id = asked.request_id.split("/", 1)[-1]
-        why = (
-            "was used by an earlier request that was served; send a new one"
-            if isinstance(taken, RequestIdUsed)
-            else "is already in use by one of your live requests"
-        )
-        raise invalid_request(f"X-Request-Id '{public_id}' {why}.") from None
+        raise _id_refused(asked, served=isinstance(taken, RequestIdUsed)) from None
     return replace(
         asked,
         request_id=held.request_id,
@@ -379,10 +383,8 @@ async def hold(
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
         return asked
-    if booker().unbooked.journal.settling(request_id):
-        future = asyncio.get_running_loop().create_future()
-        future.set_exception(RequestIdUsed(f"request id {request_id!r} was used by a request that was served"))
-        return await _held(asked, future)  # served here a moment ago: the ledger will say so once booked
+    if booker().unbooked.journal.settling(request_id):  # served here a moment ago: not booked yet
+        raise _id_refused(asked, served=True)
     future = _submit_hold(asked, fallback=True)
     future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)

@@ -95,13 +95,13 @@ class Publisher:
             self.add_event(event)
 
     def add_event(self, event: dict) -> None:
-        tenant_id = event["tenant_id"]
-        if event["kind"] in ("charges", "alerts"):
+        tenant_id, money_moved = event["tenant_id"], event["kind"] in ("charges", "alerts")
+        if money_moved:
             self.finance_pending.add(tenant_id)
         if tenant_id not in self.watched:
             return
         self.pending.setdefault(tenant_id, {}).setdefault(event["kind"], []).append(event["row"])
-        if event["kind"] in ("charges", "alerts"):
+        if money_moved:
             self.budget_due.add(tenant_id)
 
     # --- the loop ------------------------------------------------------------------------

@@ -9,20 +9,20 @@ from django.db import migrations, models
 MOVED = ("tenant", "user", "apikey")
 
 
-def content_types_to_tenants(apps, schema_editor):
+def _content_types(apps, schema_editor, *, to: str, away: str) -> None:
     ContentType = apps.get_model("contenttypes", "ContentType")
-    db = schema_editor.connection.alias
+    types = ContentType.objects.using(schema_editor.connection.alias)
     for model in MOVED:
-        if not ContentType.objects.using(db).filter(app_label="tenants", model=model).exists():
-            ContentType.objects.using(db).filter(app_label="gateway", model=model).update(app_label="tenants")
+        if not types.filter(app_label=to, model=model).exists():
+            types.filter(app_label=away, model=model).update(app_label=to)
+
+
+def content_types_to_tenants(apps, schema_editor):
+    _content_types(apps, schema_editor, to="tenants", away="gateway")
 
 
 def content_types_to_gateway(apps, schema_editor):
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    db = schema_editor.connection.alias
-    for model in MOVED:
-        if not ContentType.objects.using(db).filter(app_label="gateway", model=model).exists():
-            ContentType.objects.using(db).filter(app_label="tenants", model=model).update(app_label="gateway")
+    _content_types(apps, schema_editor, to="gateway", away="tenants")
 
 
 class Migration(migrations.Migration):

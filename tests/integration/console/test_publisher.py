@@ -57,17 +57,22 @@ async def _listen(layer, group: str) -> str:
     return channel
 
 
+async def _publisher_for_a_and_b(layer, world, *, watched: tuple[str, ...]):
+    """A publisher on ``layer``, a listener on each of A's and B's groups, ``watched`` open in a socket."""
+    publisher = Publisher(layer=layer)
+    chan_a, chan_b = await _listen(layer, tenant_group(world[A].pk)), await _listen(layer, tenant_group(world[B].pk))
+    for slug in watched:
+        publisher.watch(world[slug].pk)
+    return publisher, chan_a, chan_b
+
+
 def test_one_message_per_changed_tenant_per_tick_and_only_its_own_rows(world):
     config = _one_slot_config()
 
     async def scenario():
         layer = InMemoryChannelLayer()
         d = _dispatcher(config)
-        publisher = Publisher(layer=layer)
-        chan_a = await _listen(layer, tenant_group(world[A].pk))
-        chan_b = await _listen(layer, tenant_group(world[B].pk))
-        publisher.watch(world[A].pk)
-        publisher.watch(world[B].pk)
+        publisher, chan_a, chan_b = await _publisher_for_a_and_b(layer, world, watched=(A, B))
         entries = [_admit(d, A, f"a{i}") for i in range(3)] + [_admit(d, B, f"b{i}") for i in range(2)]
         await publisher.tick(d, 1_000)
         got_a, got_b = await _drain(layer, chan_a), await _drain(layer, chan_b)
@@ -100,11 +105,8 @@ def test_events_ride_with_the_snapshot_and_bring_the_budget(world):
     async def scenario():
         layer = InMemoryChannelLayer()
         d = _dispatcher(config)
-        publisher = Publisher(layer=layer)
-        chan_a = await _listen(layer, tenant_group(world[A].pk))
-        chan_b = await _listen(layer, tenant_group(world[B].pk))
+        publisher, chan_a, chan_b = await _publisher_for_a_and_b(layer, world, watched=(A,))
         chan_f = await _listen(layer, FINANCE_GROUP)
-        publisher.watch(world[A].pk)
         await publisher.tick(d, 1_000)  # learn nothing yet; the downgrade cursor starts at the newest row
         publisher.tenant_ids[A], publisher.slugs[world[A].pk] = world[A].pk, A
         publisher.add_event(
@@ -128,10 +130,7 @@ def test_a_tenant_nobody_watches_gets_nothing_until_a_socket_watches_it(world):
     async def scenario():
         layer = InMemoryChannelLayer()
         d = _dispatcher(config)
-        publisher = Publisher(layer=layer)
-        chan_a = await _listen(layer, tenant_group(world[A].pk))
-        chan_b = await _listen(layer, tenant_group(world[B].pk))
-        publisher.watch(world[A].pk)
+        publisher, chan_a, chan_b = await _publisher_for_a_and_b(layer, world, watched=(A,))
         _admit(d, A, "a0")
         _admit(d, B, "b0")
         publisher.add_event(
