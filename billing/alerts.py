@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from functools import partial
 
 import httpx
 from django.conf import settings
@@ -26,13 +27,14 @@ MAX_DELIVERY_ATTEMPTS = 5
 
 def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAlert]:
     """Store the crossings (inside the caller's transaction) and deliver them once it commits."""
-    created = []
+    created: list[BudgetAlert] = []
+    limit = budget.limit
+    if limit is None:  # an unlimited budget crosses no threshold (and an alert's limit is NOT NULL)
+        return created
     for pct in thresholds_pct:
         try:
             with transaction.atomic():
-                alert = BudgetAlert.objects.create(
-                    budget=budget, threshold_pct=pct, spent=budget.spent, limit=budget.limit
-                )
+                alert = BudgetAlert.objects.create(budget=budget, threshold_pct=pct, spent=budget.spent, limit=limit)
         except IntegrityError:  # this threshold already alerted for this budget
             continue
         logger.warning(
@@ -43,9 +45,9 @@ def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAl
             budget.limit,
             settings.FAIRGATE_CURRENCY,
         )
-        transaction.on_commit(lambda pk=alert.pk: _enqueue(pk))
+        transaction.on_commit(partial(_enqueue, alert.pk))
         raised = AlertRaised.of(alert)
-        transaction.on_commit(lambda raised=raised: news.announce(alerts=[raised]))
+        transaction.on_commit(partial(news.announce, alerts=[raised]))
         created.append(alert)
     return created
 

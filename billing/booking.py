@@ -26,13 +26,16 @@ Inside the transaction, in this order:
 5. One INSERT appends the entries; one UPDATE per moved row writes its new balance; 80 %/100 %
    crossings are recorded as alerts.
 
-After commit, holds are remembered in this process (billing.inflight) and the charges are
-announced (billing.news; the console's live feed listens).
+After commit the charges are announced (billing.news; the console's live feed listens). The
+memo of holds in flight (billing.inflight) is not kept here: it is the serving process's
+(gateway.charging), which sends the hold it knows with each settlement and release; an end
+without it (replayed from a journal, asked by another process) reads its hold from the ledger.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from decimal import Decimal
@@ -44,10 +47,17 @@ from billing import news, statements
 from billing.alerts import alerts_record
 from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
 from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdInUse, RequestIdUsed
-from billing.inflight import UNLIMITED, HeldEntry, held_forget, held_get, held_remember
+from billing.inflight import UNLIMITED, HeldEntry, held_get
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, money
-from billing.pricing import backend_prices, capped, charge_of, price_version_at, upper_bound_base_cost
+from billing.pricing import (
+    PriceInForce,
+    backend_prices,
+    capped,
+    charge_of,
+    price_version_at,
+    upper_bound_base_cost,
+)
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
@@ -81,6 +91,7 @@ class SettleAsk:
     # The unrounded base cost, priced by the gateway that told its client the charge (X-Charge)
     # from the backend's prices it had; None: priced here, from the backend's prices now.
     base_cost: Decimal | None = None
+    held: HeldEntry | None = None  # the hold it ends, as its process booked it; None: read from the ledger
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class ReleaseAsk:
     request_id: str
     reason: str
     at: datetime
+    held: HeldEntry | None = None  # as for SettleAsk
 
 
 Ask = HoldAsk | SettleAsk | ReleaseAsk
@@ -154,12 +166,12 @@ def _booked(held: HeldEntry, *, kind: str, amount: Decimal, at: datetime, **extr
 
 @dataclass
 class _Priced:
-    """A hold priced for one class."""
+    """A hold's ask priced for one class, with the price version it used."""
 
+    ask: HoldAsk
     held: HeldEntry
     base: Decimal
-    version_class_id: int
-    version_since: datetime
+    version: PriceInForce
 
 
 @dataclass
@@ -171,6 +183,13 @@ class _Plan:
     base: Decimal = ZERO  # settlements
     result: object = None
     entries: list[Booked] = field(default_factory=list)
+
+    @property
+    def budget_ids(self) -> list[int]:
+        """The budget rows it moves: its hold's (as priced), or those of the hold it ends."""
+        held = self.priced.held if self.priced is not None else self.held
+        assert held is not None  # `_prepare` lets no end without its hold into a batch
+        return held.budget_ids
 
 
 def _check_tokens(*counts: int) -> None:
@@ -195,7 +214,7 @@ def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool =
         amount=charge_of(base_cost=base, factor=version.price_factor),
         owner=ask.owner,
     )
-    return _Priced(held, base, version.class_id, version.effective_at)
+    return _Priced(ask, held, base, version)
 
 
 def _prepare(ask: Ask) -> _Plan:
@@ -209,21 +228,22 @@ def _prepare(ask: Ask) -> _Plan:
         return plan
     if isinstance(ask, ReleaseAsk) and not ask.reason:
         raise BillingError("a release needs a reason")
-    plan.held = held_get(ask.request_id)
+    plan.held = ask.held or held_get(ask.request_id)
     if isinstance(ask, ReleaseAsk) and plan.held is None:
         plan.result = False  # refused before anything was held
     if isinstance(ask, SettleAsk):
         _check_tokens(ask.prompt_tokens, ask.completion_tokens)
         if plan.held is None:
             raise HoldNotFound(f"request {ask.request_id!r} has no hold")
-        plan.base = ask.base_cost
-        if plan.base is not None and not plan.base >= 0:
-            raise BillingError(f"a base cost is not negative, not {plan.base}")
-        if plan.base is None:
-            plan.base = backend_prices(backend_name=ask.backend_name).base_cost(
+        base = ask.base_cost
+        if base is not None and not base >= 0:
+            raise BillingError(f"a base cost is not negative, not {base}")
+        if base is None:
+            base = backend_prices(backend_name=ask.backend_name).base_cost(
                 prompt_tokens=ask.prompt_tokens, completion_tokens=ask.completion_tokens
             )
-        plan.charge = charge_of(base_cost=plan.base, factor=plan.held.factor)
+        plan.base = base
+        plan.charge = charge_of(base_cost=base, factor=plan.held.factor)
     return plan
 
 
@@ -255,20 +275,23 @@ class _ScopeStale(Exception):
     """A cached budget id no longer names the tenant's row (a flushed test database): re-read."""
 
 
-def _money(value) -> Decimal | None:
+def _money(value: Decimal | int | float) -> Decimal:
     """A money column as the driver returns it: PostgreSQL a Decimal, SQLite an int or the
     nearest float (exact to 6 places below 10^9)."""
-    if value is None:
-        return None
     return money(Decimal(repr(value)) if isinstance(value, float) else Decimal(value))
 
 
-def _rows(locked: list) -> dict[int, _Row]:
+def _limit(value: Decimal | int | float | None) -> Decimal | None:
+    """A limit column (None: no limit) as `_money` reads it."""
+    return None if value is None else _money(value)
+
+
+def _rows(locked: Sequence[statements.Row]) -> dict[int, _Row]:
     """The locked budget rows by primary key, as `statements.booking_reads` returns them."""
     rows = {}
     for pk, tenant_id, limit, stored, spent, held in locked:
         spent, held = _money(spent), _money(held)
-        rows[pk] = _Row(pk, tenant_id, _money(limit), _money(stored), spent, held, spent, held)
+        rows[pk] = _Row(pk, tenant_id, _limit(limit), _limit(stored), spent, held, spent, held)
     return rows
 
 
@@ -286,7 +309,7 @@ Done = dict[tuple[str, str], tuple[Decimal, str]]
 Holds = dict[str, HeldEntry | None]  # None: in the ledger, not read yet
 
 
-def _note_entries(found: list, done: Done, holds: Holds) -> None:
+def _note_entries(found: Sequence[statements.Row], done: Done, holds: Holds) -> None:
     """Adds ledger entries (request id, kind, amount, reason) to ``done`` ((request, kind) ->
     (amount, reason)), and to ``holds`` the keys that have a hold."""
     for request_id, kind, amount, reason in found:
@@ -302,16 +325,14 @@ def _lock_and_read(plans: list[_Plan], ids: set[int]) -> tuple[dict[int, _Row], 
     admission); and the classes of the holds whose price was superseded. Holds of requests ending
     now are not read: the common case reads no row. An id whose request ended unserved (released,
     never charged) is asked again: its further attempts are read too."""
-    priced = [p for p in plans if p.priced is not None]
-    holding = list({p.ask.request_id for p in priced})
-    versions = sorted(
-        {(p.priced.version_class_id, p.priced.version_since, p.priced.held.price_version_id) for p in priced}
-    )
+    priced = [p.priced for p in plans if p.priced is not None]
+    holding = list({q.ask.request_id for q in priced})
+    versions = sorted({(q.version.class_id, q.version.effective_at, q.version.pk) for q in priced})
     locked, found, superseded = statements.booking_reads(
         sorted(ids),
         list({p.ask.request_id for p in plans}),
         holding,
-        at=max((p.ask.at for p in priced), default=None),
+        at=max((q.ask.at for q in priced), default=None),
         versions=versions,
     )
     done: Done = {}
@@ -328,9 +349,10 @@ def _reprice_superseded(plans: list[_Plan], superseded: set[int]) -> None:
     """A hold priced from the cache is re-priced if a newer version of its class took effect
     before its admission (a change made in another process)."""
     for plan in plans:
-        if plan.priced is not None and plan.priced.version_class_id in superseded:
-            scope = budget_scope(tenant_slug=plan.ask.tenant_slug, at=plan.ask.at)
-            plan.priced = _price(plan.ask, plan.priced.held.class_name, scope, refresh=True)
+        priced = plan.priced
+        if priced is not None and priced.version.class_id in superseded:
+            scope = budget_scope(tenant_slug=priced.ask.tenant_slug, at=priced.ask.at)
+            plan.priced = _price(priced.ask, priced.held.class_name, scope, refresh=True)
 
 
 def _refusal(row: _Row, amount: Decimal) -> BudgetExhausted:
@@ -339,10 +361,9 @@ def _refusal(row: _Row, amount: Decimal) -> BudgetExhausted:
     return BudgetExhausted(label, remaining, amount, settings.FAIRGATE_CURRENCY)
 
 
-def _fallbacks(plan: _Plan) -> list[_Priced]:
+def _fallbacks(ask: HoldAsk) -> list[_Priced]:
     from billing.selectors import fallback_classes
 
-    ask = plan.ask
     names = fallback_classes(tenant_slug=ask.tenant_slug, class_name=ask.class_name, at=ask.at)
     scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at)
     return [_price(ask, name, scope) for name in names]
@@ -369,8 +390,7 @@ def _open_hold(ask: HoldAsk, key: str, holds: Holds) -> HeldEntry | BillingError
     return held
 
 
-def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: Holds, done: Done) -> None:
-    ask = plan.ask
+def _decide_hold(plan: _Plan, ask: HoldAsk, rows: dict[int, _Row], holds: Holds, done: Done) -> None:
     key = _attempt(ask.request_id, done, holds)
     if isinstance(key, BillingError):
         plan.result = key
@@ -378,6 +398,7 @@ def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: Holds, done: Done) -
     if key in holds:
         plan.result = _open_hold(ask, key, holds)
         return
+    assert plan.priced is not None  # every hold's plan is priced (`_prepare`)
     candidates = [plan.priced]
     refused = None
     while candidates:
@@ -404,7 +425,7 @@ def _decide_hold(plan: _Plan, rows: dict[int, _Row], holds: Holds, done: Done) -
             return
         if refused is None:
             refused = _refusal(blocking, held.amount)
-            candidates = _fallbacks(plan) if ask.fallback else []
+            candidates = _fallbacks(ask) if ask.fallback else []
     plan.result = refused
 
 
@@ -414,11 +435,12 @@ def _room(rows: list[_Row]) -> Decimal | None:
     return min(rooms) if rooms else None
 
 
-def _decide_end(plan: _Plan, rows: dict[int, _Row], done: Done) -> None:
+def _decide_end(plan: _Plan, ask: SettleAsk | ReleaseAsk, rows: dict[int, _Row], done: Done) -> None:
     """A settlement or a release of a hold. A charge never exceeds its hold (nor, for a late
     settlement after the hold went back to the budget, what the budget still has): what the
     backend's usage priced beyond that is recorded as unbilled, so no budget is ever overspent."""
-    ask, held = plan.ask, plan.held
+    held = plan.held
+    assert held is not None  # `_prepare` lets no end without its hold into a batch
     rid = ask.request_id
     charged, released = done.get((rid, Kind.CHARGE)), done.get((rid, Kind.RELEASE))
     moved = [rows[pk] for pk in held.budget_ids]
@@ -490,7 +512,7 @@ def _alert(rows: list[_Row]) -> None:
 
 
 def _apply(plans: list[_Plan]) -> None:
-    ids = {pk for p in plans for pk in (p.priced.held if p.priced else p.held).budget_ids}
+    ids = {pk for p in plans for pk in p.budget_ids}
     with transaction.atomic():
         rows, done, holds, superseded = _lock_and_read(plans, ids)
         if any(
@@ -502,24 +524,19 @@ def _apply(plans: list[_Plan]) -> None:
             raise _ScopeStale
         _reprice_superseded(plans, superseded)
         for plan in plans:
-            if isinstance(plan.ask, HoldAsk):
-                _decide_hold(plan, rows, holds, done)
+            ask = plan.ask
+            if isinstance(ask, HoldAsk):
+                _decide_hold(plan, ask, rows, holds, done)
             else:
-                _decide_end(plan, rows, done)
+                _decide_end(plan, ask, rows, done)
         entries = [e for p in plans for e in p.entries]
         moved = [r for r in rows.values() if r.dirty]
         _write(entries, moved)
         _alert(moved)
-        transaction.on_commit(lambda: _committed(plans, entries))
+        transaction.on_commit(lambda: _committed(entries))
 
 
-def _committed(plans: list[_Plan], entries: list[Booked]) -> None:
-    for plan in plans:
-        if isinstance(plan.ask, HoldAsk):
-            if isinstance(plan.result, HeldEntry):
-                held_remember(plan.result)
-        else:
-            held_forget(plan.ask.request_id)
+def _committed(entries: list[Booked]) -> None:
     charges = [e for e in entries if e.kind == Kind.CHARGE]
     if charges:
         news.announce(charges=charges)
@@ -531,7 +548,7 @@ def _book_prepared(plans: list[_Plan]) -> None:
     except _ScopeStale:
         for plan in plans:
             if plan.priced is not None:
-                ask = plan.ask
+                ask = plan.priced.ask
                 plan.priced = _price(
                     ask, ask.class_name, budget_scope(tenant_slug=ask.tenant_slug, at=ask.at, refresh=True)
                 )

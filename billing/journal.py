@@ -63,7 +63,7 @@ def _safe(owner: str) -> str:
     return owner.replace("/", "_")
 
 
-_FIELDS = tuple(f.name for f in fields(SettleAsk))
+_FIELDS = tuple(f.name for f in fields(SettleAsk) if f.name != "held")  # replayed, the hold is read from the ledger
 
 
 def _line(ask: SettleAsk) -> bytes:

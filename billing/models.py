@@ -11,10 +11,19 @@ triggers (migration 0002) refuse raw SQL too. A correction is a new `adjustment`
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import TypedDict
 
 from django.db import models
 
-MONEY = {"max_digits": 20, "decimal_places": 6}
+
+class MoneyOptions(TypedDict):
+    """A money column's precision, spread into its DecimalField (typed: the keys it fills)."""
+
+    max_digits: int
+    decimal_places: int
+
+
+MONEY: MoneyOptions = {"max_digits": 20, "decimal_places": 6}
 ZERO = Decimal("0")
 
 

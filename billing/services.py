@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import cast
 
 from django.db import transaction
 from django.utils import timezone
 
 from billing.alerts import alerts_record
-from billing.booking import STALE_REASON, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
+from billing.booking import STALE_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
 from billing.errors import BillingError, UnknownClass
 from billing.inflight import HeldEntry
@@ -45,7 +46,7 @@ def budget_hold(
 ) -> HeldEntry:
     """Hold the largest possible charge of a request; raises BudgetExhausted if it does not fit
     (with `fallback`, a tenant configured for it gets the first cheaper class that fits instead)."""
-    return book_one(
+    held = book_one(
         HoldAsk(
             request_id=request_id,
             tenant_slug=tenant_slug,
@@ -57,6 +58,7 @@ def budget_hold(
             fallback=fallback,
         )
     )
+    return cast(HeldEntry, held)  # book_one's result is typed object: for a hold, its HeldEntry
 
 
 def charge_settle(
@@ -69,7 +71,7 @@ def charge_settle(
 ) -> Decimal:
     """Turn the hold into the actual charge at the admission price, at most the hold; release the
     hold. Applied once. Returns the charge."""
-    return book_one(
+    charged = book_one(
         SettleAsk(
             request_id=request_id,
             backend_name=backend_name,
@@ -77,13 +79,15 @@ def charge_settle(
             completion_tokens=completion_tokens,
             at=at or timezone.now(),
         )
-    ).amount
+    )
+    return cast(Charged, charged).amount  # for a settlement, its Charged
 
 
 def hold_release(*, request_id: str, reason: str) -> bool:
     """No charge: refused, queue timeout, cancelled before dispatch, upstream failure. Idempotent;
     returns whether a hold was released now."""
-    return book_one(ReleaseAsk(request_id=request_id, reason=reason, at=timezone.now()))
+    released = book_one(ReleaseAsk(request_id=request_id, reason=reason, at=timezone.now()))
+    return cast(bool, released)  # for a release, whether it released a hold
 
 
 def holds_release_stale(*, older_than: timedelta, now: datetime | None = None) -> int:

@@ -57,10 +57,11 @@ def _psycopg_cursors(count: int) -> list[Any]:
 
     connection.ensure_connection()
     raw = connection.connection
-    made = getattr(connection, "_billing_cursors", None)
+    made: tuple[Any, list[Any]] | None = getattr(connection, "_billing_cursors", None)
     if made is None or made[0] is not raw:
         raw.prepare_threshold = settings.FAIRGATE_BILLING_PREPARE_THRESHOLD or None  # None: never prepare
-        made = connection._billing_cursors = (raw, [])
+        made = (raw, [])
+        setattr(connection, "_billing_cursors", made)  # noqa: B010 (ours, on Django's connection: not a typed attribute)
     cursors = made[1]
     while len(cursors) < count:
         cursors.append(psycopg.Cursor(raw))
@@ -70,7 +71,10 @@ def _psycopg_cursors(count: int) -> list[Any]:
 def _wrapped(count: int) -> list[Any]:
     """``count`` of the connection's psycopg cursors in Django's wrapper (errors mapped, queries
     counted in tests), not closed after use."""
-    return [connection._prepare_cursor(cursor) for cursor in _psycopg_cursors(count)]
+    return [
+        connection._prepare_cursor(cursor)  # type: ignore[attr-defined]  # Django's private method: not in django-stubs
+        for cursor in _psycopg_cursors(count)
+    ]
 
 
 @contextmanager
@@ -116,6 +120,7 @@ def _lock_sql(ids: Sequence[int]) -> tuple[str, list[object]]:
         f'b."limit", b.spent, b.held FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
         f"LEFT JOIN {TENANT_BILLING} tb ON tb.tenant_id = b.tenant_id "
     )
+    params: Sequence[object]
     if _postgres():
         sql, params = head + "WHERE b.id = ANY(%s::bigint[]) ORDER BY b.id FOR UPDATE OF b", [list(sorted(ids))]
     else:
@@ -140,7 +145,8 @@ def _entries_sql(ids: Sequence[str], holding: Sequence[str]) -> tuple[str, list[
     return sql, [*ids, LedgerEntry.Kind.HOLD, *holding]
 
 
-def _repriced_sql(at: datetime, versions: Sequence[tuple[int, datetime, int]]) -> tuple[str, list[object]]:
+def _repriced_sql(at: datetime | None, versions: Sequence[tuple[int, datetime, int]]) -> tuple[str, list[object]]:
+    """The classes of ``versions`` with a newer version in effect at ``at`` (None: a NULL, none is)."""
     adapt = connection.ops.adapt_datetimefield_value
     if _postgres():
         sql = (
@@ -155,7 +161,7 @@ def _repriced_sql(at: datetime, versions: Sequence[tuple[int, datetime, int]]) -
         ["(priority_class_id = %s AND (effective_at > %s OR (effective_at = %s AND id > %s)))"] * len(versions)
     )
     sql = f"SELECT DISTINCT priority_class_id FROM {PRICE_VERSION} WHERE effective_at <= %s AND ({newer})"
-    params = [adapt(at)]
+    params: list[object] = [adapt(at)]
     for class_id, since, pk in versions:
         params += [class_id, adapt(since), adapt(since), pk]
     return sql, params

@@ -24,6 +24,11 @@ import pickle
 import struct
 import threading
 import time
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:  # for the types only: nothing here imports Django at module level (see above)
+    from billing.news import News
+    from billing.pricing import UnitPrices
 
 READY = b"ready"
 STOP = pickle.dumps(None, pickle.HIGHEST_PROTOCOL)
@@ -33,6 +38,9 @@ CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look agai
 _SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
 _LONG_SIZE = struct.Struct("!Q")  # after a size of -1
 _LONG_MARK = -1
+# `book_batch`'s answer: a result per ask (billing.booking.book's, as `_crossing` sends them), the
+# news, and the prices ({backend name: UnitPrices}) if they changed since the last answer.
+BatchAnswer: TypeAlias = "tuple[list[object], News, dict[str, UnitPrices] | None]"
 
 
 def frame_header(size: int) -> bytes:
@@ -176,7 +184,7 @@ def _exit_with(gateway_pid: int) -> None:
     os._exit(0)
 
 
-def book_batch(asks: list) -> tuple[list[object], tuple[list, list], dict | None]:
+def book_batch(asks: list) -> BatchAnswer:
     """billing.booking.book, plus its news (charges, alerts) and the backends' prices if they
     changed since the last answer (`_prices_changed`). Refusals cross back as they
     are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
@@ -201,7 +209,7 @@ def book_batch(asks: list) -> tuple[list[object], tuple[list, list], dict | None
 _prices_sent: object = None
 
 
-def _prices_changed() -> dict | None:
+def _prices_changed() -> dict[str, UnitPrices] | None:
     """{backend name: UnitPrices} as this process's cache has them, if that is not what was sent last."""
     global _prices_sent
     from billing.pricing import backends_cached

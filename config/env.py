@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal, InvalidOperation
+from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -11,6 +12,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return default if value is None else value

@@ -92,7 +92,7 @@ TEMPLATES = [
 ]
 
 
-def _database() -> dict:
+def _database() -> dj_database_url.DBConfig:
     url = env_str("DATABASE_URL")
     if not url:
         VAR_DIR.mkdir(parents=True, exist_ok=True)

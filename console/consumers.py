@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -18,6 +19,10 @@ from console import access, selectors
 from console.live.groups import groups_for
 from console.live.publisher import publisher_current
 from console.live.snapshot import request_card
+
+if TYPE_CHECKING:
+    from console.live.publisher import Publisher
+    from tenants.models import Tenant
 
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@+=~-]{1,128}")
 UNAUTHENTICATED = 4401
@@ -29,11 +34,11 @@ def _scope_of(user, requested: str | None):
 
 
 class ConsoleConsumer(AsyncJsonWebsocketConsumer):
-    tenant = None
-    watch_id: str | None = None
+    tenant: Tenant | None = None
+    watch_id: str | None = None  # set only with a tenant
     _card_text: str | None = None
     _charge: dict | None = None
-    watching = None  # the publisher told of this socket's tenant (told again when it closes)
+    watching: Publisher | None = None  # the publisher told of this socket's tenant (told again when it closes)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -61,6 +66,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.watching is not None:
+            assert self.tenant is not None  # told only of a tenant
             self.watching.unwatch(self.tenant.pk)
             self.watching = None
         for group in getattr(self, "joined", ()):
@@ -97,6 +103,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     async def _send_card(self, *, force: bool = False) -> None:
         from gateway.runtime import current
 
+        assert self.tenant is not None and self.watch_id is not None  # a card is of a watched request
         card = request_card(current(), self.tenant.slug, self.watch_id)
         charge = self._charge
         if charge is None and (card is None or card.get("state") not in ("queued", "running")):

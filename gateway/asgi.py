@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Callable
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBase
 from django.urls import resolve
 
 from gateway import live
@@ -54,8 +56,8 @@ class GatewayASGIHandler(ASGIHandler):
             return
         try:
             request, error_response = self.create_request(scope, body_file)
-            if request is None:
-                await self.send_response(error_response, send)
+            if request is None:  # then Django made the response refusing it
+                await self.send_response(cast(HttpResponseBase, error_response), send)
                 return
             await self._respond(request, receive, send)
         finally:
@@ -86,10 +88,14 @@ class GatewayASGIHandler(ASGIHandler):
             pass
 
     def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        get_response = self._get_response_async if is_async else self._get_response
+        self._view_middleware: list[Callable[..., Any]] = []
+        self._template_response_middleware: list[Callable[..., Any]] = []
+        self._exception_middleware: list[Callable[..., Any]] = []
+        get_response = (
+            self._get_response_async  # type: ignore[attr-defined]  # Django's private method: not in django-stubs
+            if is_async
+            else self._get_response  # type: ignore[attr-defined]  # as above
+        )
         self._middleware_chain = convert_exception_to_response(get_response)
 
 

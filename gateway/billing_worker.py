@@ -101,7 +101,7 @@ class Worker:
         if await asyncio.wait_for(future, START_TIMEOUT_S) != READY:
             raise WorkerDied("the billing worker did not start")
 
-    async def call(self, asks: list) -> tuple[list[object], list[dict]]:
+    async def call(self, asks: list) -> tuple[list[object], tuple[list, list], dict | None]:
         """One batch: billing.booking.book's results and the console events it produced."""
         future = asyncio.get_running_loop().create_future()
         self.send(asks, lambda answer: _settle(future, answer))
@@ -181,10 +181,12 @@ class Worker:
     def _watch_writable(self, watch: bool) -> None:
         if watch == self._writing:
             return
+        loop = self._loop
+        assert loop is not None  # set by `_expect` before the first batch is written
         if watch:
-            self._loop.add_writer(self.conn.fileno(), self._flush)
+            loop.add_writer(self.conn.fileno(), self._flush)
         else:
-            self._loop.remove_writer(self.conn.fileno())
+            loop.remove_writer(self.conn.fileno())
         self._writing = watch
 
     # --- the end ---

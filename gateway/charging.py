@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import Literal, overload
 
 from django.conf import settings
 from django.utils import timezone
@@ -61,13 +62,14 @@ from billing import news
 from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.errors import BudgetExhausted, RequestIdInUse, RequestIdUsed
 from billing.heartbeats import process_owner
-from billing.inflight import HeldEntry, held_forget, held_remember
+from billing.inflight import HeldEntry, held_forget, held_get_cached, held_remember
 from billing.money import ZERO
 from billing.pricing import UnitPrices, capped, charge_of
 from billing.tasks import holds_release_at_startup
+from billing.worker import BatchAnswer
 from gateway import billing_worker, metrics
 from gateway.errors import ErrorCode, GatewayError, invalid_request
-from gateway.lifecycle import Outcome
+from gateway.lifecycle import Outcome, public_id_of
 from gateway.unbooked import Unbooked
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,14 @@ class Hold:
     factor: Decimal | None = None  # its class's price factor (once booked)
 
 
+def _told(ask: SettleAsk, held: Hold) -> Charged | None:
+    """The charge ``X-Charge`` tells, priced as the booking will price ``ask`` (see the module's
+    doc); None without a base cost or without the hold's booked factor and amount."""
+    if ask.base_cost is None or held.factor is None or held.amount is None:
+        return None
+    return Charged(*capped(charge_of(base_cost=ask.base_cost, factor=held.factor), held.amount))
+
+
 class Booker:
     """Collects asks on the event loop and books them in batches in the billing worker: a process
     of its own (spawned, one Django connection), so booking never competes with the event loop
@@ -97,7 +107,7 @@ class Booker:
     which the console's queue table reads); the news of what the worker booked (billing.news) is announced here."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[Ask, asyncio.Future]] = []
+        self._pending: list[tuple[Ask, asyncio.Future | None]] = []  # None: no one waits for it
         self._in_flight = False
         self._urgent = False  # an ask someone waits for is pending
         self._linger: asyncio.TimerHandle | None = None  # sends the pending asks that may linger
@@ -119,9 +129,10 @@ class Booker:
         if self._worker is None:
             self._worker = billing_worker.Worker(owner=process_owner())
             self._worker_ready = asyncio.ensure_future(self._worker.started())
-        worker = self._worker
+        worker, ready = self._worker, self._worker_ready
+        assert ready is not None  # set with its worker
         try:
-            await self._worker_ready  # no wait once it has started
+            await ready  # no wait once it has started
         except BaseException:
             await self._forget(worker)
             raise
@@ -148,7 +159,8 @@ class Booker:
         (``ask`` priced with its ``base_cost``, see the module's doc), or, when that cannot be,
         the booking's result once it is booked (None if it could not be: then it is kept and
         retried)."""
-        priced = ask.base_cost is not None and held.factor is not None and held.amount is not None
+        charged = _told(ask, held)
+        priced = charged is not None
         try:
             durable: asyncio.Future | None = self.unbooked.journal.keep(ask)
         except OSError as failed:
@@ -156,9 +168,6 @@ class Booker:
             durable = None
         booked = self.submit(ask, urgent=not priced)  # priced: no one waits for the booking
         result = asyncio.get_running_loop().create_future()
-        charged = None
-        if priced:
-            charged = Charged(*capped(charge_of(base_cost=ask.base_cost, factor=held.factor), held.amount))
 
         def ended(_done: asyncio.Future) -> None:
             on_disk = durable is not None and durable.done() and durable.exception() is None
@@ -173,6 +182,12 @@ class Booker:
         if durable is not None:
             durable.add_done_callback(ended)
         return result
+
+    @overload
+    def submit(self, ask: Ask, *, answer: Literal[True] = ..., urgent: bool = ...) -> asyncio.Future: ...
+
+    @overload
+    def submit(self, ask: Ask, *, answer: Literal[False], urgent: bool = ...) -> None: ...
 
     def submit(self, ask: Ask, *, answer: bool = True, urgent: bool = True) -> asyncio.Future | None:
         """Queues ``ask``; its future gives the result once booked. With ``answer=False`` no one
@@ -192,6 +207,12 @@ class Booker:
         """Someone waits for an ask: what waits goes now (or as soon as the batch out is answered)."""
         self._urgent = True
         self._send()
+
+    @property
+    def _asks_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop of the asks pending and out: set by `submit`, which each came through."""
+        assert self._loop is not None
+        return self._loop
 
     def _ready_worker(self) -> billing_worker.Worker | None:
         ready = self._worker_ready
@@ -215,17 +236,17 @@ class Booker:
             return
         if not self._urgent:  # only asks that may linger: once the batch out is answered, they wait
             if self._linger is None:
-                self._linger = self._loop.call_later(settings.FAIRGATE_BILLING_LINGER_MS / 1000, self.hurry)
+                self._linger = self._asks_loop.call_later(settings.FAIRGATE_BILLING_LINGER_MS / 1000, self.hurry)
             return
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
         batch, self._pending, self._urgent = self._pending, [], False
         self._in_flight = True
-        started_s = self._loop.time()
+        started_s = self._asks_loop.time()
         worker = self._ready_worker()
         if worker is None:  # not started yet, or ended: start one first
-            self._loop.create_task(self._run(batch, started_s))
+            self._asks_loop.create_task(self._run(batch, started_s))
             return
         worker.send([ask for ask, _ in batch], lambda answer: self._answered(batch, started_s, answer))
 
@@ -233,7 +254,7 @@ class Booker:
         self, batch: list[tuple[Ask, asyncio.Future | None]], started_s: float, answer: bytes | BaseException
     ) -> None:
         if isinstance(answer, billing_worker.WorkerDied):
-            self._loop.create_task(self._run(batch, started_s))
+            self._asks_loop.create_task(self._run(batch, started_s))
         else:
             self._finish(batch, started_s, answer if isinstance(answer, BaseException) else pickle.loads(answer))
 
@@ -241,7 +262,7 @@ class Booker:
         """The slow way, with a worker to start or replace (booking is idempotent: a batch whose
         worker ended is booked again by a new one)."""
         asks = [ask for ask, _ in batch]
-        outcome: BaseException | tuple[list[object], tuple[list, list], dict | None]
+        outcome: BaseException | BatchAnswer
         for _attempt in range(2):
             worker = await self._started()
             try:
@@ -260,9 +281,10 @@ class Booker:
         self,
         batch: list[tuple[Ask, asyncio.Future | None]],
         started_s: float,
-        outcome: BaseException | tuple[list[object], tuple[list, list], dict | None],
+        outcome: BaseException | BatchAnswer,
     ) -> None:
         self._in_flight = False
+        results: list[object]
         try:
             if isinstance(outcome, BaseException):  # the whole batch: every caller gets the error
                 log.error("billing batch of %s failed: %r", len(batch), outcome)
@@ -271,7 +293,7 @@ class Booker:
                 results, (charges, alerts), prices = outcome
                 if prices is not None:
                     self.prices = prices
-                metrics.BILLING_BATCH_SECONDS.observe(self._loop.time() - started_s)
+                metrics.BILLING_BATCH_SECONDS.observe(self._asks_loop.time() - started_s)
                 metrics.BILLING_BATCH_ASKS.observe(len(batch))
                 if charges or alerts:  # committed in the worker: announced here, where they are watched
                     news.announce(charges=charges, alerts=alerts)
@@ -295,7 +317,12 @@ class Booker:
                 elif future.cancelled():  # the caller left: a hold booked for it is given back
                     if isinstance(ask, HoldAsk) and isinstance(result, HeldEntry):
                         self.submit(
-                            ReleaseAsk(request_id=result.request_id, reason=str(Outcome.CANCELLED), at=timezone.now()),
+                            ReleaseAsk(
+                                request_id=result.request_id,
+                                reason=str(Outcome.CANCELLED),
+                                at=timezone.now(),
+                                held=result,
+                            ),
                             answer=False,
                             urgent=False,
                         )
@@ -349,7 +376,7 @@ def _submit_hold(asked: Hold, *, fallback: bool, urgent: bool = True) -> asyncio
 
 
 def _id_refused(asked: Hold, *, served: bool) -> GatewayError:
-    public_id = asked.request_id.split("/", 1)[-1]
+    public_id = public_id_of(asked.request_id)
     why = (
         "was used by an earlier request that was served; send a new one"
         if served
@@ -486,8 +513,9 @@ class EarlyHold:
 def _release_booked(future: asyncio.Future, reason: str) -> None:
     if future.cancelled() or future.exception() is not None:  # cancelled: the Booker released it
         return
+    held: HeldEntry = future.result()
     booker().submit(
-        ReleaseAsk(request_id=future.result().request_id, reason=reason, at=timezone.now()), answer=False, urgent=False
+        ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now(), held=held), answer=False, urgent=False
     )
 
 
@@ -547,6 +575,7 @@ def settle(
         completion_tokens=output_tokens,
         at=timezone.now(),
         base_cost=base,
+        held=held_get_cached(held.request_id),
     )
     return books.settle(ask, held)
 
@@ -570,5 +599,9 @@ def release(held: Hold | EarlyHold, *, reason: str) -> None:
         held.release(reason)
     else:
         booker().submit(
-            ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now()), answer=False, urgent=False
+            ReleaseAsk(
+                request_id=held.request_id, reason=reason, at=timezone.now(), held=held_get_cached(held.request_id)
+            ),
+            answer=False,
+            urgent=False,
         )

@@ -28,7 +28,7 @@ from gateway.lifecycle import Outcome, State
 from gateway.terminal import TerminalLog
 from gateway.tokens import encoding
 from scheduling.engine import Grant, Scheduler
-from scheduling.engine.model import BackendSpec, Request, SchedulerConfig
+from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
 from scheduling.engine.presets import apply_policy
 from scheduling.engine.rules import CompiledRules, compile_rules
 from scheduling.models import AuditLog
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class Entry:
     """One admitted request as the gateway follows it."""
 
-    key: str
+    key: RequestId  # the engine's id: <tenant>/<public id>
     public_id: str
     tenant: str
     model: str
@@ -91,15 +91,16 @@ class Dispatcher:
             keep_ms=settings.FAIRGATE_TERMINAL_KEEP_MS, max_entries=settings.FAIRGATE_TERMINAL_MAX
         )
         self.live: dict[str, dict[str, Entry]] = {}  # tenant -> public id -> entry
-        self.sched: Scheduler | None = None
-        self.rules: CompiledRules | None = None
-        self.backend_specs: dict[str, BackendSpec] = {}
         self.config = config
+        self.rules = self._compiled_rules(config, previous=None)
+        self.backend_specs = self._backend_specs_of(config)
         self._audit_pk = audit_pk
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ms: int | None = None
         self._poller: asyncio.Task | None = None
-        self.apply_config(config)
+        self.sched = Scheduler(
+            apply_policy(config, config.policy), tenants=config.tenants or (), backends=self._effective_backends()
+        )
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -132,25 +133,32 @@ class Dispatcher:
     # --- configuration -------------------------------------------------------------------
 
     def apply_config(self, config: SchedulerConfig) -> None:
-        try:
-            rules = compile_rules(config.downgrade_rules, config.networks, config.classes)
-        except ValueError:
-            log.exception("downgrade rules do not compile; keeping the previous rules")
-            rules = self.rules
-            if rules is None:
-                raise
+        rules = self._compiled_rules(config, previous=self.rules)
         self.config = config
         self.rules = rules
-        self.backend_specs = {b.name: b for b in config.backends or ()}
+        self.backend_specs = self._backend_specs_of(config)
         engine_config = apply_policy(config, config.policy)
         tenants = config.tenants or ()
-        if self.sched is None:
-            self.sched = Scheduler(engine_config, tenants=tenants, backends=self._effective_backends())
-        else:
-            self.sched.reconfigure(
-                now_ms=self.now_ms(), config=engine_config, tenants=tenants, backends=self._effective_backends()
-            )
-            self.pump()
+        self.sched.reconfigure(
+            now_ms=self.now_ms(), config=engine_config, tenants=tenants, backends=self._effective_backends()
+        )
+        self.pump()
+
+    @staticmethod
+    def _compiled_rules(config: SchedulerConfig, *, previous: CompiledRules | None) -> CompiledRules:
+        """The configuration's downgrade rules; ``previous`` when they do not compile (the first
+        configuration, with none before it, raises)."""
+        try:
+            return compile_rules(config.downgrade_rules, config.networks, config.classes)
+        except ValueError:
+            log.exception("downgrade rules do not compile; keeping the previous rules")
+            if previous is None:
+                raise
+            return previous
+
+    @staticmethod
+    def _backend_specs_of(config: SchedulerConfig) -> dict[str, BackendSpec]:
+        return {b.name: b for b in config.backends or ()}
 
     def _effective_backends(self) -> tuple[BackendSpec, ...]:
         now_ms = self.now_ms()

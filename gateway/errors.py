@@ -72,7 +72,7 @@ _TYPES = {
     504: "timeout_error",
 }
 _NO_RETRY = {ErrorCode.QUEUE_TIMEOUT, ErrorCode.BUDGET_EXHAUSTED}
-_LOG_LEVELS = {
+_LOG_LEVELS: dict[str, int] = {  # looked up by a code as given (an ErrorCode or its text)
     ErrorCode.INTERNAL_ERROR: logging.ERROR,
     ErrorCode.SERVICE_UNAVAILABLE: logging.WARNING,
     ErrorCode.UPSTREAM_ERROR: logging.WARNING,

@@ -1,21 +1,22 @@
 """One admitted request from its grant to its last byte: wait, call upstream, relay, end.
 
-Every way out ends the request exactly once (``Dispatcher.end`` is idempotent) and settles or
-releases its billing hold exactly once. Ends triggered by cancellation run synchronously in
-the engine, and the billing call runs in a task of its own, so a client that disconnects can
-neither leak a backend slot nor a hold.
+Every way out ends the request exactly once (``Dispatcher.end`` is idempotent), and with it its
+bill (gateway.admission.Bill: settled if served, else released, once). Ends triggered by
+cancellation run synchronously in the engine, and the billing call hands its ask to the Booker at
+once, so a client that disconnects can neither leak a backend slot nor a hold.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from gateway import charging, metrics
-from gateway.dispatcher import Dispatcher, Entry
+from gateway.admission import Admitted
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, State
 from gateway.payload import Payload, upstream_body
@@ -48,27 +49,18 @@ def upstream_error(message: str) -> GatewayError:
 
 
 class Exchange:
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        entry: Entry,
-        payload: Payload,
-        held: charging.Hold | charging.EarlyHold,
-        headers: dict[str, str],
-    ) -> None:
-        self.d = dispatcher
-        self.entry = entry
+    def __init__(self, admitted: Admitted, payload: Payload) -> None:
+        self.d = admitted.d
+        self.entry = admitted.entry
+        self.bill = admitted.bill  # settles or releases the hold, once (gateway.admission)
         self.payload = payload
-        self.held = held  # an EarlyHold until it is confirmed, before the upstream's answer is read
-        self.headers = headers  # Fairgate's response headers (id, class, downgrade)
-        self.billed = False
+        self.headers = admitted.headers  # Fairgate's response headers (id, class, downgrade)
         self.orphaned = False
-        self.settlement: asyncio.Future | None = None  # the Charged, once booked
 
     # --- ending --------------------------------------------------------------------------
 
     def finish(self, outcome: str, *, usage: tuple[int, int] | None = None, partial: bool = False) -> None:
-        """End the request once: engine state, metrics and the billing hold."""
+        """End the request once: engine state, metrics, and its bill (settled if served)."""
         entry = self.entry
         served = usage is not None and entry.state == State.RUNNING
         prompt_tokens, output_tokens = usage or (0, 0)
@@ -79,27 +71,14 @@ class Exchange:
             return
         if served and outcome == Outcome.COMPLETED:
             metrics.COMPLETED.labels(entry.cls).inc()
-        if self.billed:
-            return
-        self.billed = True
-        if served:
-            assert isinstance(self.held, charging.Hold), "served before its hold was confirmed"
-            self.settlement = charging.settle(
-                self.held,
-                backend=entry.backend or "",
-                prompt_tokens=prompt_tokens,
-                output_tokens=output_tokens,
-                partial=partial,
-            )
-        else:
-            charging.release(self.held, reason=outcome)
+        self.bill.end(outcome, served=served, backend=entry.backend or "", usage=usage or (0, 0), partial=partial)
 
     def response_headers(self) -> dict[str, str]:
         return {**self.headers, "X-Priority-Class": self.entry.cls, "X-Queue-Wait-Ms": str(self.entry.waited_ms)}
 
     # --- the request's way ---------------------------------------------------------------
 
-    async def run(self) -> HttpResponse:
+    async def run(self) -> HttpResponse | StreamingHttpResponse:
         try:
             upstream = await self._obtain()
             if self.payload.stream and upstream.status_code == 200:
@@ -151,24 +130,22 @@ class Exchange:
                 self._failed(spec.name, "status", f"{spec.name} answered {response.status_code}")
                 continue
             self.d.upstream_result(spec.name, ok=True)
-            if isinstance(self.held, charging.EarlyHold):
+            if not self.bill.confirmed:
                 await self._confirm(response)
             return response
 
     async def _confirm(self, upstream: UpstreamResponse) -> None:
         """An early hold is booked before any of the answer is read. Refused: the upstream is
-        abandoned unread and the request ends uncharged (nothing was held, so nothing to release);
-        a budget refusal raises EarlyHoldRefused (gateway.intake admits the request again)."""
+        abandoned unread and the request ends uncharged (its bill ended with the refusal: nothing
+        was held); a budget refusal raises EarlyHoldRefused (gateway.intake admits it again)."""
         try:
-            self.held = await self.held.booked()
+            await self.bill.confirm()
         except BaseException as failed:
             spawn(upstream.aclose())
             if not isinstance(failed, GatewayError):  # cancelled, the database out: the caller ends it
                 raise
-            refused = failed
-            self.billed = True
             self.finish(Outcome.EARLY_HOLD_REFUSED)
-            if refused.code == ErrorCode.BUDGET_EXHAUSTED:
+            if failed.code == ErrorCode.BUDGET_EXHAUSTED:
                 raise charging.EarlyHoldRefused from None
             raise
 
@@ -208,8 +185,8 @@ class Exchange:
             content, status=upstream.status_code, content_type=upstream.headers.get("content-type", "application/json")
         )
         response["Content-Length"] = str(len(content))
-        if self.settlement is not None:  # a client leaving now stops only this wait, not the booking
-            charged = await self.settlement
+        if self.bill.settlement is not None:  # a client leaving now stops only this wait, not the booking
+            charged = await self.bill.settlement
             if charged is not None:
                 response["X-Charge"] = str(charged.amount)
                 response["X-Charge-Currency"] = settings.FAIRGATE_CURRENCY
@@ -241,7 +218,7 @@ class StreamBody:
         self.exchange = exchange
         self.upstream = upstream
         self.filter = SseFilter(forward_usage=exchange.payload.include_usage)
-        self._chunks = None
+        self._chunks: AsyncIterator[bytes] | None = None
         self._done = False
         self._done_event = b""  # the stream's end, held back until its charge is booked
         self._loop = asyncio.get_running_loop()
@@ -262,8 +239,8 @@ class StreamBody:
         except StopAsyncIteration:
             tail = self._done_event + self.filter.flush()
             self.end(Outcome.COMPLETED)
-            if self.exchange.settlement is not None:  # booked, or journaled to be: then the end
-                await self.exchange.settlement
+            if self.exchange.bill.settlement is not None:  # booked, or journaled to be: then the end
+                await self.exchange.bill.settlement
             if tail:
                 return tail
             raise

@@ -1,4 +1,5 @@
-"""From an HTTP request to its answer: auth → parse → estimate → classify (intake), hold → admit (admit), run."""
+"""From an HTTP request to its answer: auth → parse → estimate → classify (`intake`), then hold →
+admit (gateway.admission) and run (gateway.exchange)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,24 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from gateway import charging, metrics
+from gateway import admission, charging
 from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
+from gateway.lifecycle import PublicId, engine_id
 from gateway.limits import output_limit, prompt_bound
 from gateway.payload import Payload, payload_estimate, payload_parse
 from gateway.runtime import dispatcher_get
-from scheduling.engine.model import Request
+from scheduling.engine.model import RequestId
 from scheduling.engine.rules import Facts
 
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@+=~-]{1,128}")
 MAX_TIMEOUT_MS = 24 * 3_600_000
+REQUEST_ID_ATTR = "fairgate_request_id"  # the HttpRequest attribute `intake` names the request's id in
 
 
 def request_body(request: HttpRequest) -> bytes:
@@ -36,19 +39,19 @@ def request_body(request: HttpRequest) -> bytes:
         ) from None
 
 
-def new_request_id() -> str:
+def new_request_id() -> PublicId:
     """``req_`` + 32 hex digits: the time in ms, then 80 random bits. Ids made in time order keep
     the ledger's index on request ids appending at its end instead of writing all over it."""
-    return f"req_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+    return PublicId(f"req_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}")
 
 
-def _public_id(request: HttpRequest) -> str:
+def _public_id(request: HttpRequest) -> PublicId:
     given = request.headers.get("X-Request-Id")
     if given is None:
         return new_request_id()
     if not REQUEST_ID_RE.fullmatch(given):
         raise invalid_request("X-Request-Id must be 1-128 characters of letters, digits and . _ : @ + = ~ -.")
-    return given
+    return PublicId(given)
 
 
 def _timeout_ms(request: HttpRequest) -> int | None:
@@ -92,7 +95,7 @@ class Asked:
 
     d: Dispatcher
     caller: Caller
-    public_id: str
+    public_id: PublicId
     payload: Payload
     declared: str
     cls: str
@@ -101,14 +104,15 @@ class Asked:
     downgrade_recorded: bool = False
 
     @property
-    def engine_id(self) -> str:
-        return f"{self.caller.tenant}/{self.public_id}"
+    def engine_id(self) -> RequestId:
+        return engine_id(self.caller.tenant, self.public_id)
 
 
 async def intake(request: HttpRequest, kind: str) -> Asked:
     """Everything before the hold; raises GatewayError for a refused request. The request's id is
     named first (``request.fairgate_request_id``): gateway.views answers every refusal with it."""
-    public_id = request.fairgate_request_id = _public_id(request)
+    public_id = _public_id(request)
+    setattr(request, REQUEST_ID_ATTR, public_id)  # our own attribute: HttpRequest's type has none for it
     caller = await authenticate(request.headers.get("Authorization"))
     payload = payload_parse(kind, request_body(request))
     d = await dispatcher_get()
@@ -125,63 +129,12 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms)
 
 
-async def admit(asked: Asked, *, early: bool) -> Exchange:
-    """Hold → admit. ``early``: the hold may be booked while the request goes on (gateway.charging)."""
-    d, caller, payload = asked.d, asked.caller, asked.payload
-    expected_output_tokens = payload.output_limit * payload.n
-    what = dict(
-        tenant=caller.tenant,
-        request_id=asked.engine_id,
-        cls=asked.cls,
-        model=payload.model,
-        prompt_tokens=payload.prompt_bound,
-        max_output_tokens=expected_output_tokens,
-    )
-    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
-    if held is None:
-        held = await charging.hold(**what)
-    cls, rule = asked.cls, asked.rule
-    if isinstance(held, charging.Hold) and held.fallback:
-        cls, rule = held.cls, charging.BUDGET_RULE
-    now_ms = d.now_ms()
-    engine_request = Request(
-        id=asked.engine_id,
-        tenant=caller.tenant,
-        cls=cls,
-        model=payload.model,
-        prompt_tokens=payload.prompt_tokens,
-        expected_output_tokens=expected_output_tokens,
-        enqueued_ms=now_ms,
-        deadline_ms=None if asked.timeout_ms is None else now_ms + asked.timeout_ms,
-        vip=caller.vip,
-    )
-    headers = {"X-Request-Id": asked.public_id, "X-Priority-Class": cls}
-    if rule is not None:
-        headers["X-Priority-Downgraded"] = f"{asked.declared}; rule={rule}"
-        if not asked.downgrade_recorded:  # once per request, also when admitted again
-            asked.downgrade_recorded = True
-            d.downgrades.record(
-                tenant_id=caller.tenant_id,
-                request_id=asked.public_id,
-                from_class=asked.declared,
-                to_class=cls,
-                rule=rule,
-            )
-            metrics.DOWNGRADES.labels(rule).inc()
-    try:
-        entry = d.admit(engine_request, public_id=asked.public_id, declared_class=asked.declared, rule=rule)
-    except GatewayError as err:
-        charging.release(held, reason=err.code)
-        err.headers.update(headers)
-        raise
-    return Exchange(d, entry, payload, held, headers)
-
-
-async def serve(request: HttpRequest, kind: str) -> HttpResponse:
-    """A request from intake to its answer."""
+async def serve(request: HttpRequest, kind: str) -> HttpResponse | StreamingHttpResponse:
+    """A request from intake to its answer. An early hold refused for the budget (nothing was
+    served or charged) is admitted again, hold first: a 402, or a cheaper class for a tenant set
+    to fall back (gateway.admission)."""
     asked = await intake(request, kind)
-    exchange = await admit(asked, early=True)
     try:
-        return await exchange.run()
-    except charging.EarlyHoldRefused:  # nothing was served or charged: again, hold first
-        return await (await admit(asked, early=False)).run()
+        return await Exchange(await admission.admit(asked, early=True), asked.payload).run()
+    except charging.EarlyHoldRefused:
+        return await Exchange(await admission.admit(asked, early=False), asked.payload).run()

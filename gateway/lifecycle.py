@@ -9,6 +9,9 @@ serialise as, the strings the console, the terminal log and the metrics have alw
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NewType
+
+from scheduling.engine.model import RequestId
 
 
 class State(StrEnum):
@@ -21,3 +24,18 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"  # the client left (a stream cut short by the client is charged for what it got)
     UPSTREAM_REJECTED = "upstream_rejected"  # the backend answered 4xx: relayed, not charged
     EARLY_HOLD_REFUSED = "early_hold_refused"  # its early hold was refused (gateway.charging): admitted again
+
+
+PublicId = NewType("PublicId", str)
+"""A request's id as its client knows it: its ``X-Request-Id``, or one made for it (``req_...``).
+Unique only within its tenant; the engine and the ledger key a request by `engine_id`."""
+
+
+def engine_id(tenant: str, public_id: PublicId) -> RequestId:
+    """The request's key in the engine and the ledger: ``tenant/public id``."""
+    return RequestId(f"{tenant}/{public_id}")
+
+
+def public_id_of(key: str) -> PublicId:
+    """The client's id in an engine id."""
+    return PublicId(key.partition("/")[2])

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-_on_serving: list[Callable[[], None]] = []
+_on_serving: list[Callable[[], object]] = []  # what a callable returns is not used
 
 
-def register(*, on_serving: Callable[[], None]) -> None:
+def register(*, on_serving: Callable[[], object]) -> None:
     """Called once per process (an AppConfig.ready); registering the same callable again is a no-op."""
     if on_serving not in _on_serving:
         _on_serving.append(on_serving)

@@ -60,11 +60,11 @@ def snapshot() -> dict | None:
             "preempted": tally.preempted if tally else 0,
         }
     backends = {}
-    for name, spec in dispatcher.backend_specs.items():
+    for name, backend in dispatcher.backend_specs.items():
         health = dispatcher.circuits.of(name)
         backends[name] = {
             "in_use": health.in_use,
-            "slots": spec.slots,
+            "slots": backend.slots,
             "tpm_used": health.tpm_used(now_ms),
             "circuit_open": dispatcher.circuits.is_open(name, now_ms),
         }

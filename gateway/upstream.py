@@ -50,7 +50,8 @@ class _Parsed:
         self.complete = False
         self.body: list[bytes] = []
         self.keep_alive = False
-        self.parser = None  # set right after the parser is made: llhttp answers keep-alive only here
+        # set right after the parser is made: llhttp answers keep-alive only here
+        self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
@@ -63,6 +64,7 @@ class _Parsed:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        assert self.parser is not None  # set before the parser is fed, dropped only here
         self.keep_alive = self.parser.should_keep_alive()
         self.parser = None  # the parser refers to us: drop the cycle, so both go by refcount, not the collector
 
@@ -79,7 +81,7 @@ class _Connection:
         return (
             not self.writer.is_closing()
             and not self.reader.at_eof()
-            and not self.reader._buffer  # noqa: SLF001
+            and not self.reader._buffer  # type: ignore[attr-defined]  # private, not in typeshed  # noqa: SLF001
             and now_s - self.idle_since < idle_s
         )
 
@@ -98,8 +100,7 @@ class UpstreamResponse:
         self._read_timeout_s = read_timeout_s
         self._keep = True
 
-    async def _more(self) -> None:
-        conn = self._conn
+    async def _more(self, conn: _Connection) -> None:
         try:
             async with asyncio.timeout(self._read_timeout_s):
                 data = await conn.reader.read(READ_BYTES)
@@ -130,9 +131,10 @@ class UpstreamResponse:
                 chunk = b"".join(parsed.body)
                 parsed.body.clear()
                 yield chunk
-            if parsed.complete or self._conn is None:
+            conn = self._conn
+            if parsed.complete or conn is None:
                 return
-            await self._more()
+            await self._more(conn)
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])

@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from gateway import metrics
@@ -20,13 +22,13 @@ from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.dispatcher import Dispatcher, Entry, describe
 from gateway.errors import ErrorCode, GatewayError, internal_error, not_found, service_unavailable
-from gateway.intake import REQUEST_ID_RE, serve
+from gateway.intake import REQUEST_ID_ATTR, REQUEST_ID_RE, serve
 from gateway.lifecycle import State
 from gateway.payload import CHAT, TEXT
 from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]  # a stream is a StreamingHttpResponse
 
 
 def json_response(data, status: int = 200) -> HttpResponse:
@@ -38,14 +40,14 @@ def json_response(data, status: int = 200) -> HttpResponse:
 def logged(response: HttpResponse) -> HttpResponse:
     """``response``, marked as logged already: Django's handler would log it again, every 4xx as a
     WARNING and every 5xx as an ERROR (``django.utils.log.log_response`` skips a marked one)."""
-    response._has_been_logged = True
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's private flag: not in django-stubs
     return response
 
 
 def _request_id(request: HttpRequest) -> str | None:
     """The id a refusal names: the one intake gave the request, else the client's own if it is
     valid (a request refused before intake: 405, an outage)."""
-    named = getattr(request, "fairgate_request_id", None)
+    named = getattr(request, REQUEST_ID_ATTR, None)
     if named is not None:
         return named
     given = request.headers.get("X-Request-Id")
@@ -80,7 +82,7 @@ def api_view(*methods: str) -> Callable[[View], View]:
     def wrap(view: View) -> View:
         @csrf_exempt
         @functools.wraps(view)
-        async def handler(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        async def handler(request: HttpRequest, *args, **kwargs) -> HttpResponseBase:
             try:
                 if request.method not in methods:
                     raise GatewayError(
@@ -103,12 +105,12 @@ def api_view(*methods: str) -> Callable[[View], View]:
 
 
 @api_view("POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     return await serve(request, CHAT)
 
 
 @api_view("POST")
-async def completions(request: HttpRequest) -> HttpResponse:
+async def completions(request: HttpRequest) -> HttpResponseBase:
     return await serve(request, TEXT)
 
 

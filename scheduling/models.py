@@ -34,6 +34,8 @@ class PriceVersion(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True)
 
+    upcoming: bool  # not a column: set on the versions a page lists, True for one not in effect yet
+
     class Meta:
         ordering = ["priority_class__level", "-effective_at", "-pk"]
         indexes = [models.Index(fields=["priority_class", "effective_at"])]

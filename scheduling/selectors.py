@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import cast
 
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
@@ -125,4 +126,5 @@ def _norm(value: Decimal | None) -> Decimal:
     if value is None:
         return Decimal("0")
     value = value.normalize()
-    return value.quantize(Decimal(1)) if value.as_tuple().exponent > 0 else value
+    exponent = cast(int, value.as_tuple().exponent)  # a stored decimal is finite: its exponent is a number
+    return value.quantize(Decimal(1)) if exponent > 0 else value

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import models, transaction
 from django.utils import timezone
@@ -28,6 +28,8 @@ from scheduling.models import (
 )
 from scheduling.selectors import classes_with_price, policy_get
 from tenants.models import Tenant
+
+_M = TypeVar("_M", bound=models.Model)
 
 SECTIONS = (
     "classes",
@@ -71,14 +73,12 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _sync_row(
-    model: type[models.Model], *, lookup: dict, values: dict, entity: str, actor: str, result: ApplyResult
-) -> models.Model:
+def _sync_row(model: type[_M], *, lookup: dict, values: dict, entity: str, actor: str, result: ApplyResult) -> _M:
     """Create the row or update the fields that differ, auditing each change."""
     key = str(next(iter(lookup.values())))
-    row = model.objects.filter(**lookup).first()
+    row = model._default_manager.filter(**lookup).first()  # `objects`: no model here has another manager
     if row is None:
-        row = model.objects.create(**lookup, **values)
+        row = model._default_manager.create(**lookup, **values)
         audit_record(actor=actor, action="create", entity=entity, key=key, new=values)
         result.changes.append(f"created {entity} {key}")
         return row

@@ -22,5 +22,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
 class UserAdmin(BaseUserAdmin):
     list_display = ("username", "tenant", "role", "is_staff", "is_active")
     list_filter = ("role", "tenant", "is_staff")
-    fieldsets = BaseUserAdmin.fieldsets + (("Fairgate", {"fields": ("tenant", "role")}),)
-    add_fieldsets = BaseUserAdmin.add_fieldsets + (("Fairgate", {"fields": ("tenant", "role")}),)
+    fieldsets = (*(BaseUserAdmin.fieldsets or ()), ("Fairgate", {"fields": ("tenant", "role")}))
+    add_fieldsets = (*BaseUserAdmin.add_fieldsets, ("Fairgate", {"fields": ("tenant", "role")}))

@@ -244,7 +244,7 @@ class Publisher:
             await self._send(ADMIN_GROUP, "ops.update", payload)
 
     async def _send(self, group: str, kind: str, payload: dict) -> None:
-        message = {"type": kind, "text": dumps(payload)}
+        message: dict[str, object] = {"type": kind, "text": dumps(payload)}
         if "queue" in payload:
             message["ids"] = [r["id"] for r in payload["queue"]["rows"]]
         await self.layer.group_send(group, message)

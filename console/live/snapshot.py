@@ -129,16 +129,16 @@ class OpsView:
             )
         errors = _backend_errors()
         backends = []
-        for name, spec in sorted(d.backend_specs.items()):
+        for name, backend in sorted(d.backend_specs.items()):
             health = d.circuits.of(name)
             backends.append(
                 {
                     "backend": name,
-                    "enabled": spec.enabled,
-                    "slots": spec.slots,
+                    "enabled": backend.enabled,
+                    "slots": backend.slots,
                     "in_use": health.in_use,
                     "tpm_used": health.tpm_used(now_ms),
-                    "tpm": spec.tpm,
+                    "tpm": backend.tpm,
                     "errors": errors.get(name, 0),
                     "circuit_open": d.circuits.is_open(name, now_ms),
                 }
@@ -151,7 +151,7 @@ def timeline_sample(d: Dispatcher, *, wall_ms: int, previous_hist: list[int] | N
     """A timeline point; the top class's histogram is returned to diff against next time."""
     tallies = d.sched.counters.classes
     top = min(d.config.classes, key=lambda c: c.level).name if d.config.classes else None
-    hist = list(tallies[top].wait_hist) if top in tallies else [0] * (len(WAIT_BUCKETS_MS) + 1)
+    hist = list(tallies[top].wait_hist) if top is not None and top in tallies else [0] * (len(WAIT_BUCKETS_MS) + 1)
     window = hist if previous_hist is None else [max(0, a - b) for a, b in zip(hist, previous_hist)]
     batch = tallies.get("BATCH")
     sample = Sample(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import Enum
+from typing import NewType
 
 DEFAULT_CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
 RESERVED_RULE_NAMES = ("undeclared", "budget")
@@ -136,11 +137,16 @@ class SchedulerConfig:
         return next((c for c in self.classes if c.name == name), None)
 
 
+RequestId = NewType("RequestId", str)
+"""The engine's key of a request, unique among the live ones (the gateway's is ``tenant/public id``,
+gateway.lifecycle; not the client's own id, which is unique only within its tenant)."""
+
+
 @dataclass
 class Request:
     """A request as the engine sees it. ``cls`` is the effective (post-downgrade) class."""
 
-    id: str
+    id: RequestId
     tenant: str
     cls: str
     model: str

@@ -29,7 +29,7 @@ from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
 from .dispatching import DispatchMixin, PreemptEntry
 from .fairness import Lane, tenant_weights
-from .model import BackendSpec, ClassSpec, FairnessMode, Request, SchedulerConfig, TenantSpec
+from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, QueuePosition
 from .position import eta_ms, requests_ahead
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
@@ -263,7 +263,7 @@ class Scheduler(DispatchMixin):
         self._count_queued(ticket, -1)
 
     # ----------------------------------------------------------------- terminal states
-    def _running_ticket(self, request_id: str) -> Ticket:
+    def _running_ticket(self, request_id: RequestId) -> Ticket:
         ticket = self._store.ticket_get(request_id)
         if ticket is None or ticket.state != RUNNING:
             raise KeyError(f"request {request_id!r} is not running")
@@ -287,7 +287,7 @@ class Scheduler(DispatchMixin):
             return 0.0
         return ticket.charge * (actual_cost - ticket.cost_tokens) / ticket.cost_tokens
 
-    def complete(self, request_id: str, *, now_ms: int, prompt_tokens: int, output_tokens: int) -> None:
+    def complete(self, request_id: RequestId, *, now_ms: int, prompt_tokens: int, output_tokens: int) -> None:
         ticket = self._running_ticket(request_id)
         actual_cost = prompt_tokens + 2 * output_tokens
         self._finish_running(
@@ -299,12 +299,12 @@ class Scheduler(DispatchMixin):
         adm.service_mean(self._model_service, ticket.model).add(service_ms)
         self._terminate(ticket, "completed")
 
-    def fail(self, request_id: str, *, now_ms: int, reason: str = "upstream_error") -> None:
+    def fail(self, request_id: RequestId, *, now_ms: int, reason: str = "upstream_error") -> None:
         ticket = self._running_ticket(request_id)
         self._finish_running(ticket, 0, self._token_correction(ticket, 0))
         self._terminate(ticket, "failed")
 
-    def requeue(self, request_id: str, *, now_ms: int, backend_retry_after_ms: int = 0) -> None:
+    def requeue(self, request_id: RequestId, *, now_ms: int, backend_retry_after_ms: int = 0) -> None:
         """Upstream 429: back to the front of its queue; the backend is held until the retry-after."""
         ticket = self._running_ticket(request_id)
         backend = ticket.backend
@@ -326,7 +326,7 @@ class Scheduler(DispatchMixin):
         for tally in ticket.book.tallies:
             tally.requeued += 1
 
-    def cancel(self, request_id: str, *, now_ms: int) -> bool:
+    def cancel(self, request_id: RequestId, *, now_ms: int) -> bool:
         """Client gone. A waiting request leaves at once (unless the policy ignores cancellation)."""
         ticket = self._store.ticket_get(request_id)
         if ticket is None or ticket.state != WAITING or not self._config.queue.honour_cancel:
@@ -362,11 +362,11 @@ class Scheduler(DispatchMixin):
             del self._retired[ticket.cls]
 
     # ----------------------------------------------------------------- queries
-    def state_of(self, request_id: str) -> str | None:
+    def state_of(self, request_id: RequestId) -> str | None:
         ticket = self._store.ticket_get(request_id)
         return None if ticket is None else STATE_NAMES.get(ticket.state)
 
-    def position(self, request_id: str, *, now_ms: int) -> QueuePosition | None:
+    def position(self, request_id: RequestId, *, now_ms: int) -> QueuePosition | None:
         ticket = self._store.ticket_get(request_id)
         if ticket is None or ticket.state != WAITING:
             return None

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from .model import Request
+from .model import Request, RequestId
 
 if TYPE_CHECKING:
     from .counters import TenantInClass
@@ -114,8 +114,8 @@ class Ticket:
 
 class SchedulerStore(Protocol):
     def ticket_put(self, ticket: Ticket) -> None: ...
-    def ticket_get(self, request_id: str) -> Ticket | None: ...
-    def ticket_pop(self, request_id: str) -> Ticket | None: ...
+    def ticket_get(self, request_id: RequestId) -> Ticket | None: ...
+    def ticket_pop(self, request_id: RequestId) -> Ticket | None: ...
     def tickets(self) -> Iterable[Ticket]: ...
     def fair_counter_get(self, key: tuple[str, str, str]) -> float | None: ...
     def fair_counter_set(self, key: tuple[str, str, str], value: float) -> None: ...
@@ -148,7 +148,7 @@ class MemoryStore:
     holds_live_tickets = True  # see the module docstring
 
     def __init__(self) -> None:
-        self._tickets: dict[str, Ticket] = {}
+        self._tickets: dict[RequestId, Ticket] = {}
         self._fair: dict[tuple[str, str, str], float] = {}
         self._windows: dict[str, _Window] = {}
         self._next_handle = 0
@@ -156,10 +156,10 @@ class MemoryStore:
     def ticket_put(self, ticket: Ticket) -> None:
         self._tickets[ticket.id] = ticket
 
-    def ticket_get(self, request_id: str) -> Ticket | None:
+    def ticket_get(self, request_id: RequestId) -> Ticket | None:
         return self._tickets.get(request_id)
 
-    def ticket_pop(self, request_id: str) -> Ticket | None:
+    def ticket_pop(self, request_id: RequestId) -> Ticket | None:
         return self._tickets.pop(request_id, None)
 
     def tickets(self) -> Iterable[Ticket]:

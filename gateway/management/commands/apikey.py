@@ -23,7 +23,7 @@ class Command(SubcommandCommand):
         p.add_argument("slug", nargs="?")
 
     def do_create(self, *, slug, default_class, label, **_):
-        _, full_key = apikey_create(tenant_slug=slug, default_class=default_class, label=label, actor="cli")
+        _created, full_key = apikey_create(tenant_slug=slug, default_class=default_class, label=label, actor="cli")
         self.stdout.write(full_key)
 
     def do_revoke(self, *, prefix, **_):

@@ -41,8 +41,8 @@ class Command(BaseCommand):
             self._keys(url.rstrip("/"))
 
     def _keys(self, url: str) -> None:
-        for key in ApiKey.objects.filter(label=DEMO_LABEL, revoked_at__isnull=True):
-            apikey_revoke(prefix=key.prefix, actor="demo")
+        for old in ApiKey.objects.filter(label=DEMO_LABEL, revoked_at__isnull=True):
+            apikey_revoke(prefix=old.prefix, actor="demo")
         issued = []
         for slug, cls, what in DEMO_KEYS:
             if Tenant.objects.filter(slug=slug, active=True).exists():

@@ -20,7 +20,7 @@ from django.utils import timezone
 from billing import cache
 from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk, book
 from billing.errors import BudgetExhausted, HoldNotFound
-from billing.inflight import HeldEntry, held_get
+from billing.inflight import HeldEntry, held_get, held_get_cached
 from billing.models import Budget, LedgerEntry, TenantBilling
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, holds_release_stale
@@ -64,11 +64,15 @@ def test_a_batch_costs_the_statements_of_one_ask(
         held = book(_holds("r", ASKS))
     assert all(isinstance(h, HeldEntry) for h in held)
     now = timezone.now()
-    settles = [
-        SettleAsk(request_id=f"r{i}", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now)
+    settles = [  # each with its hold, as the serving process sends it (gateway.charging): no hold is read
+        SettleAsk(
+            request_id=f"r{i}", backend_name="gpu-b", prompt_tokens=1000, completion_tokens=200, at=now, held=held[i]
+        )
         for i in range(ASKS // 2)
     ]
-    releases = [ReleaseAsk(request_id=f"r{i}", reason="cancelled", at=now) for i in range(ASKS // 2, ASKS)]
+    releases = [
+        ReleaseAsk(request_id=f"r{i}", reason="cancelled", at=now, held=held[i]) for i in range(ASKS // 2, ASKS)
+    ]
     with django_assert_max_num_queries(PER_BATCH - 1 + inserts(3 * ASKS // 2)):  # no holds: no price check
         results = book(settles + releases)
     assert results == [Charged(D("1.12"))] * (ASKS // 2) + [True] * (ASKS // 2)
@@ -195,6 +199,16 @@ def test_a_hold_rolled_back_is_not_remembered(world):
     assert held_get("ghost") is None
     with pytest.raises(HoldNotFound):
         settle("ghost")
+
+
+@pytest.mark.django_db
+def test_the_booking_keeps_no_memo_of_holds(world, django_capture_on_commit_callbacks):
+    """The memo is the serving process's (gateway.charging); the billing worker's booking keeps none."""
+    with django_capture_on_commit_callbacks(execute=True):
+        held = book(_holds("m", 2))
+    assert all(isinstance(h, HeldEntry) for h in held)
+    assert held_get_cached("m0") is None and held_get_cached("m1") is None
+    assert held_get("m0") == held[0]  # read from the ledger
 
 
 @pytest.mark.django_db

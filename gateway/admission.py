@@ -1,0 +1,152 @@
+"""A request's admission and its bill: the one place that answers "what happens to the money".
+
+`admit` takes a request that intake accepted (gateway.intake.Asked) through its billing saga:
+
+1. **hold** the most it can cost on its tenant's budget: booked while it goes on (an early hold,
+   gateway.charging) when the tenant has ample room, else first (a 402 refuses it here);
+2. **fall back** to the cheaper class the hold names, for a tenant set to it (``rule=budget``);
+3. **admit** it to the engine (a queue full or no backend refuses it);
+4. on any refusal after the hold, **release** the hold before the refusal goes out.
+
+What it returns carries the request's `Bill`: the hold from admission to its one end, which is
+where settle or release is decided, once (gateway.exchange calls `Bill.end` however the request
+ends). An early hold is confirmed (`Bill.confirm`) before the upstream's answer is read; refused
+for the budget, nothing was held: the request is ended uncharged and admitted again, hold first
+(gateway.intake.serve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
+
+from gateway import charging, metrics
+from gateway.dispatcher import Dispatcher, Entry
+from gateway.errors import GatewayError
+from scheduling.engine.model import Request
+
+if TYPE_CHECKING:
+    from gateway.intake import Asked
+
+
+class Bill:
+    """A request's billing hold, from admission to its one end."""
+
+    def __init__(self, held: charging.Hold | charging.EarlyHold) -> None:
+        self.held = held  # an EarlyHold until `confirm`, which is before any of the answer is read
+        self.ended = False
+        self.settlement: asyncio.Future | None = None  # the Charged of a served request, once journaled
+
+    @property
+    def confirmed(self) -> bool:
+        return isinstance(self.held, charging.Hold)
+
+    async def confirm(self) -> None:
+        """An early hold, booked (usually it is by now). Refused (a GatewayError: the budget, an id
+        already used), nothing was held: the bill is ended, and the refusal raised."""
+        if isinstance(self.held, charging.EarlyHold):
+            try:
+                self.held = await self.held.booked()
+            except GatewayError:
+                self.ended = True
+                raise
+
+    def end(
+        self, outcome: str, *, served: bool, backend: str = "", usage: tuple[int, int] = (0, 0), partial: bool = False
+    ) -> None:
+        """Once: settled with ``usage`` if the request was served (its answer, or part of a stream,
+        reached the client), else released. Later calls do nothing."""
+        if self.ended:
+            return
+        self.ended = True
+        if served:
+            assert isinstance(self.held, charging.Hold), "served before its hold was confirmed"
+            prompt_tokens, output_tokens = usage
+            self.settlement = charging.settle(
+                self.held, backend=backend, prompt_tokens=prompt_tokens, output_tokens=output_tokens, partial=partial
+            )
+        else:
+            charging.release(self.held, reason=outcome)
+
+
+@dataclass
+class Admitted:
+    """A request in the engine's queue, with its bill and the headers every answer carries."""
+
+    d: Dispatcher
+    entry: Entry
+    bill: Bill
+    headers: dict[str, str]  # Fairgate's: id, class, downgrade
+
+
+def _headers(asked: Asked, cls: str, rule: str | None) -> dict[str, str]:
+    """The answer's headers; a downgrade is recorded here, once per request (also when admitted again)."""
+    headers = {"X-Request-Id": asked.public_id, "X-Priority-Class": cls}
+    if rule is None:
+        return headers
+    headers["X-Priority-Downgraded"] = f"{asked.declared}; rule={rule}"
+    if not asked.downgrade_recorded:
+        asked.downgrade_recorded = True
+        asked.d.downgrades.record(
+            tenant_id=asked.caller.tenant_id,
+            request_id=asked.public_id,
+            from_class=asked.declared,
+            to_class=cls,
+            rule=rule,
+        )
+        metrics.DOWNGRADES.labels(rule).inc()
+    return headers
+
+
+class _HoldArgs(TypedDict):
+    """What `charging.hold` and `charging.hold_early` are asked."""
+
+    tenant: str
+    request_id: str
+    cls: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+
+
+async def admit(asked: Asked, *, early: bool) -> Admitted:
+    """Hold → fall back → admit; a refusal raised after the hold has released it. ``early``: the
+    hold may be booked while the request goes on."""
+    d, caller, payload = asked.d, asked.caller, asked.payload
+    expected_output_tokens = payload.output_limit * payload.n
+    what = _HoldArgs(
+        tenant=caller.tenant,
+        request_id=asked.engine_id,
+        cls=asked.cls,
+        model=payload.model,
+        prompt_tokens=payload.prompt_bound,
+        max_output_tokens=expected_output_tokens,
+    )
+    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
+    if held is None:
+        held = await charging.hold(**what)  # a 402 here holds nothing
+    bill = Bill(held)
+    cls, rule = asked.cls, asked.rule
+    if isinstance(held, charging.Hold) and held.fallback:
+        cls, rule = held.cls, charging.BUDGET_RULE
+    now_ms = d.now_ms()
+    request = Request(
+        id=asked.engine_id,
+        tenant=caller.tenant,
+        cls=cls,
+        model=payload.model,
+        prompt_tokens=payload.prompt_tokens,
+        expected_output_tokens=expected_output_tokens,
+        enqueued_ms=now_ms,
+        deadline_ms=None if asked.timeout_ms is None else now_ms + asked.timeout_ms,
+        vip=caller.vip,
+    )
+    headers = _headers(asked, cls, rule)
+    try:
+        entry = d.admit(request, public_id=asked.public_id, declared_class=asked.declared, rule=rule)
+    except GatewayError as refused:
+        bill.end(refused.code, served=False)
+        refused.headers.update(headers)
+        raise
+    return Admitted(d, entry, bill, headers)

@@ -1,0 +1,73 @@
+"""One memo of holds, in the serving process: the gateway remembers each hold its billing worker
+booked, sends it with the request's settlement or release (so the booking reads no hold), and
+forgets it once that end is booked."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from decimal import Decimal
+
+import pytest
+
+from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk
+from billing.inflight import HeldEntry, held_clear, held_get_cached
+from gateway import charging
+
+
+class FakeWorker:
+    """Answers each batch at once, as the billing worker would: a hold is booked, an end too."""
+
+    dead = False
+
+    def __init__(self) -> None:
+        self.batches: list[list] = []
+
+    def send(self, asks: list, on_answer) -> None:
+        self.batches.append(asks)
+        results = [self._result(ask) for ask in asks]
+        answer = pickle.dumps((results, ([], []), None))
+        asyncio.get_running_loop().call_soon(on_answer, answer)
+
+    @staticmethod
+    def _result(ask) -> object:
+        if isinstance(ask, HoldAsk):
+            return HeldEntry(ask.request_id, 1, 1, None, ask.class_name, 1, ask.model, Decimal(1), Decimal("0.5"))
+        return Charged(Decimal("0.2")) if isinstance(ask, SettleAsk) else True
+
+
+@pytest.fixture
+def booker(tmp_path, settings, monkeypatch):
+    settings.VAR_DIR = tmp_path
+    settings.FAIRGATE_BILLING = True
+    settings.FAIRGATE_EARLY_HOLDS = False
+    books = charging.Booker()
+    worker = FakeWorker()
+    monkeypatch.setattr(charging, "_booker", books)
+    monkeypatch.setattr(books, "_ready_worker", lambda: worker)
+    held_clear()
+    yield books, worker
+    held_clear()
+
+
+def _hold(rid: str):
+    return charging.hold(tenant="t", request_id=rid, cls="BATCH", model="m", prompt_tokens=5, max_output_tokens=5)
+
+
+def test_a_settlement_and_a_release_carry_the_hold_the_gateway_remembers_and_then_forget_it(booker):
+    books, worker = booker
+
+    async def scenario() -> None:
+        served, refused = await _hold("t/a"), await _hold("t/b")
+        assert held_get_cached("t/a") is not None and held_get_cached("t/b") is not None
+        await charging.settle(served, backend="gpu", prompt_tokens=5, output_tokens=3)
+        charging.release(refused, reason="queue_full")
+        while held_get_cached("t/a") is not None or held_get_cached("t/b") is not None:
+            await asyncio.sleep(0.001)  # forgotten once booked
+        ends = [ask for batch in worker.batches for ask in batch if not isinstance(ask, HoldAsk)]
+        assert [type(ask) for ask in ends] == [SettleAsk, ReleaseAsk]
+        assert [ask.held.request_id for ask in ends] == ["t/a", "t/b"]
+        assert ends[0].held.amount == Decimal("0.5")
+        books.unbooked.close()
+
+    asyncio.run(scenario())
