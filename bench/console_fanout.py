@@ -71,7 +71,7 @@ class Load:
             expected_output_tokens=100,
             enqueued_ms=d.now_ms(),
         )
-        entry = d.admit(request, public_id=public_id, declared_class=cls, rule=None)
+        entry = d.admit_now(request, public_id=public_id, declared_class=cls, rule=None)
         asyncio.get_running_loop().create_task(self.serve(d, entry))
 
     async def serve(self, d, entry) -> None:

@@ -236,6 +236,17 @@ FAIRGATE_CIRCUIT_FAILURES = env_int("FAIRGATE_CIRCUIT_FAILURES", 5, minimum=1)
 FAIRGATE_CIRCUIT_COOLDOWN_MS = env_int("FAIRGATE_CIRCUIT_COOLDOWN_MS", 30_000, minimum=1)
 # How often the running dispatcher looks for configuration changes (admin edits, commands).
 FAIRGATE_CONFIG_POLL_MS = env_int("FAIRGATE_CONFIG_POLL_MS", 500, minimum=50)
+# `embedded`: the scheduler lives in the process (one process). `shared`: every gateway process on
+# REDIS_URL shares one scheduler (gateway.shared, scheduling.shared); needs REDIS_URL. Not yet
+# the default with REDIS_URL set: the shared scheduler is being built in steps (README).
+FAIRGATE_SCHEDULER = env_choice("FAIRGATE_SCHEDULER", "embedded", ("embedded", "shared"))
+if FAIRGATE_SCHEDULER == "shared" and not REDIS_URL:
+    raise ImproperlyConfigured("FAIRGATE_SCHEDULER=shared needs REDIS_URL (the scheduler is shared through Redis)")
+# Shared scheduler: `auto`, each gateway process bids for the dispatcher's role (one holds it, the
+# others stand by); `never`, this process only serves (the role runs in `manage.py dispatcher`).
+FAIRGATE_DISPATCHER = env_choice("FAIRGATE_DISPATCHER", "auto", ("auto", "never"))
+# The shared scheduler's keys in Redis start with this (two deployments on one Redis: two prefixes).
+FAIRGATE_SHARED_PREFIX = env_str("FAIRGATE_SHARED_PREFIX", "fairgate:sched")
 # How long a key lookup is cached: a revoked key stops working within this time.
 FAIRGATE_AUTH_CACHE_MS = env_int("FAIRGATE_AUTH_CACHE_MS", 1_000, minimum=0)
 # Terminal states kept for GET /v1/queue/{id}: how long and how many at most.

@@ -144,7 +144,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
     )
     headers = _headers(asked, cls, rule)
     try:
-        entry = d.admit(request, public_id=asked.public_id, declared_class=asked.declared, rule=rule)
+        entry = await d.admit(request, public_id=asked.public_id, declared_class=asked.declared, rule=rule)
     except GatewayError as refused:
         bill.end(refused.code, served=False)
         refused.headers.update(headers)

@@ -211,7 +211,11 @@ class Dispatcher:
     def is_live(self, tenant: str, public_id: str) -> bool:
         return public_id in self.live.get(tenant, {})
 
-    def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
+    async def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
+        """Submit to the engine (gateway.shared: to the shared one, which answers asynchronously)."""
+        return self.admit_now(request, public_id=public_id, declared_class=declared_class, rule=rule)
+
+    def admit_now(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
         """Submit to the engine; the entry's future resolves with a Grant or a GatewayError."""
         if self.is_live(request.tenant, public_id) or self.sched.state_of(request.id) is not None:
             raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")

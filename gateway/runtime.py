@@ -6,12 +6,23 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from django.conf import settings
+
 from gateway import metrics, proxy
 from gateway.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 _current: Dispatcher | None = None
 _starting: asyncio.Task | None = None
+
+
+def _kind() -> type[Dispatcher]:
+    """The embedded dispatcher, or the shared scheduler's (``FAIRGATE_SCHEDULER=shared``)."""
+    if settings.FAIRGATE_SCHEDULER == "shared":
+        from gateway.shared import SharedDispatcher
+
+        return SharedDispatcher
+    return Dispatcher
 
 
 def current() -> Dispatcher | None:
@@ -25,7 +36,7 @@ async def dispatcher_get() -> Dispatcher:
     if _current is not None and _current.loop is loop:
         return _current
     if _starting is None or _starting.get_loop() is not loop:
-        _starting = loop.create_task(Dispatcher.create(), name="fairgate-dispatcher-start")
+        _starting = loop.create_task(_kind().create(), name="fairgate-dispatcher-start")
     try:
         dispatcher = await asyncio.shield(_starting)
     except Exception:

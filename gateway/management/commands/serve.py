@@ -2,7 +2,9 @@
 
 uvicorn, not daphne: it speaks the ASGI lifespan protocol (so the embedded dispatcher starts and
 stops with the process), it is the faster HTTP server of the two (httptools + uvloop), and it serves
-WebSockets for Channels as well. One process: the dispatcher's queues live in it.
+WebSockets for Channels as well. One process, the dispatcher's queues in it; or, with the shared
+scheduler (``FAIRGATE_SCHEDULER=shared``), ``--workers N`` gateway processes on one port sharing
+one queue through Redis (gateway.shared).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import importlib.util
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
@@ -78,11 +80,27 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--log-level", default="warning")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=1,
+            help="gateway processes on the one port (more than one needs FAIRGATE_SCHEDULER=shared)",
+        )
 
-    def handle(self, *args, host: str, port: int, log_level: str, **opts):
+    def handle(self, *args, host: str, port: int, log_level: str, workers: int, **opts):
         import uvicorn
 
-        self.stdout.write(f"Fairgate on http://{host}:{port}/ (OpenAI API at /v1/, admin at /admin/)")
+        if workers < 1:
+            raise CommandError("--workers must be at least 1")
+        if workers > 1 and settings.FAIRGATE_SCHEDULER != "shared":
+            raise CommandError(
+                "--workers above 1 needs FAIRGATE_SCHEDULER=shared (and REDIS_URL): with the embedded "
+                "scheduler each process would keep queues and backend slots of its own"
+            )
+        self.stdout.write(
+            f"Fairgate on http://{host}:{port}/ (OpenAI API at /v1/, admin at /admin/)"
+            + (f", {workers} gateway processes" if workers > 1 else "")
+        )
         self.stdout.flush()
         uvicorn.run(
             "config.asgi:application",
@@ -97,4 +115,5 @@ class Command(BaseCommand):
             lifespan="on",
             backlog=4096,
             timeout_keep_alive=30,
+            workers=workers if workers > 1 else None,  # uvicorn's supervisor: one socket, N processes
         )

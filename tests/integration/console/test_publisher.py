@@ -38,7 +38,7 @@ def _admit(d: Dispatcher, tenant: str, rid: str, cls: str = "BATCH"):
         expected_output_tokens=10,
         enqueued_ms=d.now_ms(),
     )
-    return d.admit(request, public_id=rid, declared_class=cls, rule=None)
+    return d.admit_now(request, public_id=rid, declared_class=cls, rule=None)
 
 
 async def _drain(layer: InMemoryChannelLayer, channel: str) -> list[dict]:

@@ -216,7 +216,7 @@ def _request(d: Dispatcher, rid: str, *, deadline_in_ms: int | None = None) -> R
 
 
 def _admit(d: Dispatcher, rid: str, **kwargs):
-    return d.admit(_request(d, rid, **kwargs), public_id=rid, declared_class="INTERACTIVE", rule=None)
+    return d.admit_now(_request(d, rid, **kwargs), public_id=rid, declared_class="INTERACTIVE", rule=None)
 
 
 def test_dispatcher_grants_cancels_and_expires():

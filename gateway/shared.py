@@ -1,0 +1,272 @@
+"""The gateway's dispatcher with the shared scheduler (``FAIRGATE_SCHEDULER=shared``).
+
+Every gateway process on one Redis shares one engine (scheduling.shared): this process sends its
+requests' submits and ends as commands, and the one dispatcher that holds the lease decides for
+all of them and answers each gateway on its own list. Everything the embedded dispatcher does
+around the engine stays the same here (entries, futures, the terminal log, downgrades, circuits,
+the configuration poll); only the engine calls become commands, and the reads (positions, depths,
+counters) come from this process's replica of the shared engine — so every process shows the
+same queue. This process also bids for the dispatcher's role (``FAIRGATE_DISPATCHER=auto``, the
+default; ``never``: a gateway only, the role runs elsewhere, e.g. ``manage.py dispatcher``).
+
+Left for the next steps of the shared scheduler (not done here yet): circuit breaking decided
+by the dispatcher (each gateway's circuits are its own here, and the dispatcher keeps granting a
+backend whose circuit is open in some gateway: that gateway requeues), and the running slots of a
+gateway that stops beating are reclaimed after its heartbeat's time to live, not renewed per
+request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from gateway.dispatcher import Dispatcher, Entry, queue_timeout_error
+from gateway.errors import ErrorCode, GatewayError, invalid_request
+from gateway.lifecycle import Outcome, State
+from scheduling.engine import Grant, Scheduler, apply_policy
+from scheduling.engine.model import Request, RequestId, SchedulerConfig
+from scheduling.shared.client import Client
+from scheduling.shared.owner import Owner, owner_id
+from scheduling.shared.protocol import Answer, submit
+from scheduling.shared.replica import Keys
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+ANSWER_LIMIT_S = 10.0  # no dispatcher answered a submit for this long: 503
+
+
+def _redis() -> Redis:
+    import redis.asyncio
+
+    # Blocking reads wait at most a second (scheduling.shared); the socket's timeout is above that.
+    url = settings.REDIS_URL
+    assert url, "FAIRGATE_SCHEDULER=shared needs REDIS_URL (config.settings refuses to start without it)"
+    return redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+
+
+class SharedDispatcher(Dispatcher):
+    def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
+        self._placeholder: Scheduler | None = None
+        super().__init__(config, audit_pk=audit_pk, loop=loop)
+        self.redis = _redis()
+        keys = Keys(settings.FAIRGATE_SHARED_PREFIX)
+        self.gateway_id = owner_id()  # host:pid:nonce, as the dispatcher's role is named
+        self.owner = Owner(self.redis, config, keys=keys, name=self.gateway_id)
+        self.client = Client(self.redis, self.gateway_id, keys=keys)
+        self.client.on_answer = self._answer
+        self._admissions: dict[str, asyncio.Future[Answer]] = {}
+        self._requests: dict[str, Request] = {}
+        self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
+        self._stop = asyncio.Event()
+        self._answers: asyncio.Task[None] | None = None
+        self._role: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def create(cls) -> Dispatcher:
+        dispatcher = await super().create()
+        assert isinstance(dispatcher, SharedDispatcher)
+        await dispatcher.owner.load()
+        dispatcher._start()
+        return dispatcher
+
+    def _start(self) -> None:
+        self._answers = self.loop.create_task(self.client.run(), name="fairgate-shared-answers")
+        if settings.FAIRGATE_DISPATCHER == "auto":  # a standby follows the steps until it holds the lease
+            self._role = self.loop.create_task(self.owner.run(stop=self._stop), name="fairgate-shared-owner")
+        else:
+            self._role = self.loop.create_task(self._follow(), name="fairgate-shared-replica")
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                await self.owner.follow(block_ms=1000)
+            except Exception:
+                log.exception("the replica of the shared scheduler could not follow; retrying")
+                await asyncio.sleep(1)
+
+    async def close(self) -> None:
+        self._stop.set()  # the owner ends its step and gives its lease back: a standby takes over at once
+        if self._role is not None:
+            if settings.FAIRGATE_DISPATCHER != "auto":
+                self._role.cancel()
+            await asyncio.gather(self._role, return_exceptions=True)
+        if self._answers is not None:
+            self._answers.cancel()
+            await asyncio.gather(self._answers, return_exceptions=True)
+        await super().close()
+        await self.redis.aclose()
+
+    # --- the engine: the shared one's replica, for reads ---------------------------------------
+
+    @property
+    def sched(self) -> Scheduler:
+        """The shared engine as of the last step this process replayed (before any: an empty one)."""
+        replica = self.owner.sched
+        if replica is not None:
+            return replica
+        assert self._placeholder is not None
+        return self._placeholder
+
+    @sched.setter
+    def sched(self, engine: Scheduler) -> None:  # the base's own engine: read only until the first step
+        self._placeholder = engine
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)  # the shared engine's clock (scheduling.shared.owner)
+
+    def apply_config(self, config: SchedulerConfig) -> None:
+        super().apply_config(config)
+        self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
+        if hasattr(self, "owner"):
+            self.owner.configure(config)
+
+    def pump(self) -> None:
+        """The dispatcher pumps (scheduling.shared.owner); nothing to do here."""
+
+    # --- commands ----------------------------------------------------------------------------
+
+    async def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
+        if self.is_live(request.tenant, public_id):
+            raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
+        now_ms = self.now_ms()
+        entry = Entry(
+            request.id,
+            public_id,
+            request.tenant,
+            request.model,
+            request.cls,
+            declared_class,
+            rule,
+            now_ms,
+            self.loop.create_future(),
+        )
+        self.live.setdefault(request.tenant, {})[public_id] = entry  # before any answer for it arrives
+        self._requests[request.id] = request
+        answer: asyncio.Future[Answer] = self.loop.create_future()
+        self._admissions[request.id] = answer
+        timeout_ms = None if request.deadline_ms is None else max(1, request.deadline_ms - request.enqueued_ms)
+        self.client.send(
+            submit(
+                self.gateway_id,
+                request.id,
+                tenant=request.tenant,
+                cls=request.cls,
+                model=request.model,
+                prompt_tokens=request.prompt_tokens,
+                expected_output_tokens=request.expected_output_tokens,
+                timeout_ms=timeout_ms,
+                vip=request.vip,
+            )
+        )
+        try:
+            kind, _rid, *rest = await asyncio.wait_for(asyncio.shield(answer), ANSWER_LIMIT_S)
+        except BaseException as failed:  # the client left, or no dispatcher answers: it is given up
+            self._admissions.pop(request.id, None)
+            self.end(entry, Outcome.CANCELLED)
+            if isinstance(failed, TimeoutError):
+                raise GatewayError(
+                    503, ErrorCode.NO_BACKEND, "The scheduler is not answering; retry shortly."
+                ) from None
+            raise
+        if kind == "admitted":
+            return entry
+        self._forget(entry)
+        reason, retry_after_ms = rest
+        if reason == "queue_full":
+            raise GatewayError(
+                429,
+                ErrorCode.QUEUE_FULL,
+                f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
+                retry_after_ms=retry_after_ms or 1000,
+            )
+        if reason == "id_in_use":
+            raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
+        raise GatewayError(503, ErrorCode.NO_BACKEND, f"No enabled backend serves model '{request.model}' right now.")
+
+    def requeue(self, entry: Entry, *, retry_after_ms: int) -> None:
+        self._leave_backend(entry)
+        entry.state = State.QUEUED
+        entry.queued_since_ms = self.now_ms()
+        entry.future = self.loop.create_future()
+        self.client.send(["requeue", entry.key, max(0, retry_after_ms)])
+
+    def end(
+        self, entry: Entry, outcome: str, *, prompt_tokens: int = 0, output_tokens: int = 0, served: bool = False
+    ) -> bool:
+        if entry.state not in (State.QUEUED, State.RUNNING):
+            return True
+        now_ms = self.now_ms()
+        if entry.state == State.QUEUED:
+            if not self._honour_cancel:  # the policy serves it anyway (fifo): for nobody, when granted
+                entry.orphan = True
+                if entry.future.done():
+                    entry.future = self.loop.create_future()
+                return False
+            self.client.send(["cancel", entry.key])
+        elif served:
+            self.client.send(["complete", entry.key, prompt_tokens, output_tokens])
+            self.circuits.add_tokens(entry.backend or "", now_ms, prompt_tokens + output_tokens)
+        else:
+            self.client.send(["fail", entry.key, str(outcome)])
+        if entry.orphan:
+            outcome = Outcome.CANCELLED
+        self._leave_backend(entry)
+        self._finish(entry, outcome, now_ms)
+        self._requests.pop(entry.key, None)
+        return True
+
+    def _forget(self, entry: Entry) -> None:
+        """A refused request leaves no trace (the embedded dispatcher never made it an entry)."""
+        entries = self.live.get(entry.tenant)
+        if entries is not None and entries.get(entry.public_id) is entry:
+            del entries[entry.public_id]
+            if not entries:
+                del self.live[entry.tenant]
+        self._requests.pop(entry.key, None)
+
+    # --- answers -----------------------------------------------------------------------------
+
+    def _answer(self, answer: Answer) -> None:
+        kind, rid = answer[0], answer[1]
+        if kind in ("admitted", "refused"):
+            waiting = self._admissions.pop(rid, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(answer)
+            elif kind == "admitted":  # nobody waits any more (gave up): it goes
+                self.client.send(["cancel", rid])
+            return
+        entry = self._entry(rid)
+        if kind == "granted":
+            _, _, backend, waited_ms, preempt, boosted = answer
+            self._granted_shared(rid, entry, backend, waited_ms, preempt, boosted)
+        elif kind == "expired" and entry is not None and entry.state == State.QUEUED:
+            entry.waited_ms = answer[2]
+            if not entry.future.done():
+                entry.future.set_exception(queue_timeout_error(entry))
+            self._finish(entry, ErrorCode.QUEUE_TIMEOUT, self.now_ms())
+            self._requests.pop(rid, None)
+
+    def _granted_shared(
+        self, rid: str, entry: Entry | None, backend: str, waited_ms: int, preempt: bool, boosted: bool
+    ) -> None:
+        request = self._requests.get(rid)
+        if entry is None or request is None or entry.state != State.QUEUED or entry.future.done():
+            self.client.send(["fail", rid, str(Outcome.CANCELLED)])  # nobody waits for it: the slot goes back
+            return
+        entry.state = State.RUNNING
+        entry.backend = backend
+        entry.preempt = preempt
+        entry.boosted = boosted
+        entry.waited_ms = waited_ms
+        self.circuits.of(backend).in_use += 1
+        entry.future.set_result(Grant(request, backend, waited_ms, preempt, boosted))
+
+    def _entry(self, key: str) -> Entry | None:
+        return super()._entry(RequestId(key))

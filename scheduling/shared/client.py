@@ -1,0 +1,117 @@
+"""A gateway's end of the shared dispatcher: it sends commands, reads its answers, and beats.
+
+Commands are appended to the command stream in the order `send` was called: what one turn of
+the event loop sends goes in one pipeline, after the previous one has gone (one flush at a
+time). Answers arrive on the gateway's own list, read by `run` (a blocking pop, then whatever
+else has arrived) and handed to ``on_answer`` in order. The heartbeat (``gw:<gateway>``, with a
+time to live) tells the dispatcher the gateway's requests still have someone waiting for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from scheduling.shared.owner import GATEWAY_TTL_MS
+from scheduling.shared.protocol import Answer, Command, decode, encode
+from scheduling.shared.replica import Keys
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+READ_BLOCK_S = 1
+READ_MORE = 1000
+BEAT_EVERY_S = GATEWAY_TTL_MS / 3000
+RETRY_S = 0.5
+
+
+class Client:
+    def __init__(self, redis: Redis, gateway: str, *, keys: Keys | None = None) -> None:
+        self.redis = redis
+        self.gateway = gateway
+        self.keys = keys or Keys()
+        self.on_answer: Callable[[Answer], None] = lambda answer: None
+        self._pending: list[str] = []
+        self._flushing: asyncio.Task[None] | None = None
+        self._out = self.keys.out(gateway)
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def send(self, command: Command) -> None:
+        """Queues ``command``; it goes with the others of this turn, in order."""
+        self._pending.append(encode(command))
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        """Sends what is pending, in order; a batch Redis did not take is sent again (after a
+        pause), before anything sent since: commands are never lost or reordered while the
+        process lives."""
+        try:
+            while self._pending:
+                await asyncio.sleep(0)  # the rest of this turn's commands go along
+                batch, self._pending = self._pending, []
+                pipe = self.redis.pipeline(transaction=False)
+                for raw in batch:
+                    pipe.xadd(self.keys.cmds, {"c": raw})
+                try:
+                    await pipe.execute()
+                except Exception as failed:  # Redis out of reach
+                    log.warning(
+                        "gateway %s could not send %d commands (%r); retrying", self.gateway, len(batch), failed
+                    )
+                    self._pending = batch + self._pending
+                    await asyncio.sleep(RETRY_S)
+        finally:
+            self._flushing = None
+
+    async def flushed(self) -> None:
+        """Returns once everything sent so far is in the stream."""
+        while self._flushing is not None:
+            await asyncio.shield(self._flushing)
+
+    # --- answers -------------------------------------------------------------------------------
+
+    async def answers(self, *, block_s: float | None = READ_BLOCK_S) -> list[Answer]:
+        """What has arrived for this gateway (waiting up to ``block_s`` for the first; None: not at all)."""
+        if block_s is None:
+            raws = await self.redis.lpop(self._out, READ_MORE) or []
+        else:
+            first = await self.redis.blpop([self._out], timeout=block_s)
+            if first is None:
+                return []
+            raws = [first[1], *(await self.redis.lpop(self._out, READ_MORE) or [])]
+        return [decode(raw) for raw in cast("list[bytes]", raws)]  # bytes: the client does not decode
+
+    async def beat(self) -> None:
+        await self.redis.set(self.keys.gateway(self.gateway), b"1", px=GATEWAY_TTL_MS)
+
+    async def run(self) -> None:
+        """Reads answers and beats until cancelled."""
+        beater = asyncio.get_running_loop().create_task(self._beat_forever())
+        try:
+            while True:
+                try:
+                    answers = await self.answers()
+                except Exception as failed:  # Redis out of reach: what is on the list waits there
+                    log.warning("gateway %s could not read its answers (%r); retrying", self.gateway, failed)
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                for answer in answers:
+                    try:
+                        self.on_answer(answer)
+                    except Exception:
+                        log.exception("answer %r could not be handled", answer)
+        finally:
+            beater.cancel()
+
+    async def _beat_forever(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except Exception:
+                log.exception("gateway %s could not beat", self.gateway)
+            await asyncio.sleep(BEAT_EVERY_S)

@@ -1,0 +1,322 @@
+"""The shared dispatcher: one owner at a time runs the engine for every gateway, through Redis.
+
+Keys (under ``prefix``, ``fairgate:sched`` unless configured):
+
+* ``cmds``: a stream of the gateways' commands (scheduling.shared.protocol), in arrival order;
+* ``steps``: a stream of the owner's steps: the instant (``now``), the last command it took
+  (``last``), and a new configuration when one took effect (``cfg``);
+* ``out:<gateway>``: a list per gateway of the answers for its requests;
+* ``snap``: the engine (and the routes of its requests) as of one step, pickled, with that
+  step's id and its last command's id;
+* ``lease``: the owner's token (``<epoch>:<owner id>``, epoch from ``epoch``, an INCR), with a
+  time to live the owner renews; ``gw:<gateway>``: each gateway's heartbeat, with one too.
+
+A step is: take the commands after the cursor, apply them at ``now`` and pump the engine
+(`protocol.Step`), then **commit**: one Lua script that checks the lease still holds the owner's
+token, appends the step, pushes the answers and renews the lease — all or nothing. A stale owner
+(its lease expired while it was stopped, and another took over) fails its next commit and
+stands down without having told anyone anything: the token is the fence.
+
+A new owner rebuilds the engine exactly: the last snapshot, then every step after it replayed —
+the same commands at the same instants, which the deterministic engine turns into the same state
+(their answers were delivered already, by the commit that logged them). Commands after the last
+step were never answered; the new owner takes them live. So nothing a gateway sent is lost or
+answered twice, and a waiting request keeps its place (`tests/integration/scheduling/test_shared_differential.py`
+runs the same random sequences through the embedded engine and through this path, with a
+handover in the middle, and compares every answer).
+
+The clock is the owner's ``clock()`` in ms (wall time by default, so that a new owner on another
+machine continues it), never behind the last step's. Requests are stamped when the owner takes
+them (``enqueued_ms``), and a client's timeout counts from then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from scheduling.engine.model import SchedulerConfig
+from scheduling.shared.protocol import Answer, Command, decode_command, encode
+from scheduling.shared.replica import Keys, Replica, stream_read
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+
+LEASE_MS = 1000  # a standby takes over this long after the owner stopped renewing, at most
+STANDBY_POLL_MS = 100
+RETRY_S = 1.0  # after a failure (Redis out of reach), before bidding again
+MAX_COMMANDS = 2000  # per step
+SNAPSHOT_EVERY_S = 5.0
+GATEWAY_TTL_MS = 3000
+GATEWAY_CHECK_S = 0.5
+OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
+PUSH_CHUNK = 500  # answers per RPUSH inside the script (Lua's stack has a limit on unpack)
+
+_COMMIT = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
+redis.call('pexpire', KEYS[1], ARGV[2])
+local fields = {'now', ARGV[3], 'last', ARGV[4]}
+if ARGV[5] ~= '' then fields[5] = 'cfg'; fields[6] = ARGV[5] end
+local id = redis.call('xadd', KEYS[2], '*', unpack(fields))
+local a = 8
+for i = 3, #KEYS do
+  local n = tonumber(ARGV[a]); a = a + 1
+  local stop = a + n - 1
+  while a <= stop do
+    local upto = math.min(a + tonumber(ARGV[6]) - 1, stop)
+    redis.call('rpush', KEYS[i], unpack(ARGV, a, upto))
+    a = upto + 1
+  end
+  redis.call('pexpire', KEYS[i], ARGV[7])
+end
+return id
+"""
+
+_RENEW = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('pexpire', KEYS[1], ARGV[2])
+"""
+
+_SNAPSHOT = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('hset', KEYS[2], 'state', ARGV[2], 'step', ARGV[3], 'cmd', ARGV[4], 'now', ARGV[5])
+redis.call('xtrim', KEYS[3], 'MINID', ARGV[3])
+redis.call('xtrim', KEYS[4], 'MINID', ARGV[4])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class LostLease(Exception):
+    """Another owner holds the lease: this one stands down."""
+
+
+class Owner(Replica):
+    """One process's bid for the dispatcher role (a replica kept caught up meanwhile), and the
+    role once held.
+
+    ``redis``: a ``redis.asyncio.Redis`` with ``decode_responses=False``. ``config``: the
+    configuration to run (`configure` a newer one: it takes effect at the next step, logged
+    with it). ``clock``: ms; tests inject a virtual one."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        config: SchedulerConfig,
+        *,
+        keys: Keys | None = None,
+        clock: Callable[[], int] = wall_ms,
+        name: str | None = None,
+        snapshot_every_s: float = SNAPSHOT_EVERY_S,
+    ) -> None:
+        super().__init__(redis, keys=keys)
+        self.clock = clock
+        self.name = name or owner_id()
+        self.snapshot_every_s = snapshot_every_s
+        self.token: str | None = None
+        self._config = config
+        self._snapshot_at_s = time.monotonic()
+        self._gone_sent: set[str] = set()
+        self._checked_at_s = 0.0
+        self._commit = redis.register_script(_COMMIT)
+        self._renew = redis.register_script(_RENEW)
+        self._snapshot = redis.register_script(_SNAPSHOT)
+        self._release = redis.register_script(_RELEASE)
+
+    # --- the role ----------------------------------------------------------------------------
+
+    @property
+    def owns(self) -> bool:
+        return self.token is not None
+
+    async def acquire(self) -> bool:
+        """Takes the lease if it is free, then catches up with every step logged (the old owner,
+        fenced out, can log no more). False: another holds it."""
+        if await self.redis.exists(self.keys.lease):
+            return False
+        epoch = await self.redis.incr(self.keys.epoch)
+        token = f"{epoch}:{self.name}"
+        if not await self.redis.set(self.keys.lease, token, nx=True, px=LEASE_MS):
+            return False
+        self.token = token
+        try:
+            replayed = await self.catch_up()
+        except BaseException:
+            await self.resign()
+            raise
+        log.info(
+            "dispatcher %s took the lease (epoch %s) after %d steps replayed, at command %s",
+            self.name,
+            epoch,
+            replayed,
+            self.cursor.decode(),
+        )
+        return True
+
+    async def resign(self) -> None:
+        """Gives the lease back (a clean stop): a standby takes over at once, not after the lease's time."""
+        token, self.token = self.token, None
+        if token is not None:
+            await self._release(keys=[self.keys.lease], args=[token])
+
+    def configure(self, config: SchedulerConfig) -> None:
+        self._config = config
+
+    @property
+    def _config_due(self) -> bool:
+        return self._config != self.logged
+
+    # --- stepping ------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return max(self.step_ms, self.clock())
+
+    async def commands(self, *, block_ms: int | None) -> list[tuple[bytes, Command | None]]:
+        """The commands after the cursor (waiting up to ``block_ms`` for one; None: not at all).
+        A malformed one is None (skipped by the step)."""
+        read = await self.redis.xread({self.keys.cmds: self.cursor}, count=MAX_COMMANDS, block=block_ms)
+        return [(entry_id, decode_command(fields[b"c"])) for entry_id, fields in stream_read(read)]
+
+    async def step(self, taken: list[tuple[bytes, Command | None]]) -> dict[str, list[Answer]]:
+        """Applies ``taken`` (from `commands`) at the clock's now, pumps, and commits; the answers
+        per gateway. Raises LostLease (and stands down) if another owner took over."""
+        if self.token is None:
+            raise LostLease("not the owner")
+        now_ms = self.now_ms()
+        cfg = pickle.dumps(self._config, pickle.HIGHEST_PROTOCOL) if self._config_due else b""
+        step = self.replay(now_ms, [command for _, command in taken], cfg)
+        last = taken[-1][0] if taken else self.cursor
+        gateways = list(step.out)
+        args: list[bytes | str | int] = [self.token, LEASE_MS, now_ms, last, cfg, PUSH_CHUNK, OUT_TTL_MS]
+        for gateway in gateways:
+            answers = step.out[gateway]
+            args.append(len(answers))
+            args.extend(encode(a) for a in answers)
+        step_id = await self._commit(keys=[self.keys.lease, self.keys.steps, *map(self.keys.out, gateways)], args=args)
+        if step_id is None:
+            self._stand_down()
+            raise LostLease(f"dispatcher {self.name} lost its lease")
+        self.cursor, self.last_step = last, step_id
+        return step.out
+
+    def _stand_down(self) -> None:
+        """Lost the lease: the engine took a step nobody logged, so it is rebuilt from Redis."""
+        log.warning("dispatcher %s lost its lease to another: standing down", self.name)
+        self.token = None
+        self._reset()
+
+    def due(self, now_ms: int) -> bool:
+        """Whether the engine has something to do at ``now_ms`` without a command (expire, age, dispatch)."""
+        if self._config_due or self.sched is None:
+            return True
+        wakeup = self.sched.next_wakeup_ms(now_ms=now_ms)
+        return wakeup is not None and wakeup <= now_ms
+
+    def wait_ms(self, now_ms: int) -> int:
+        """How long the live loop may block for commands before the engine has something to do."""
+        wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
+        limit = LEASE_MS // 4  # the lease is renewed at least this often
+        return limit if wakeup is None else max(1, min(limit, wakeup - now_ms))
+
+    async def renew(self) -> None:
+        if self.token is None or not await self._renew(keys=[self.keys.lease], args=[self.token, LEASE_MS]):
+            if self.token is not None:
+                self._stand_down()
+            raise LostLease(f"dispatcher {self.name} lost its lease")
+
+    async def snapshot(self) -> None:
+        """The engine as of the last step, so that a new owner or replica replays only what came after it."""
+        if self.token is None or self.sched is None:
+            return
+        state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)
+        keys = [self.keys.lease, self.keys.snap, self.keys.steps, self.keys.cmds]
+        if not await self._snapshot(keys=keys, args=[self.token, state, self.last_step, self.cursor, self.step_ms]):
+            self._stand_down()
+            raise LostLease(f"dispatcher {self.name} lost its lease")
+        self._snapshot_at_s = time.monotonic()
+
+    async def check_gateways(self) -> None:
+        """Gateways whose heartbeat expired: their requests go (a ``gone`` command, taken next step)."""
+        gateways = sorted(set(self.routes.of.values()) - self._gone_sent)
+        if not gateways:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for gateway in gateways:
+            pipe.exists(self.keys.gateway(gateway))
+        alive = await pipe.execute()
+        for gateway, up in zip(gateways, alive):
+            if not up:
+                log.warning("gateway %s stopped beating: its requests are ended", gateway)
+                await self.redis.xadd(self.keys.cmds, {"c": encode(["gone", gateway])})
+                self._gone_sent.add(gateway)
+        self._gone_sent &= set(self.routes.of.values())
+
+    # --- the live loop -------------------------------------------------------------------------
+
+    async def run(self, *, stop: asyncio.Event | None = None) -> None:
+        """Follow the steps (a standby) and bid for the lease until it is won, then dispatch until
+        stopped or the lease is lost (then follow and bid again). ``stop``: set to stop cleanly
+        (the lease is given back)."""
+        stop = stop or asyncio.Event()
+        try:
+            while not stop.is_set():
+                try:
+                    if not self.owns:
+                        await self.follow(block_ms=STANDBY_POLL_MS)
+                        if not await self.acquire():
+                            continue
+                    await self._serve(stop)
+                except LostLease:
+                    continue
+                except Exception:  # Redis out of reach, most likely: stand down, then bid again
+                    log.exception("dispatcher %s failed; it stands down and bids again", self.name)
+                    self.token = None  # a lease it cannot renew expires: a standby may take over
+                    self._reset()
+                    await _sleep_or(stop, RETRY_S)
+        finally:
+            try:
+                await self.resign()
+            except Exception:  # Redis gone: the lease expires by itself
+                log.warning("dispatcher %s could not give its lease back", self.name)
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            now_ms = self.now_ms()
+            taken = await self.commands(block_ms=None if self.due(now_ms) else self.wait_ms(now_ms))
+            if taken or self.due(self.now_ms()):
+                await self.step(taken)
+            else:
+                await self.renew()
+            if time.monotonic() - self._checked_at_s >= GATEWAY_CHECK_S:
+                self._checked_at_s = time.monotonic()
+                await self.check_gateways()
+            if time.monotonic() - self._snapshot_at_s >= self.snapshot_every_s:
+                await self.snapshot()
+
+
+async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass

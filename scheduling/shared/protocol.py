@@ -1,0 +1,208 @@
+"""What gateways tell the shared dispatcher, what it answers, and how one step applies to the engine.
+
+A *command* is a JSON array a gateway appends to the command stream; an *answer* is a JSON array
+the dispatcher pushes to the gateway's own list. Plain JSON both ways: the gateways write the
+commands, so nothing they write is ever unpickled.
+
+Commands (``gw`` is the sending gateway's id, answers go to its list):
+
+* ``["submit", gw, id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip]``
+  (``timeout_ms``: the client's own limit, relative, or null) → ``["admitted", id]`` or
+  ``["refused", id, reason, retry_after_ms]`` (reason ``queue_full``, ``no_backend``, ``id_in_use``);
+* ``["complete", id, prompt_tokens, output_tokens]``, ``["fail", id, reason]``: a granted request ended;
+* ``["requeue", id, retry_after_ms]``: a granted request goes back to the front (an upstream 429);
+* ``["cancel", id]`` → ``["cancelled", id, left]`` (``left`` false: the policy ignores cancels);
+* ``["gone", gw]``: the gateway died (sent by the dispatcher itself): its waiting requests are
+  cancelled, its running ones failed, so their slots come back.
+
+Answers of a step's pump: ``["granted", id, backend, waited_ms, preempt, boosted]`` and
+``["expired", id, waited_ms]`` (its queue timeout).
+
+`Step` applies one batch of commands at one instant, then pumps (expire, dispatch) — the same
+engine calls, in the same order, as the embedded dispatcher makes. The engine is deterministic
+(no clock, no randomness, total orders), so the same steps replayed on the same state give the
+same answers: that is how a new dispatcher rebuilds what the old one had (scheduling.shared.owner).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduling.engine import Scheduler
+from scheduling.engine.model import Request, RequestId
+
+log = logging.getLogger(__name__)
+Command = list[Any]
+Answer = list[Any]
+
+
+def encode(message: list[Any]) -> str:
+    return json.dumps(message, separators=(",", ":"))
+
+
+def decode(raw: str | bytes) -> list[Any]:
+    message = json.loads(raw)
+    if not isinstance(message, list) or not message or not isinstance(message[0], str):
+        raise ValueError(f"not a message: {raw!r}")
+    return message
+
+
+def decode_command(raw: str | bytes) -> Command | None:
+    """A command from the stream; None (logged) for one that is not: skipped, by the owner and
+    by every replay alike, so a bad entry can neither stop the dispatcher nor split its replicas."""
+    try:
+        return decode(raw)
+    except ValueError:  # json's errors are ValueErrors too
+        log.warning("skipping a malformed command: %r", raw[:200])
+        return None
+
+
+def submit(
+    gateway: str,
+    request_id: str,
+    *,
+    tenant: str,
+    cls: str,
+    model: str,
+    prompt_tokens: int,
+    expected_output_tokens: int,
+    timeout_ms: int | None = None,
+    vip: bool = False,
+) -> Command:
+    return ["submit", gateway, request_id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip]
+
+
+@dataclass
+class Routes:
+    """Which gateway waits for each live request (the dispatcher's only state beside the engine)."""
+
+    of: dict[str, str] = field(default_factory=dict)  # request id -> gateway id
+
+    def live_of(self, gateway: str) -> list[str]:
+        return [rid for rid, gw in self.of.items() if gw == gateway]
+
+
+class Step:
+    """One step of the dispatcher: commands applied at ``now_ms``, then the pump. Collects the
+    answers per gateway in ``out``."""
+
+    def __init__(self, sched: Scheduler, routes: Routes, now_ms: int) -> None:
+        self.sched = sched
+        self.routes = routes
+        self.now_ms = now_ms
+        self.out: dict[str, list[Answer]] = {}
+
+    def _tell(self, gateway: str | None, answer: Answer) -> None:
+        if gateway is not None:
+            self.out.setdefault(gateway, []).append(answer)
+
+    def apply(self, commands: Iterable[Command | None]) -> None:
+        """Each command in turn. One that is unknown or malformed, or that the engine refuses, is
+        logged and skipped (deterministically: a replay skips it the same way)."""
+        for command in commands:
+            if command is None:
+                continue
+            handler = _HANDLERS.get(command[0])
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown command {command[0]!r}")
+                handler(self, command)
+            except (ValueError, TypeError, KeyError) as bad:
+                log.warning("skipping command %r: %s", command[:3], bad)
+                if command[0] == "submit" and len(command) > 2 and isinstance(command[2], str):
+                    self._tell(
+                        command[1] if isinstance(command[1], str) else None, ["refused", command[2], "invalid", None]
+                    )
+
+    def pump(self) -> None:
+        sched, now_ms, routes = self.sched, self.now_ms, self.routes
+        for request in sched.expire(now_ms=now_ms):
+            self._tell(routes.of.pop(request.id, None), ["expired", request.id, max(0, now_ms - request.enqueued_ms)])
+        for grant in sched.dispatch(now_ms=now_ms):
+            rid = grant.request.id
+            gateway = routes.of.get(rid)
+            if gateway is None:  # nobody waits for it (cannot happen: ends and routes go together)
+                sched.fail(rid, now_ms=now_ms, reason="cancelled")
+                continue
+            self._tell(gateway, ["granted", rid, grant.backend, grant.waited_ms, grant.preempt, grant.boosted])
+
+    # --- the commands ----------------------------------------------------------------------
+
+    def _submit(self, c: Command) -> None:
+        _, gateway, rid, tenant, cls, model, prompt_tokens, output_tokens, timeout_ms, vip = c
+        sched, now_ms = self.sched, self.now_ms
+        if rid in self.routes.of or sched.state_of(RequestId(rid)) is not None:
+            self._tell(gateway, ["refused", rid, "id_in_use", None])
+            return
+        request = Request(
+            id=RequestId(rid),
+            tenant=tenant,
+            cls=cls,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            expected_output_tokens=output_tokens,
+            enqueued_ms=now_ms,
+            deadline_ms=None if timeout_ms is None else now_ms + timeout_ms,
+            vip=vip,
+        )
+        admission = sched.submit(request, now_ms=now_ms)
+        if not admission.admitted:
+            self._tell(gateway, ["refused", rid, admission.reason, admission.retry_after_ms])
+            return
+        self.routes.of[rid] = gateway
+        self._tell(gateway, ["admitted", rid])
+
+    def _running(self, rid: str) -> bool:
+        return self.sched.state_of(RequestId(rid)) == "running"
+
+    def _complete(self, c: Command) -> None:
+        _, rid, prompt_tokens, output_tokens = c
+        if self._running(rid):
+            self.sched.complete(
+                RequestId(rid), now_ms=self.now_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens
+            )
+        self.routes.of.pop(rid, None)
+
+    def _fail(self, c: Command) -> None:
+        _, rid, reason = c
+        if self._running(rid):
+            self.sched.fail(RequestId(rid), now_ms=self.now_ms, reason=reason)
+        self.routes.of.pop(rid, None)
+
+    def _requeue(self, c: Command) -> None:
+        _, rid, retry_after_ms = c
+        if self._running(rid):
+            self.sched.requeue(RequestId(rid), now_ms=self.now_ms, backend_retry_after_ms=max(0, retry_after_ms))
+
+    def _cancel(self, c: Command) -> None:
+        _, rid = c
+        gateway = self.routes.of.get(rid)
+        left = self.sched.cancel(RequestId(rid), now_ms=self.now_ms)
+        if left:
+            self.routes.of.pop(rid, None)
+        self._tell(gateway, ["cancelled", rid, left])
+
+    def _gone(self, c: Command) -> None:
+        _, gateway = c
+        for rid in self.routes.live_of(gateway):
+            key = RequestId(rid)
+            state = self.sched.state_of(key)
+            if state == "queued":  # a policy that ignores cancels grants it later: failed at once then (`pump`)
+                self.sched.cancel(key, now_ms=self.now_ms)
+            elif state == "running":
+                self.sched.fail(key, now_ms=self.now_ms, reason="gateway_gone")
+            del self.routes.of[rid]
+
+
+_HANDLERS = {
+    "submit": Step._submit,
+    "complete": Step._complete,
+    "fail": Step._fail,
+    "requeue": Step._requeue,
+    "cancel": Step._cancel,
+    "gone": Step._gone,
+}

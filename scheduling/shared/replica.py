@@ -1,0 +1,201 @@
+"""A copy of the shared dispatcher's engine, kept exact by replaying its steps.
+
+Every process of the shared scheduler keeps one: gateways read positions, ETAs, depths and
+counters from it (the same answer in every process: the console and the queue API show one
+queue), and a standby dispatcher is one already caught up when it takes over. The owner's
+steps (scheduling.shared.owner) are logged with their instant and their last command; the engine
+is deterministic, so replaying them on the last snapshot gives the owner's state step for step.
+A replica never decides anything: only replayed steps change it.
+
+Keys: see scheduling.shared.owner (``cmds``, ``steps``, ``snap``).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from scheduling.engine import Scheduler, apply_policy
+from scheduling.engine.model import SchedulerConfig
+from scheduling.shared.protocol import Command, Routes, Step, decode_command
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+STEPS_PER_READ = 1000
+COMMANDS_PER_READ = 5000
+START = b"0-0"
+
+Entry = tuple[bytes, dict[bytes, bytes]]  # a stream entry: its id and its fields
+
+
+def entries(raw: object) -> list[Entry]:
+    """Stream entries as redis-py returns them to a client made with ``decode_responses=False``:
+    bytes throughout (its annotations allow str too, for clients that decode)."""
+    return cast("list[Entry]", raw or [])
+
+
+def stream_read(raw: object) -> list[Entry]:
+    """XREAD's answer for one stream (RESP2's shape: ``[[name, entries]]``)."""
+    if not raw:
+        return []
+    (_name, found), *_ = cast("list[tuple[bytes, list[Entry]]]", raw)
+    return found
+
+
+def id_key(entry_id: bytes) -> tuple[int, int]:
+    """A stream id's order (``<ms>-<seq>``)."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "fairgate:sched"
+
+    @property
+    def cmds(self) -> str:
+        return f"{self.prefix}:cmds"
+
+    @property
+    def steps(self) -> str:
+        return f"{self.prefix}:steps"
+
+    @property
+    def snap(self) -> str:
+        return f"{self.prefix}:snap"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.prefix}:lease"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.prefix}:epoch"
+
+    def out(self, gateway: str) -> str:
+        return f"{self.prefix}:out:{gateway}"
+
+    def gateway(self, gateway: str) -> str:
+        return f"{self.prefix}:gw:{gateway}"
+
+
+def engine_of(config: SchedulerConfig) -> Scheduler:
+    return Scheduler(apply_policy(config, config.policy), tenants=config.tenants or (), backends=config.backends or ())
+
+
+class Replica:
+    """The engine as of the last step replayed (``sched`` is None before the first step with a
+    configuration: nothing was ever dispatched)."""
+
+    def __init__(self, redis: Redis, *, keys: Keys | None = None) -> None:
+        self.redis = redis
+        self.keys = keys or Keys()
+        self.sched: Scheduler | None = None
+        self.routes = Routes()
+        self.logged: SchedulerConfig | None = None  # the configuration of the last step that logged one
+        self.cursor = START  # the last command taken by a step
+        self.last_step = START
+        self.step_ms = 0  # the last step's instant
+        self.loaded = False
+
+    def _reset(self) -> None:
+        self.sched, self.routes, self.logged = None, Routes(), None
+        self.cursor = self.last_step = START
+        self.loaded = False
+
+    async def load(self) -> None:
+        """From the snapshot (if any), then every step after it."""
+        snap = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.snap) or {})
+        if snap:
+            self.sched, self.routes, self.logged = pickle.loads(snap[b"state"])
+            self.last_step, self.cursor = snap[b"step"], snap[b"cmd"]
+            self.step_ms = int(snap.get(b"now", b"0"))
+        else:
+            self._reset()
+        self.loaded = True
+        await self.catch_up()
+
+    async def catch_up(self) -> int:
+        """Replays the steps logged since the last one replayed; how many."""
+        if not self.loaded:
+            await self.load()
+            return 0
+        done = 0
+        while True:
+            found = entries(await self.redis.xrange(self.keys.steps, min=b"(" + self.last_step, count=STEPS_PER_READ))
+            if not found:
+                return done
+            if not await self._continues():
+                log.warning("replica fell behind the trimmed step log: reloading from the snapshot")
+                await self.load()
+                return done
+            await self._replay_all(found)
+            done += len(found)
+
+    async def _continues(self) -> bool:
+        """Whether the steps after ours were all still in the log when read: a snapshot newer than
+        our last step trimmed those before it (read after the steps: the snapshot and its trim are
+        one script, so a trim that cut what was read shows here)."""
+        snap_step = await self.redis.hget(self.keys.snap, "step")
+        return snap_step is None or id_key(cast("bytes", snap_step)) <= id_key(self.last_step)
+
+    async def follow(self, *, block_ms: int) -> int:
+        """Waits up to ``block_ms`` for a new step, then replays what has come."""
+        found = stream_read(
+            await self.redis.xread({self.keys.steps: self.last_step}, count=STEPS_PER_READ, block=block_ms)
+        )
+        if not found:
+            return 0
+        return await self.catch_up()
+
+    async def _replay_all(self, steps: list[Entry]) -> None:
+        last = steps[-1][1][b"last"]
+        commands: list[tuple[tuple[int, int], Command | None]] = []
+        if last != self.cursor:
+            start = b"(" + self.cursor
+            while True:
+                found = entries(await self.redis.xrange(self.keys.cmds, min=start, max=last, count=COMMANDS_PER_READ))
+                commands.extend((id_key(entry_id), decode_command(fields[b"c"])) for entry_id, fields in found)
+                if len(found) < COMMANDS_PER_READ:
+                    break
+                start = b"(" + found[-1][0]
+        at = 0
+        for step_id, fields in steps:
+            upto = id_key(fields[b"last"])
+            mine = []
+            while at < len(commands) and commands[at][0] <= upto:
+                mine.append(commands[at][1])
+                at += 1
+            self.replay(int(fields[b"now"]), mine, fields.get(b"cfg"))
+            self.cursor, self.last_step = fields[b"last"], step_id
+
+    def replay(self, now_ms: int, commands: list[Command | None], cfg: bytes | None) -> Step:
+        """One step, as the owner made it: its configuration, its commands, the pump."""
+        if cfg:
+            self.logged = pickle.loads(cfg)
+            self.configure_engine(self.logged, now_ms)
+        step = Step(self.engine(), self.routes, now_ms)
+        step.apply(commands)
+        step.pump()
+        self.step_ms = now_ms
+        return step
+
+    def configure_engine(self, config: SchedulerConfig, now_ms: int) -> None:
+        if self.sched is None:
+            self.sched = engine_of(config)
+        else:
+            self.sched.reconfigure(
+                now_ms=now_ms,
+                config=apply_policy(config, config.policy),
+                tenants=config.tenants or (),
+                backends=config.backends or (),
+            )
+
+    def engine(self) -> Scheduler:
+        if self.sched is None:
+            raise RuntimeError("no configuration logged before the first step")
+        return self.sched

@@ -1,0 +1,233 @@
+"""The shared path decides exactly as the embedded engine does, through a handover too.
+
+The same random sequence of submits, completions, failures, requeues, cancels and clock ticks goes
+(a) straight into an in-memory engine, pumped after each operation, as the embedded dispatcher
+pumps it, and (b) through the full shared path on real Redis: a gateway's client sends each
+command to the stream, the owning dispatcher (virtual clock) takes it and commits its step, and
+the client reads the answers back; a replica (what every gateway keeps to read positions and
+counters) replays the owner's steps. Mid-sequence the owner is dropped as if killed (its lease
+expires, nothing handed over), sometimes after a snapshot, and a new owner rebuilds from Redis.
+Every answer — admissions, refusals with their retry-after, grants with backend, wait and
+stage, expiries, cancels — must be the same, in the same order, and the replica's counters and
+every waiting request's position and ETA the same as the embedded engine's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduling.engine import Scheduler, TenantSpec, apply_policy
+from scheduling.engine.model import Request, RequestId, SchedulerConfig
+from scheduling.shared.client import Client
+from scheduling.shared.owner import LostLease, Owner
+from scheduling.shared.protocol import submit
+from scheduling.shared.replica import Keys, Replica
+from tests.unit.engine.engine_helpers import backend, config, with_sla
+
+pytestmark = pytest.mark.redis
+
+TENANTS = (TenantSpec("a", 0.6), TenantSpec("b", 0.3), TenantSpec("c", 0.1, vip=True))
+CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
+
+
+def _config() -> SchedulerConfig:
+    cfg = config(enforce_depth=True, service_ms_prior=200)
+    for name, sla in (("INTERACTIVE", 600), ("NEAR_RT", 1500), ("BATCH", 4000), ("RETRY", 8000)):
+        cfg = with_sla(cfg, name, sla)
+    cfg = apply_policy(cfg, "fairgate")
+    return SchedulerConfig(
+        classes=cfg.classes,
+        aging=cfg.aging,
+        fairness=cfg.fairness,
+        queue=cfg.queue,
+        policy=cfg.policy,
+        tenants=TENANTS,
+        backends=(backend("g1", slots=3, tpm=200_000), backend("g2", slots=1, reserved_slots=1)),
+    )
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("submit"),
+            st.sampled_from([t.slug for t in TENANTS]),
+            st.sampled_from(CLASSES),
+            st.sampled_from([50, 400, 1500]),
+            st.integers(1, 800),
+            st.one_of(st.none(), st.integers(50, 3000)),
+        ),
+        st.tuples(st.just("advance"), st.integers(1, 700)),
+        st.tuples(st.just("complete"), st.integers(0, 20), st.integers(0, 2000)),
+        st.tuples(st.just("fail"), st.integers(0, 20)),
+        st.tuples(st.just("requeue"), st.integers(0, 20), st.integers(0, 300)),
+        st.tuples(st.just("cancel"), st.integers(0, 20)),
+        st.tuples(st.just("handover"), st.booleans()),  # before the next step; True: a snapshot first
+    ),
+    min_size=10,
+    max_size=70,
+)
+
+
+class Reference:
+    """The embedded path: engine calls, then expire and dispatch, answered in the protocol's words."""
+
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.sched = Scheduler(apply_policy(cfg, cfg.policy), tenants=cfg.tenants or (), backends=cfg.backends or ())
+        self.running: list[str] = []
+        self.waiting: list[str] = []
+
+    def pump(self, now: int, out: list) -> None:
+        for request in self.sched.expire(now_ms=now):
+            self.waiting.remove(request.id)
+            out.append(["expired", request.id, now - request.enqueued_ms])
+        for grant in self.sched.dispatch(now_ms=now):
+            rid = grant.request.id
+            self.waiting.remove(rid)
+            self.running.append(rid)
+            out.append(["granted", rid, grant.backend, grant.waited_ms, grant.preempt, grant.boosted])
+
+
+async def _scenario(redis, steps) -> None:
+    cfg = _config()
+    keys = Keys(f"test:{secrets.token_hex(4)}")
+    now = [1_000_000]
+    ref = Reference(cfg)
+    client = Client(redis, "gw1", keys=keys)
+    replica = Replica(redis, keys=keys)  # what a gateway reads positions and counters from
+    owner = Owner(redis, cfg, keys=keys, clock=lambda: now[0], name="first")
+    assert await owner.acquire()
+    seq, handover = 0, None
+    try:
+        for op in steps:
+            expected: list = []
+            kind = op[0]
+            if kind == "handover":
+                handover = op[1]
+            elif kind == "submit":
+                _, tenant, cls, prompt, output, timeout = op
+                seq += 1
+                rid = f"{tenant}/r{seq}"
+                request = Request(RequestId(rid), tenant, cls, "m", prompt, output, now[0], None)
+                if timeout is not None:
+                    request.deadline_ms = now[0] + timeout
+                admission = ref.sched.submit(request, now_ms=now[0])
+                if admission.admitted:
+                    ref.waiting.append(rid)
+                    expected.append(["admitted", rid])
+                else:
+                    expected.append(["refused", rid, admission.reason, admission.retry_after_ms])
+                client.send(
+                    submit(
+                        "gw1",
+                        rid,
+                        tenant=tenant,
+                        cls=cls,
+                        model="m",
+                        prompt_tokens=prompt,
+                        expected_output_tokens=output,
+                        timeout_ms=timeout,
+                    )
+                )
+            elif kind == "advance":
+                now[0] += op[1]
+            elif kind in ("complete", "fail", "requeue") and ref.running:
+                rid = ref.running[op[1] % len(ref.running)]
+                key = RequestId(rid)
+                if kind == "complete":
+                    ref.sched.complete(key, now_ms=now[0], prompt_tokens=100, output_tokens=op[2])
+                    client.send(["complete", rid, 100, op[2]])
+                elif kind == "fail":
+                    ref.sched.fail(key, now_ms=now[0], reason="upstream_error")
+                    client.send(["fail", rid, "upstream_error"])
+                else:
+                    ref.sched.requeue(key, now_ms=now[0], backend_retry_after_ms=op[2])
+                    ref.waiting.append(rid)
+                    client.send(["requeue", rid, op[2]])
+                ref.running.remove(rid)
+            elif kind == "cancel" and ref.waiting:
+                rid = ref.waiting[op[1] % len(ref.waiting)]
+                left = ref.sched.cancel(RequestId(rid), now_ms=now[0])
+                if left:
+                    ref.waiting.remove(rid)
+                expected.append(["cancelled", rid, left])
+                client.send(["cancel", rid])
+            ref.pump(now[0], expected)
+            await client.flushed()
+            if handover is not None and kind != "handover":  # with this op's commands in the stream, untaken
+                if handover:
+                    await owner.snapshot()
+                await redis.delete(keys.lease)  # its lease ran out: nothing is handed over
+                stale, handover = owner, None
+                owner = Owner(redis, cfg, keys=keys, clock=lambda: now[0], name=f"next-{seq}")
+                assert await owner.acquire()
+                with pytest.raises(LostLease):  # the old owner wakes up: fenced, it tells nobody anything
+                    await stale.step(await stale.commands(block_ms=None))
+            await owner.step(await owner.commands(block_ms=None))
+            got = await client.answers(block_s=None)
+            assert got == expected, f"after {op}"
+            await replica.catch_up()
+            assert replica.engine().counters.as_dict() == ref.sched.counters.as_dict()
+            for rid in ref.waiting:
+                key = RequestId(rid)
+                assert replica.engine().position(key, now_ms=now[0]) == ref.sched.position(key, now_ms=now[0])
+    finally:
+        await owner.resign()
+        names = [key async for key in redis.scan_iter(match=f"{keys.prefix}:*")]
+        if names:
+            await redis.delete(*names)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=ops)
+def test_the_shared_path_answers_as_the_embedded_engine_through_handovers(steps):
+    import redis.asyncio
+
+    async def run() -> None:
+        client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+        try:
+            await _scenario(client, steps)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_malformed_command_is_skipped_alike_by_the_owner_and_its_replicas():
+    import redis.asyncio
+
+    async def run() -> None:
+        redis_client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+        keys = Keys(f"test:{secrets.token_hex(4)}")
+        cfg = _config()
+        try:
+            owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="only")
+            assert await owner.acquire()
+            for raw in (b"not json", b'{"a": 1}', b'["launch", 1]', b'["submit", "gw1", "a/x", "a", "NOPE"]'):
+                await redis_client.xadd(keys.cmds, {"c": raw})
+            client = Client(redis_client, "gw1", keys=keys)
+            client.send(
+                submit("gw1", "a/ok", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
+            )
+            await client.flushed()
+            await owner.step(await owner.commands(block_ms=None))
+            assert await client.answers(block_s=None) == [
+                ["refused", "a/x", "invalid", None],  # a submit the engine cannot take is refused, not dropped
+                ["admitted", "a/ok"],
+                ["granted", "a/ok", "g1", 0, False, False],
+            ]
+            replica = Replica(redis_client, keys=keys)
+            await replica.load()
+            assert replica.engine().counters.as_dict() == owner.engine().counters.as_dict()
+            assert replica.routes == owner.routes
+        finally:
+            names = [key async for key in redis_client.scan_iter(match=f"{keys.prefix}:*")]
+            if names:
+                await redis_client.delete(*names)
+            await redis_client.aclose()
+
+    asyncio.run(run())
