@@ -15,7 +15,7 @@ from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, MoneySum, or_zero
 from billing.pricing import charge_of, price_version_at, upper_bound_base_cost
 from scheduling.models import PriorityClass
-from scheduling.selectors import classes_with_price
+from scheduling.selectors import classes_with_price, tenant_spec
 from tenants.models import Tenant
 
 Kind = LedgerEntry.Kind
@@ -33,7 +33,7 @@ def fallback_classes(*, tenant_slug: str, class_name: str, at: datetime) -> list
     if row is None or not row.fallback_on_exhausted or declared is None:
         return []
     declared_factor = price_version_at(class_name=class_name, at=at).price_factor
-    allowed = set(tenant.allowed_classes or [])
+    allowed = set(tenant_spec(tenant).classes)
     candidates = sorted(
         (
             c

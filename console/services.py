@@ -12,6 +12,7 @@ from django.db import transaction
 
 from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
+from scheduling.selectors import tenant_spec
 from scheduling.services import audit_record
 from tenants.models import ApiKey, Tenant, User
 
@@ -52,7 +53,7 @@ def user_create(
 def key_classes(tenant: Tenant) -> list[str]:
     """Classes a key of ``tenant`` may default to: its allowed classes, else every active class."""
     active = list(PriorityClass.objects.filter(active=True).order_by("level").values_list("name", flat=True))
-    allowed = set(tenant.allowed_classes or [])
+    allowed = set(tenant_spec(tenant).classes)
     return [c for c in active if not allowed or c in allowed]
 
 

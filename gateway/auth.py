@@ -15,6 +15,7 @@ from django.conf import settings
 
 from gateway.db import db_call
 from gateway.errors import ErrorCode, GatewayError
+from scheduling.selectors import tenant_spec
 from tenants.keys import key_matches, key_prefix
 from tenants.models import ApiKey
 
@@ -53,11 +54,12 @@ def _load(prefix: str) -> _KeyRow | None:
     if key is None:
         return None
     tenant = key.tenant
+    spec = tenant_spec(tenant)
     caller = Caller(
         tenant=tenant.slug,
         tenant_id=tenant.pk,
-        vip=tenant.vip,
-        allowed_classes=tuple(tenant.allowed_classes or ()),
+        vip=spec.vip,
+        allowed_classes=spec.classes,
         default_class=key.default_class,
         key_prefix=prefix,
     )

@@ -52,20 +52,23 @@ def policy_get() -> SchedulerPolicy:
     return policy
 
 
+def tenant_spec(t: Tenant) -> TenantSpec:
+    """What scheduling knows of a tenant (its share, classes, VIP flag, budget), from its row: the
+    one reader of those fields, for the engine, the gateway's callers and billing's fallbacks."""
+    return TenantSpec(
+        slug=t.slug,
+        name=t.name,
+        quota_share=float(t.quota_share),
+        annual_budget=None if t.annual_budget is None else _norm(t.annual_budget),
+        classes=tuple(t.allowed_classes or ()),
+        vip=t.vip,
+        active=t.active,
+    )
+
+
 def tenant_specs(*, active_only: bool = True) -> tuple[TenantSpec, ...]:
     qs = Tenant.objects.filter(active=True) if active_only else Tenant.objects.all()
-    return tuple(
-        TenantSpec(
-            slug=t.slug,
-            name=t.name,
-            quota_share=float(t.quota_share),
-            annual_budget=None if t.annual_budget is None else _norm(t.annual_budget),
-            classes=tuple(t.allowed_classes),
-            vip=t.vip,
-            active=t.active,
-        )
-        for t in qs.order_by("slug")
-    )
+    return tuple(tenant_spec(t) for t in qs.order_by("slug"))
 
 
 def backend_specs(*, enabled_only: bool = True) -> tuple[BackendSpec, ...]:
