@@ -20,7 +20,7 @@ wait, deadline rule, privilege) are recomputed whenever the configuration is app
 from __future__ import annotations
 
 from collections.abc import Iterable
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 
 from . import admission as adm
 from .aging import AgingCurve
@@ -33,6 +33,8 @@ from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, Sch
 from .outcomes import ADMITTED, NO_BACKEND, Admission, QueuePosition
 from .position import eta_ms, requests_ahead
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
+
+DEADLINE_SLACK = 1024  # stale deadline entries tolerated beyond twice the waiting ones before a compaction
 
 
 class Scheduler(DispatchMixin):
@@ -261,6 +263,16 @@ class Scheduler(DispatchMixin):
         ticket.lane.detach(ticket)
         ticket.promoted = False
         self._count_queued(ticket, -1)
+        if len(self._deadlines) > 2 * self._waiting + DEADLINE_SLACK:
+            self._compact_deadlines()
+
+    def _compact_deadlines(self) -> None:
+        """Drop the deadline heap's entries of tickets no longer waiting (left lazily when they were
+        dispatched or cancelled; with long SLAs they never reach the top). In place: `expire` may be
+        popping this very list. The live entries keep their total order, so nothing else changes."""
+        heap = self._deadlines
+        heap[:] = [entry for entry in heap if entry[2].state == WAITING and entry[2].deadline_ms == entry[0]]
+        heapify(heap)
 
     # ----------------------------------------------------------------- terminal states
     def _running_ticket(self, request_id: RequestId) -> Ticket:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 READ_BLOCK_S = 1
 READ_MORE = 1000
-BEAT_EVERY_S = GATEWAY_TTL_MS / 3000
+BEAT_EVERY_S = 1.0
 RETRY_S = 0.5
 
 

@@ -56,7 +56,7 @@ STANDBY_POLL_MS = 100
 RETRY_S = 1.0  # after a failure (Redis out of reach), before bidding again
 MAX_COMMANDS = 2000  # per step
 SNAPSHOT_EVERY_S = 5.0
-GATEWAY_TTL_MS = 3000
+GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop beats every second)
 GATEWAY_CHECK_S = 0.5
 OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
 PUSH_CHUNK = 500  # answers per RPUSH inside the script (Lua's stack has a limit on unpack)
@@ -180,6 +180,10 @@ class Owner(Replica):
         if token is not None:
             await self._release(keys=[self.keys.lease], args=[token])
 
+    async def replayed_some(self) -> None:
+        if self.token is not None:  # catching up after taking the lease: keep it while replaying
+            await self.renew()
+
     def configure(self, config: SchedulerConfig) -> None:
         self._config = config
 
@@ -249,7 +253,7 @@ class Owner(Replica):
         """The engine as of the last step, so that a new owner or replica replays only what came after it."""
         if self.token is None or self.sched is None:
             return
-        state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)
+        state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)  # ~1 MB at 13k/s
         keys = [self.keys.lease, self.keys.snap, self.keys.steps, self.keys.cmds]
         if not await self._snapshot(keys=keys, args=[self.token, state, self.last_step, self.cursor, self.step_ms]):
             self._stand_down()

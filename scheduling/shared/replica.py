@@ -135,6 +135,10 @@ class Replica:
                 return done
             await self._replay_all(found)
             done += len(found)
+            await self.replayed_some()
+
+    async def replayed_some(self) -> None:
+        """Called between the batches of a long catch-up (the owner renews its lease there)."""
 
     async def _continues(self) -> bool:
         """Whether the steps after ours were all still in the log when read: a snapshot newer than

@@ -1,0 +1,261 @@
+"""The shared scheduler's dispatcher alone, fed by synthetic gateways through Redis, and its takeover.
+
+    python -m bench.shared_dispatcher [--seconds 10] [--gateways 4] [--outstanding 256] [--takeovers 5]
+
+1. **Throughput.** One dispatcher (scheduling.shared.owner, in a process of its own) and
+   ``--gateways`` synthetic gateways in this process (scheduling.shared.client, each with its own
+   answer list and heartbeat). Each gateway keeps ``--outstanding`` requests in flight: a submit;
+   when its grant arrives, the completion and the next submit. The backend has more slots than
+   requests in flight, so every submit is granted in the step that takes it: what is measured is
+   the dispatcher's rate of submit → grant → completion cycles through Redis (two commands, two
+   answers, the engine's submit, dispatch and complete each). Reported with the CPU of the
+   dispatcher's process, of this load generator, and of the Redis server.
+2. **Takeover.** Two dispatcher processes bid; a gateway keeps a load going; the lease holder is
+   killed (SIGKILL) at a known instant, and the takeover time is from then to the first step
+   the new owner committed (a step's stream id carries its commit time in ms). A new standby is
+   started for the next round. The lease lasts `scheduling.shared.owner.LEASE_MS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from scheduling.engine.model import (
+    AgingPolicy,
+    BackendSpec,
+    ClassSpec,
+    FairnessPolicy,
+    QueuePolicy,
+    SchedulerConfig,
+    TenantSpec,
+)
+from scheduling.shared.client import Client
+from scheduling.shared.owner import LEASE_MS, Owner
+from scheduling.shared.protocol import Answer, submit
+from scheduling.shared.replica import Keys
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TENANTS = tuple(TenantSpec(slug=f"t{i:02d}", quota_share=0.05) for i in range(20))
+CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
+
+
+def bench_config() -> SchedulerConfig:
+    """Four classes with long SLAs (nothing expires), 20 tenants, one backend with room for all."""
+    hour = 3_600_000
+    return SchedulerConfig(
+        classes=tuple(ClassSpec(name, level, 10 * hour, Decimal("1")) for level, name in enumerate(CLASSES)),
+        aging=AgingPolicy(mode="none"),
+        fairness=FairnessPolicy(),
+        queue=QueuePolicy(enforce_depth=False),
+        tenants=TENANTS,
+        backends=(BackendSpec(name="gpu", models=("m",), slots=1_000_000),),
+    )
+
+
+def _redis():  # type: ignore[no-untyped-def]
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(REDIS_URL, socket_timeout=10)
+
+
+def serve_owner(prefix: str) -> None:
+    """A dispatcher process (run as ``python -m bench.shared_dispatcher --owner PREFIX``)."""
+    import logging
+
+    logging.basicConfig(level=os.environ.get("BENCH_LOG", "WARNING"), format="%(asctime)s %(process)d %(message)s")
+
+    async def run() -> None:
+        client = _redis()
+        owner = Owner(client, bench_config(), keys=Keys(prefix))
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await owner.run(stop=stop)
+        await client.aclose()
+
+    asyncio.run(run())
+
+
+def _start_owner(prefix: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.shared_dispatcher", "--owner", prefix], cwd=REPO_ROOT, env=os.environ.copy()
+    )
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Load:
+    """Synthetic gateways keeping ``outstanding`` requests each in flight."""
+
+    redis: object
+    keys: Keys
+    gateways: int
+    outstanding: int
+    done: int = 0
+    clients: list[Client] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    serial: int = 0
+
+    def _submit(self, client: Client) -> None:
+        self.serial += 1
+        tenant = TENANTS[self.serial % len(TENANTS)].slug
+        cls = CLASSES[self.serial % len(CLASSES)]
+        rid = f"{tenant}/{client.gateway}-{self.serial}"
+        client.send(
+            submit(client.gateway, rid, tenant=tenant, cls=cls, model="m", prompt_tokens=100, expected_output_tokens=50)
+        )
+
+    def _answer(self, client: Client, answer: Answer) -> None:
+        if answer[0] == "granted":
+            client.send(["complete", answer[1], 100, 50])
+            self.done += 1
+            self._submit(client)
+        elif answer[0] in ("refused", "expired"):
+            self._submit(client)
+
+    def start(self) -> None:
+        for g in range(self.gateways):
+            client = Client(self.redis, f"synthetic-{g}-{secrets.token_hex(2)}", keys=self.keys)  # type: ignore[arg-type]
+            client.on_answer = lambda answer, c=client: self._answer(c, answer)
+            self.clients.append(client)
+            self.tasks.append(asyncio.get_running_loop().create_task(client.run()))
+            for _ in range(self.outstanding):
+                self._submit(client)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def _clean(redis, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    names = [key async for key in redis.scan_iter(match=f"{prefix}:*")]
+    if names:
+        await redis.delete(*names)
+
+
+async def throughput(seconds: float, gateways: int, outstanding: int) -> dict[str, float]:
+    redis = _redis()
+    prefix = f"bench:shared:{secrets.token_hex(3)}"
+    owner = _start_owner(prefix)
+    redis_pid = int((await redis.info("server"))["process_id"])
+    load = Load(redis, Keys(prefix), gateways, outstanding)
+    try:
+        load.start()
+        while load.done < gateways * outstanding:  # warmed up: every gateway's first round granted
+            await asyncio.sleep(0.05)
+        done0, wall0 = load.done, time.monotonic()
+        cpu0 = (_cpu_s(owner.pid), time.process_time(), _cpu_s(redis_pid))
+        await asyncio.sleep(seconds)
+        done1, wall1 = load.done, time.monotonic()
+        cpu1 = (_cpu_s(owner.pid), time.process_time(), _cpu_s(redis_pid))
+    finally:
+        await load.stop()
+        owner.terminate()
+        owner.wait(timeout=10)
+        await _clean(redis, prefix)
+        await redis.aclose()
+    elapsed = wall1 - wall0
+    rate = (done1 - done0) / elapsed
+    return {
+        "requests_per_s": rate,
+        "dispatcher_cores": (cpu1[0] - cpu0[0]) / elapsed,
+        "load_generator_cores": (cpu1[1] - cpu0[1]) / elapsed,
+        "redis_cores": (cpu1[2] - cpu0[2]) / elapsed,
+        "dispatcher_us_per_request": 1e6 * (cpu1[0] - cpu0[0]) / max(done1 - done0, 1),
+    }
+
+
+async def _holder_pid(redis, prefix: str, owners: list[subprocess.Popen]) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    while True:
+        token = await redis.get(f"{prefix}:lease")
+        if token is not None:
+            pid = int(token.decode().split(":")[-2])
+            for process in owners:
+                if process.pid == pid:
+                    return process
+        await asyncio.sleep(0.02)
+
+
+async def takeovers(rounds: int) -> list[float]:
+    redis = _redis()
+    prefix = f"bench:shared:{secrets.token_hex(3)}"
+    keys = Keys(prefix)
+    owners = [_start_owner(prefix), _start_owner(prefix)]
+    load = Load(redis, keys, gateways=1, outstanding=20)
+    times_ms: list[float] = []
+    try:
+        load.start()
+        for _ in range(rounds):
+            while load.done < 200:
+                await asyncio.sleep(0.05)
+            holder = await _holder_pid(redis, prefix, owners)
+            await asyncio.sleep(0.5)  # both running steadily
+            killed_ms = time.time() * 1000
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=10)
+            owners.remove(holder)
+            first_ms = None
+            while first_ms is None:
+                await asyncio.sleep(0.02)
+                newer = await redis.xrange(keys.steps, min=f"{int(killed_ms) + 1}-0", count=1)
+                if newer:
+                    first_ms = int(newer[0][0].split(b"-")[0])
+            times_ms.append(first_ms - killed_ms)
+            owners.append(_start_owner(prefix))  # the next standby
+            load.done = 0
+    finally:
+        await load.stop()
+        for process in owners:
+            process.terminate()
+            process.wait(timeout=10)
+        await _clean(redis, prefix)
+        await redis.aclose()
+    return times_ms
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    result = await throughput(args.seconds, args.gateways, args.outstanding)
+    print(
+        f"dispatcher alone: {result['requests_per_s']:.0f} requests/s "
+        f"(submit -> grant -> completion; {args.gateways} synthetic gateways x {args.outstanding} in flight); "
+        f"dispatcher {result['dispatcher_cores']:.2f} cores "
+        f"({result['dispatcher_us_per_request']:.0f} µs per request), "
+        f"load generator {result['load_generator_cores']:.2f}, Redis {result['redis_cores']:.2f}"
+    )
+    if args.takeovers:
+        times = await takeovers(args.takeovers)
+        shown = ", ".join(f"{t:.0f}" for t in times)
+        print(f"takeover after SIGKILL of the lease holder (lease {LEASE_MS} ms): {shown} ms; max {max(times):.0f} ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.shared_dispatcher", description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--gateways", type=int, default=4)
+    parser.add_argument("--outstanding", type=int, default=256)
+    parser.add_argument("--takeovers", type=int, default=5)
+    parser.add_argument("--owner", help=argparse.SUPPRESS)  # internal: run one dispatcher process
+    args = parser.parse_args(argv)
+    if args.owner:
+        serve_owner(args.owner)
+        return
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
