@@ -52,8 +52,18 @@ lint: venv
 import-graph: venv
 	$(PY) scripts/import_graph.py
 
+# The scheduling live tests once more with the shared scheduler (gateway.shared), where Redis is
+# given: the queue, the API and the upstream limits through it. Circuits are still each gateway's
+# own in that mode (README), so the circuit test runs only embedded.
+SHARED_TESTS := tests/live/gateway/test_live_queue.py tests/live/gateway/test_live_api.py tests/live/gateway/test_live_upstream.py
+SHARED_DESELECT := not test_failing_backend_gives_502_then_opens_its_circuit
+
 test: venv assets lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@if [ -n "$$REDIS_URL" ]; then \
+	  echo "--- the scheduling live tests with FAIRGATE_SCHEDULER=shared"; \
+	  FAIRGATE_SCHEDULER=shared $(PY) -m pytest $(SHARED_TESTS) -k "$(SHARED_DESELECT)" $(PYTEST_ARGS); \
+	else echo "(the shared scheduler's pass needs REDIS_URL: skipped)"; fi
 
 # The unit level only (no database, no servers): about half a minute.
 test-fast: venv

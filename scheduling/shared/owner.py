@@ -230,19 +230,6 @@ class Owner(Replica):
         self.token = None
         self._reset()
 
-    def due(self, now_ms: int) -> bool:
-        """Whether the engine has something to do at ``now_ms`` without a command (expire, age, dispatch)."""
-        if self._config_due or self.sched is None:
-            return True
-        wakeup = self.sched.next_wakeup_ms(now_ms=now_ms)
-        return wakeup is not None and wakeup <= now_ms
-
-    def wait_ms(self, now_ms: int) -> int:
-        """How long the live loop may block for commands before the engine has something to do."""
-        wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
-        limit = LEASE_MS // 4  # the lease is renewed at least this often
-        return limit if wakeup is None else max(1, min(limit, wakeup - now_ms))
-
     async def renew(self) -> None:
         if self.token is None or not await self._renew(keys=[self.keys.lease], args=[self.token, LEASE_MS]):
             if self.token is not None:
@@ -305,10 +292,16 @@ class Owner(Replica):
                 log.warning("dispatcher %s could not give its lease back", self.name)
 
     async def _serve(self, stop: asyncio.Event) -> None:
+        """Steps when commands come or when the engine's next wakeup (an expiry, an aging bound,
+        a rate window reopening) has come; renews the lease while idle."""
+        limit_ms = LEASE_MS // 4  # the lease is renewed at least this often
         while not stop.is_set():
             now_ms = self.now_ms()
-            taken = await self.commands(block_ms=None if self.due(now_ms) else self.wait_ms(now_ms))
-            if taken or self.due(self.now_ms()):
+            wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
+            due = self._config_due or self.sched is None
+            block_ms = None if due else limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
+            taken = await self.commands(block_ms=block_ms)
+            if taken or due or (wakeup is not None and self.now_ms() >= wakeup):
                 await self.step(taken)
             else:
                 await self.renew()

@@ -150,6 +150,8 @@ def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, st
         }
     )
     env.update(settings)
+    if env.get("FAIRGATE_SCHEDULER") == "shared" and "FAIRGATE_SHARED_PREFIX" not in settings:  # a world each
+        env["FAIRGATE_SHARED_PREFIX"] = f"fairgate:test:{var_dir.name}:{os.getpid()}:{time.monotonic_ns()}"
     return env
 
 
