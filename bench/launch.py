@@ -161,10 +161,16 @@ def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, st
 
 
 def start_gateway(
-    var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], name: str = "gateway", **settings: str
+    var_dir: Path,
+    yaml_text: str,
+    keys: dict[str, tuple[str, str]],
+    name: str = "gateway",
+    serve_args: tuple[str, ...] = (),
+    **settings: str,
 ) -> Server:
     """Migrate a fresh SQLite database, load ``yaml_text``, create ``keys`` (name -> (tenant, class)),
-    then ``manage.py serve``; returns once /readyz answers 200. ``settings`` are extra env vars."""
+    then ``manage.py serve`` (with ``serve_args``, e.g. ``--workers 2``); returns once /readyz
+    answers 200. ``settings`` are extra env vars."""
     var_dir.mkdir(parents=True, exist_ok=True)
     yaml_path = var_dir / "scheduler.yaml"
     yaml_path.write_text(yaml_text)
@@ -185,7 +191,7 @@ def start_gateway(
     log_path = var_dir / f"{name}.log"
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port)],
+            [sys.executable, "manage.py", "serve", "--port", str(port), *serve_args],
             cwd=REPO_ROOT,
             env=env,
             stdout=log_file,

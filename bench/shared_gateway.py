@@ -1,0 +1,183 @@
+"""The shared scheduler's cost at the gateway, side by side with the embedded one, in one run.
+
+    python -m bench.shared_gateway [--rounds 3] [--phase-s 10] [--step-s 8]     (needs REDIS_URL)
+
+Processes: one simulated backend answering after a fixed 50 ms (slots far above the load) and
+three gateways, billing off (``FAIRGATE_BILLING=0``, so the database is not what is measured),
+each ``manage.py serve`` on a SQLite file of its own: *embedded* (one process, the scheduler in
+it), *shared* (one process, ``FAIRGATE_SCHEDULER=shared``: every decision through Redis and the
+dispatcher's step, which this process holds), and *shared ×2* (``serve --workers 2``: two
+gateway processes on one port sharing one scheduler). The load generator is this process.
+
+Each round, in an order that flips every round:
+
+1. **Added latency at 100 requests/s** (Poisson): direct to the backend, through *embedded* and
+   through *shared*; added = gateway percentile - direct percentile. Targets: shared's p50 ≤ 1.5×
+   and p99 ≤ 2× embedded's.
+2. **CPU per request** during that phase: the gateway's process tree (with its children), plus,
+   for the shared one, the Redis server's CPU. Target: shared ≤ 1.5× embedded.
+3. **Peak throughput**: closed loops of 128 and 256 connections through *embedded* and *shared
+   ×2*; each one's peak over the two. Target: shared ×2 ≥ 1.3× embedded. The load generator's own
+   CPU is reported (it shares the machine's 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+
+from bench.gateway_overhead import BACKEND_LATENCY_MS, BODY, GATEWAY_YAML
+from bench.launch import Server, _cpu_s, start_gateway, start_sim
+from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
+
+RATE = 100
+CONNECTIONS = (128, 256)
+GATEWAYS = ("embedded", "shared", "shared x2")
+
+
+def _redis_pid() -> int:
+    import redis
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    try:
+        return int(client.info("server")["process_id"])
+    finally:
+        client.close()
+
+
+def start(var_dir: Path) -> tuple[Server, dict[str, Server]]:
+    sim = start_sim(var_dir, slots=1_000_000, fixed_latency_ms=BACKEND_LATENCY_MS)
+    common = {"FAIRGATE_BILLING": "0", "SECRET_KEY": secrets.token_hex(16), "REDIS_URL": os.environ["REDIS_URL"]}
+    gateways: dict[str, Server] = {}
+    try:
+        for name in GATEWAYS:
+            extra = {} if name == "embedded" else {"FAIRGATE_SCHEDULER": "shared"}
+            extra["FAIRGATE_SHARED_PREFIX"] = f"bench:gw:{secrets.token_hex(3)}"
+            gateways[name] = start_gateway(
+                var_dir / name.replace(" ", ""),
+                GATEWAY_YAML.format(url=sim.url),
+                {"bench": ("bench", "INTERACTIVE")},
+                name=name.replace(" ", ""),
+                serve_args=("--workers", "2") if name == "shared x2" else (),
+                **common,
+                **extra,
+            )
+    except BaseException:
+        for server in (*gateways.values(), sim):
+            server.stop()
+        raise
+    return sim, gateways
+
+
+def _target(server: Server, direct: bool = False) -> Target:
+    if direct:
+        return Target.of(server.url, "/v1/chat/completions", BODY)
+    return Target.of(server.url, "/v1/chat/completions", BODY, {"Authorization": f"Bearer {server.keys['bench']}"})
+
+
+def _ms(result: Result, q: float) -> float:
+    value = percentile(result.latencies_ms, q)
+    return float("nan") if value is None else value
+
+
+async def latency_round(sim: Server, gateways: dict[str, Server], phase_s: float, order: list[str], seed: int) -> dict:
+    redis_pid = _redis_pid()
+    found: dict[str, dict[str, float]] = {}
+    for name in ["direct", *order]:
+        target = _target(sim, direct=True) if name == "direct" else _target(gateways[name])
+        server = None if name == "direct" else gateways[name]
+        cpu0 = (server and _cpu_s(server.process.pid), _cpu_s(redis_pid))
+        result = await open_loop(target, RATE, phase_s, seed=seed)
+        cpu1 = (server and _cpu_s(server.process.pid), _cpu_s(redis_pid))
+        row = {
+            "p50": _ms(result, 0.5),
+            "p99": _ms(result, 0.99),
+            "ok": result.ok,
+            "failed": sum(result.errors.values()),
+        }
+        if server is not None:
+            redis_s = cpu1[1] - cpu0[1] if name != "embedded" else 0.0
+            row["cpu_ms_per_request"] = 1000 * ((cpu1[0] - cpu0[0]) + redis_s) / max(result.ok, 1)
+        found[name] = row
+    return found
+
+
+async def peak_round(gateways: dict[str, Server], step_s: float, order: list[str]) -> dict:
+    found: dict[str, dict[int, float]] = {}
+    for name in order:
+        found[name] = {}
+        for connections in CONNECTIONS:
+            cpu0 = time.process_time()
+            result = await closed_loop(_target(gateways[name]), connections, step_s)
+            found[name][connections] = result.ok_per_s
+            found.setdefault("generator cores", {})[connections] = (time.process_time() - cpu0) / step_s
+    return found
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        sim, gateways = start(Path(tmp))
+        try:
+            for name in GATEWAYS:  # warm: connections, tokenizer, the dispatcher's lease
+                await closed_loop(_target(gateways[name]), 32, 2.0)
+            latencies, peaks = [], []
+            for r in range(args.rounds):
+                order = ["embedded", "shared"] if r % 2 == 0 else ["shared", "embedded"]
+                latencies.append(await latency_round(sim, gateways, args.phase_s, order, seed=r + 1))
+                peak_order = ["embedded", "shared x2"] if r % 2 == 0 else ["shared x2", "embedded"]
+                peaks.append(await peak_round(gateways, args.step_s, peak_order))
+                print(f"round {r + 1}: {latencies[-1]} {peaks[-1]}", file=sys.stderr, flush=True)
+        finally:
+            for server in (*gateways.values(), sim):
+                server.stop()
+    report(latencies, peaks)
+
+
+def report(latencies: list[dict], peaks: list[dict]) -> None:
+    def added(name: str, q: str) -> float:
+        return mean(r[name][q] - r["direct"][q] for r in latencies)
+
+    e50, e99, s50, s99 = (
+        added("embedded", "p50"),
+        added("embedded", "p99"),
+        added("shared", "p50"),
+        added("shared", "p99"),
+    )
+    print(f"added latency at {RATE}/s (mean of {len(latencies)} rounds):")
+    print(f"  embedded p50 {e50:.2f} ms, p99 {e99:.2f} ms")
+    print(f"  shared   p50 {s50:.2f} ms ({s50 / e50:.2f}x; target <= 1.5x), p99 {s99:.2f} ms ({s99 / e99:.2f}x; <= 2x)")
+    ec = mean(r["embedded"]["cpu_ms_per_request"] for r in latencies)
+    sc = mean(r["shared"]["cpu_ms_per_request"] for r in latencies)
+    print(f"CPU per request: embedded {ec:.2f} ms, shared {sc:.2f} ms with Redis ({sc / ec:.2f}x; target <= 1.5x)")
+    failed = {n: sum(r[n]["failed"] for r in latencies) for n in ("embedded", "shared")}
+    print(f"failed requests: {failed}")
+    peak = {n: max(mean(p[n][c] for p in peaks) for c in CONNECTIONS) for n in ("embedded", "shared x2")}
+    gen = max(mean(p["generator cores"][c] for p in peaks) for c in CONNECTIONS)
+    per_round = {n: [round(max(p[n].values())) for p in peaks] for n in ("embedded", "shared x2")}
+    print(
+        f"peak (closed loop {'/'.join(map(str, CONNECTIONS))} connections): embedded {peak['embedded']:.0f}/s, "
+        f"serve --workers 2 shared {peak['shared x2']:.0f}/s ({peak['shared x2'] / peak['embedded']:.2f}x; "
+        f"target >= 1.3x); per round {per_round}; load generator up to {gen:.2f} cores"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.shared_gateway", description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--phase-s", type=float, default=10.0)
+    parser.add_argument("--step-s", type=float, default=8.0)
+    args = parser.parse_args(argv)
+    if not os.environ.get("REDIS_URL"):
+        parser.error("REDIS_URL must point at a Redis (the shared scheduler runs through it)")
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
