@@ -137,11 +137,15 @@ class Dispatcher:
         self.config = config
         self.rules = rules
         self.backend_specs = self._backend_specs_of(config)
-        engine_config = apply_policy(config, config.policy)
-        tenants = config.tenants or ()
-        self.sched.reconfigure(
-            now_ms=self.now_ms(), config=engine_config, tenants=tenants, backends=self._effective_backends()
+        self._reconfigure_engine(
+            config=apply_policy(config, config.policy),
+            tenants=config.tenants or (),
+            backends=self._effective_backends(),
         )
+
+    def _reconfigure_engine(self, **changes) -> None:
+        """The engine takes a new configuration, tenants or backends (gateway.shared: its own copy only)."""
+        self.sched.reconfigure(now_ms=self.now_ms(), **changes)
         self.pump()
 
     @staticmethod
@@ -168,7 +172,7 @@ class Dispatcher:
         )
 
     def _backends_changed(self) -> None:
-        self.sched.reconfigure(now_ms=self.now_ms(), backends=self._effective_backends())
+        self._reconfigure_engine(backends=self._effective_backends())
 
     async def _poll(self) -> None:
         interval_s = settings.FAIRGATE_CONFIG_POLL_MS / 1000

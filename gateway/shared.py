@@ -124,8 +124,13 @@ class SharedDispatcher(Dispatcher):
     def apply_config(self, config: SchedulerConfig) -> None:
         super().apply_config(config)
         self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
-        if hasattr(self, "owner"):
-            self.owner.configure(config)
+        self.owner.configure(config)  # the dispatcher logs it with its next step, for every replica
+
+    def _reconfigure_engine(self, **changes) -> None:
+        """Only this process's placeholder engine (read before the first step): the shared engine
+        and its replicas change by the dispatcher's logged steps alone, or they would drift apart."""
+        if self._placeholder is not None:
+            self._placeholder.reconfigure(now_ms=self.now_ms(), **changes)
 
     def pump(self) -> None:
         """The dispatcher pumps (scheduling.shared.owner); nothing to do here."""
