@@ -1,8 +1,10 @@
 """Two gateway processes, one shared scheduler (``FAIRGATE_SCHEDULER=shared``) on real Redis.
 
-With the embedded scheduler each process believes it owns every backend slot: two processes on
-one backend of 2 slots sent it up to 4 at once, and it answered 429. Shared, one dispatcher
-grants for both, so the backend never sees more than its slots, and every request is served."""
+With the embedded scheduler each process believes it owns every backend slot and keeps its own
+queue: two processes on one backend of 2 slots sent it up to 4 at once (it answered 429), weights
+3:1 across processes came out inverted, and an interactive request in one process could not pass
+the batch queued in the other. Shared, one dispatcher decides for both. (Each of these tests fails
+with ``FAIRGATE_SCHEDULER=embedded``.)"""
 
 from __future__ import annotations
 
@@ -87,3 +89,74 @@ def test_a_standby_takes_over_when_the_dispatcher_s_owner_is_killed(tmp_path, st
                 gw.stop()
             elif gw.owns_database and "DATABASE_URL" in gw.env:
                 postgres_drop(gw.env["DATABASE_URL"])
+
+
+def _two_tenants(tmp_path, start_sim, tenants):
+    """One backend slot held at the sim's gate, two gateway processes; keys per tenant."""
+    sim = start_sim(slots=1, fixed_latency_ms=20)
+    sim.gate.close()
+    yaml_text = scheduler_yaml(
+        classes=["INTERACTIVE", "BATCH"],
+        tenants=tenants,
+        backends=[backend("gpu", f"{sim.url}/v1", slots=1)],
+        queue={"enforce_depth": False},
+    )
+    keys = {f"{t['slug']}-{cls.lower()}": (t["slug"], cls) for t in tenants for cls in ("BATCH", "INTERACTIVE")}
+    first = start_gateway(tmp_path, yaml_text, keys, FAIRGATE_SCHEDULER="shared")
+    return sim, first, another_process(first)
+
+
+def _send_all(pool, gateway, key, ids, cls_header=None):
+    client = gateway.http(gateway.keys[key], timeout=60)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    return [pool.submit(client.post, "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}) for rid in ids]
+
+
+def _queued(gateway, key) -> int:
+    return len(gateway.http(gateway.keys[key]).get("/v1/queue").json()["data"])
+
+
+def test_weights_3_to_1_across_processes_give_3_to_1_service(tmp_path, start_sim):
+    """Two tenants of weights 3:1 flooding BATCH through different processes (with the embedded
+    scheduler this came out 15:21, inverted): one queue, so the service is 3:1."""
+    sim, first, second = _two_tenants(tmp_path, start_sim, [tenant("big", share=0.6), tenant("small", share=0.2)])
+    try:
+        with ThreadPoolExecutor(50) as pool:
+            blocker = _send_all(pool, first, "big-batch", ["blocker"])  # holds the one slot, at the gate
+            wait_for(lambda: sim.gate.waiting, bool, what="the slot taken")
+            sent = _send_all(pool, first, "big-batch", [f"big-{i}" for i in range(24)])
+            sent += _send_all(pool, second, "small-batch", [f"small-{i}" for i in range(24)])
+            wait_for(
+                lambda: (_queued(first, "big-batch"), _queued(second, "small-batch")),
+                lambda q: q == (25, 24),
+                what="all queued",
+            )
+            sim.gate.open()
+            assert [f.result().status_code for f in blocker + sent] == [200] * 49
+        served = httpx.get(f"{sim.url}/stats").json()["recent_request_ids"]
+        first_16 = [rid for rid in served if rid != "blocker"][:16]
+        big = sum(rid.startswith("big-") for rid in first_16)
+        assert 10 <= big <= 14, first_16  # 12 of 16 at 3:1 (8 at 1:1)
+    finally:
+        second.stop()
+        first.stop()
+
+
+def test_interactive_through_one_process_overtakes_batch_through_the_other(tmp_path, start_sim):
+    sim, first, second = _two_tenants(tmp_path, start_sim, [tenant("acme", share=0.5), tenant("vip", share=0.5)])
+    try:
+        with ThreadPoolExecutor(20) as pool:
+            sent = _send_all(pool, first, "acme-batch", ["blocker"])
+            wait_for(lambda: sim.gate.waiting, bool, what="the slot taken")
+            sent += _send_all(pool, first, "acme-batch", [f"batch-{i}" for i in range(10)])
+            wait_for(lambda: _queued(first, "acme-batch"), lambda q: q == 11, what="the batch queued")
+            sent += _send_all(pool, second, "vip-interactive", ["urgent"])
+            wait_for(lambda: _queued(second, "vip-interactive"), lambda q: q == 1, what="the interactive one queued")
+            sim.gate.open()
+            assert [f.result().status_code for f in sent] == [200] * 12
+        stats = httpx.get(f"{sim.url}/stats").json()
+        assert stats["rejected_429"] == 0  # nothing was sent past the one slot (each arrival is recorded)
+        assert stats["recent_request_ids"][:2] == ["blocker", "urgent"], stats["recent_request_ids"]
+    finally:
+        second.stop()
+        first.stop()
