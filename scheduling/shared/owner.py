@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 LEASE_MS = 1000  # a standby takes over this long after the owner stopped renewing, at most
 STANDBY_POLL_MS = 100
 RETRY_S = 1.0  # after a failure (Redis out of reach), before bidding again
+IDLE_PUMP_MS = 500  # while requests wait, a step at least this often (the embedded dispatcher's config-poll pump)
 MAX_COMMANDS = 2000  # per step
 SNAPSHOT_EVERY_S = 5.0
 GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop beats every second)
@@ -293,7 +294,9 @@ class Owner(Replica):
 
     async def _serve(self, stop: asyncio.Event) -> None:
         """Steps when commands come or when the engine's next wakeup (an expiry, an aging bound,
-        a rate window reopening) has come; renews the lease while idle."""
+        a rate window reopening) has come, and, while requests wait, at least every
+        `IDLE_PUMP_MS` (as the embedded dispatcher pumps at each configuration poll); renews the
+        lease while idle."""
         limit_ms = LEASE_MS // 4  # the lease is renewed at least this often
         while not stop.is_set():
             now_ms = self.now_ms()
@@ -301,7 +304,14 @@ class Owner(Replica):
             due = self._config_due or self.sched is None
             block_ms = None if due else limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
             taken = await self.commands(block_ms=block_ms)
-            if taken or due or (wakeup is not None and self.now_ms() >= wakeup):
+            now_ms = self.now_ms()
+            waiting = self.sched is not None and self.sched.waiting_count > 0
+            if (
+                taken
+                or due
+                or (wakeup is not None and now_ms >= wakeup)
+                or (waiting and now_ms - self.step_ms >= IDLE_PUMP_MS)
+            ):
                 await self.step(taken)
             else:
                 await self.renew()
