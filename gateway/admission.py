@@ -6,7 +6,8 @@
    gateway.charging) when the tenant has ample room, else first (a 402 refuses it here);
 2. **fall back** to the cheaper class the hold names, for a tenant set to it (``rule=budget``);
 3. **admit** it to the engine (a queue full or no backend refuses it);
-4. on any refusal after the hold, **release** the hold before the refusal goes out.
+4. on any refusal after the hold, **release** the hold before the refusal goes out (and when the
+   client leaves while the shared scheduler is answering: nothing was served).
 
 What it returns carries the request's `Bill`: the hold from admission to its one end, which is
 where settle or release is decided, once (gateway.exchange calls `Bill.end` however the request
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, TypedDict
 from gateway import charging, metrics
 from gateway.dispatcher import Dispatcher, Entry
 from gateway.errors import GatewayError
+from gateway.lifecycle import Outcome
 from scheduling.engine.model import Request
 
 if TYPE_CHECKING:
@@ -148,5 +150,8 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
     except GatewayError as refused:
         bill.end(refused.code, served=False)
         refused.headers.update(headers)
+        raise
+    except BaseException:  # the client left while the shared scheduler answered (gateway.shared)
+        bill.end(Outcome.CANCELLED, served=False)
         raise
     return Admitted(d, entry, bill, headers)
