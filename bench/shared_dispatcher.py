@@ -39,7 +39,7 @@ from scheduling.engine.model import (
     SchedulerConfig,
     TenantSpec,
 )
-from scheduling.shared.client import Client
+from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import LEASE_MS, Owner
 from scheduling.shared.protocol import Answer, submit
 from scheduling.shared.replica import Keys
@@ -64,9 +64,7 @@ def bench_config() -> SchedulerConfig:
 
 
 def _redis():  # type: ignore[no-untyped-def]
-    import redis.asyncio
-
-    return redis.asyncio.Redis.from_url(REDIS_URL, socket_timeout=10)
+    return connect(REDIS_URL)
 
 
 def serve_owner(prefix: str) -> None:

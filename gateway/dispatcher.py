@@ -61,6 +61,22 @@ class Entry:
     extra: dict = field(default_factory=dict)
 
 
+def id_in_use(public_id: str) -> GatewayError:
+    return invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
+
+
+def admission_refused(request: Request, reason: str | None, retry_after_ms: int | None) -> GatewayError:
+    """The client's answer to an engine refusing ``request`` (``queue_full``, else no backend)."""
+    if reason == "queue_full":
+        return GatewayError(
+            429,
+            ErrorCode.QUEUE_FULL,
+            f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
+            retry_after_ms=retry_after_ms or 1000,
+        )
+    return GatewayError(503, ErrorCode.NO_BACKEND, f"No enabled backend serves model '{request.model}' right now.")
+
+
 def queue_timeout_error(entry: Entry) -> GatewayError:
     return GatewayError(
         504,
@@ -222,20 +238,16 @@ class Dispatcher:
     def admit_now(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
         """Submit to the engine; the entry's future resolves with a Grant or a GatewayError."""
         if self.is_live(request.tenant, public_id) or self.sched.state_of(request.id) is not None:
-            raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
-        now_ms = request.enqueued_ms
-        admission = self.sched.submit(request, now_ms=now_ms)
+            raise id_in_use(public_id)
+        admission = self.sched.submit(request, now_ms=request.enqueued_ms)
         if not admission.admitted:
-            if admission.reason == "queue_full":
-                raise GatewayError(
-                    429,
-                    ErrorCode.QUEUE_FULL,
-                    f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
-                    retry_after_ms=admission.retry_after_ms or 1000,
-                )
-            raise GatewayError(
-                503, ErrorCode.NO_BACKEND, f"No enabled backend serves model '{request.model}' right now."
-            )
+            raise admission_refused(request, admission.reason, admission.retry_after_ms)
+        entry = self._entry_new(request, public_id, declared_class, rule, request.enqueued_ms)
+        self.pump()
+        return entry
+
+    def _entry_new(self, request: Request, public_id: str, declared_class: str, rule: str | None, now_ms: int) -> Entry:
+        """The live entry of an admitted ``request``."""
         entry = Entry(
             request.id,
             public_id,
@@ -248,8 +260,15 @@ class Dispatcher:
             self.loop.create_future(),
         )
         self.live.setdefault(request.tenant, {})[public_id] = entry
-        self.pump()
         return entry
+
+    def _entry_drop(self, entry: Entry) -> None:
+        """``entry`` is no longer live (its public id may be used again)."""
+        entries = self.live.get(entry.tenant)
+        if entries is not None and entries.get(entry.public_id) is entry:
+            del entries[entry.public_id]
+            if not entries:
+                del self.live[entry.tenant]
 
     async def wait_for_grant(self, entry: Entry) -> Grant:
         """The next grant of ``entry`` (a slot on a backend); raises its refusal (queue timeout, the
@@ -317,11 +336,7 @@ class Dispatcher:
         if entry.state == State.QUEUED:
             entry.waited_ms += max(0, now_ms - entry.queued_since_ms)
         entry.state = outcome
-        entries = self.live.get(entry.tenant)
-        if entries is not None and entries.get(entry.public_id) is entry:
-            del entries[entry.public_id]
-            if not entries:
-                del self.live[entry.tenant]
+        self._entry_drop(entry)
         record = describe(entry, position=None)
         record["finished_at"] = timezone.now().isoformat()
         self.terminal.add(entry.tenant, entry.public_id, record, now_ms=now_ms)

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gateway import admission, charging
 from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
-from gateway.dispatcher import Dispatcher
+from gateway.dispatcher import Dispatcher, id_in_use
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
 from gateway.lifecycle import PublicId, engine_id
@@ -120,7 +120,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     payload.output_limit = output_limit(payload)
     declared = _declared(request, caller, d)
     if d.is_live(caller.tenant, public_id):
-        raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
+        raise id_in_use(public_id)
     timeout_ms = _timeout_ms(request)
     await payload_estimate(payload)
     payload.prompt_bound = prompt_bound(payload)

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from gateway.dispatcher import Dispatcher, Entry, queue_timeout_error
-from gateway.errors import ErrorCode, GatewayError, invalid_request
+from gateway.dispatcher import Dispatcher, Entry, admission_refused, id_in_use, queue_timeout_error
+from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, State
 from scheduling.engine import Grant, Scheduler, apply_policy
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
-from scheduling.shared.client import Client
+from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import Owner, owner_id
 from scheduling.shared.protocol import Answer, submit
 from scheduling.shared.replica import Keys
@@ -43,12 +43,9 @@ ANSWER_LIMIT_S = 10.0  # no dispatcher answered a submit for this long: 503
 
 
 def _redis() -> Redis:
-    import redis.asyncio
-
-    # Blocking reads wait at most a second (scheduling.shared); the socket's timeout is above that.
     url = settings.REDIS_URL
     assert url, "FAIRGATE_SCHEDULER=shared needs REDIS_URL (config.settings refuses to start without it)"
-    return redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    return connect(url)
 
 
 class SharedDispatcher(Dispatcher):
@@ -139,20 +136,8 @@ class SharedDispatcher(Dispatcher):
 
     async def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
         if self.is_live(request.tenant, public_id):
-            raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
-        now_ms = self.now_ms()
-        entry = Entry(
-            request.id,
-            public_id,
-            request.tenant,
-            request.model,
-            request.cls,
-            declared_class,
-            rule,
-            now_ms,
-            self.loop.create_future(),
-        )
-        self.live.setdefault(request.tenant, {})[public_id] = entry  # before any answer for it arrives
+            raise id_in_use(public_id)
+        entry = self._entry_new(request, public_id, declared_class, rule, self.now_ms())  # before any answer
         self._requests[request.id] = request
         answer: asyncio.Future[Answer] = self.loop.create_future()
         self._admissions[request.id] = answer
@@ -182,18 +167,12 @@ class SharedDispatcher(Dispatcher):
             raise
         if kind == "admitted":
             return entry
-        self._forget(entry)
+        self._entry_drop(entry)  # a refused request leaves no trace (as the embedded one never had an entry)
+        self._requests.pop(request.id, None)
         reason, retry_after_ms = rest
-        if reason == "queue_full":
-            raise GatewayError(
-                429,
-                ErrorCode.QUEUE_FULL,
-                f"The {request.cls} queue is full. Back off and retry after the Retry-After delay.",
-                retry_after_ms=retry_after_ms or 1000,
-            )
         if reason == "id_in_use":
-            raise invalid_request(f"X-Request-Id '{public_id}' is already in use by one of your live requests.")
-        raise GatewayError(503, ErrorCode.NO_BACKEND, f"No enabled backend serves model '{request.model}' right now.")
+            raise id_in_use(public_id)
+        raise admission_refused(request, reason, retry_after_ms)
 
     def requeue(self, entry: Entry, *, retry_after_ms: int) -> None:
         self._leave_backend(entry)
@@ -226,15 +205,6 @@ class SharedDispatcher(Dispatcher):
         self._finish(entry, outcome, now_ms)
         self._requests.pop(entry.key, None)
         return True
-
-    def _forget(self, entry: Entry) -> None:
-        """A refused request leaves no trace (the embedded dispatcher never made it an entry)."""
-        entries = self.live.get(entry.tenant)
-        if entries is not None and entries.get(entry.public_id) is entry:
-            del entries[entry.public_id]
-            if not entries:
-                del self.live[entry.tenant]
-        self._requests.pop(entry.key, None)
 
     # --- answers -----------------------------------------------------------------------------
 

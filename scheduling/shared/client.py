@@ -28,6 +28,14 @@ BEAT_EVERY_S = 1.0
 RETRY_S = 0.5
 
 
+def connect(url: str) -> Redis:
+    """The client the shared scheduler runs on: bytes (no decoding), and a socket timeout above the
+    longest blocking read here (one second), so a dead server shows without hanging a read."""
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+
+
 class Client:
     def __init__(self, redis: Redis, gateway: str, *, keys: Keys | None = None) -> None:
         self.redis = redis

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.models import AuditLog
 from scheduling.selectors import config_live
+from scheduling.shared.client import connect
 from scheduling.shared.owner import Owner
 from scheduling.shared.replica import Keys
 
@@ -30,11 +31,9 @@ class Command(BaseCommand):
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        import redis.asyncio
-
         url = settings.REDIS_URL
         assert url, "config.settings refuses FAIRGATE_SCHEDULER=shared without REDIS_URL"
-        client = redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        client = connect(url)
         load = sync_to_async(config_live, thread_sensitive=True)
         owner = Owner(client, await load(), keys=Keys(settings.FAIRGATE_SHARED_PREFIX))
         stop = asyncio.Event()
