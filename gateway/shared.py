@@ -32,7 +32,7 @@ from scheduling.engine import Grant, Scheduler, apply_policy
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import Owner, owner_id
-from scheduling.shared.protocol import Answer, submit
+from scheduling.shared.protocol import Answer, Command, submit
 from scheduling.shared.replica import Keys
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class SharedDispatcher(Dispatcher):
         self.owner = Owner(self.redis, config, keys=keys, name=self.gateway_id)
         self.client = Client(self.redis, self.gateway_id, keys=keys)
         self.client.on_answer = self._answer
+        self.owner.attach(self.client)  # while this process holds the role, its commands skip Redis
         self._admissions: dict[str, asyncio.Future[Answer]] = {}
         self._requests: dict[str, Request] = {}
         self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
@@ -134,6 +135,10 @@ class SharedDispatcher(Dispatcher):
 
     # --- commands ----------------------------------------------------------------------------
 
+    def _send(self, command: Command) -> None:
+        if not self.owner.offer(command):
+            self.client.send(command)
+
     async def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
         if self.is_live(request.tenant, public_id):
             raise id_in_use(public_id)
@@ -142,7 +147,7 @@ class SharedDispatcher(Dispatcher):
         answer: asyncio.Future[Answer] = self.loop.create_future()
         self._admissions[request.id] = answer
         timeout_ms = None if request.deadline_ms is None else max(1, request.deadline_ms - request.enqueued_ms)
-        self.client.send(
+        self._send(
             submit(
                 self.gateway_id,
                 request.id,
@@ -179,7 +184,7 @@ class SharedDispatcher(Dispatcher):
         entry.state = State.QUEUED
         entry.queued_since_ms = self.now_ms()
         entry.future = self.loop.create_future()
-        self.client.send(["requeue", entry.key, max(0, retry_after_ms)])
+        self._send(["requeue", entry.key, max(0, retry_after_ms)])
 
     def end(
         self, entry: Entry, outcome: str, *, prompt_tokens: int = 0, output_tokens: int = 0, served: bool = False
@@ -193,12 +198,12 @@ class SharedDispatcher(Dispatcher):
                 if entry.future.done():
                     entry.future = self.loop.create_future()
                 return False
-            self.client.send(["cancel", entry.key])
+            self._send(["cancel", entry.key])
         elif served:
-            self.client.send(["complete", entry.key, prompt_tokens, output_tokens])
+            self._send(["complete", entry.key, prompt_tokens, output_tokens])
             self.circuits.add_tokens(entry.backend or "", now_ms, prompt_tokens + output_tokens)
         else:
-            self.client.send(["fail", entry.key, str(outcome)])
+            self._send(["fail", entry.key, str(outcome)])
         if entry.orphan:
             outcome = Outcome.CANCELLED
         self._leave_backend(entry)
@@ -215,7 +220,7 @@ class SharedDispatcher(Dispatcher):
             if waiting is not None and not waiting.done():
                 waiting.set_result(answer)
             elif kind == "admitted":  # nobody waits any more (gave up): it goes
-                self.client.send(["cancel", rid])
+                self._send(["cancel", rid])
             return
         entry = self._entry(rid)
         if kind == "granted":
@@ -233,7 +238,7 @@ class SharedDispatcher(Dispatcher):
     ) -> None:
         request = self._requests.get(rid)
         if entry is None or request is None or entry.state != State.QUEUED or entry.future.done():
-            self.client.send(["fail", rid, str(Outcome.CANCELLED)])  # nobody waits for it: the slot goes back
+            self._send(["fail", rid, str(Outcome.CANCELLED)])  # nobody waits for it: the slot goes back
             return
         entry.state = State.RUNNING
         entry.backend = backend

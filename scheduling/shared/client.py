@@ -45,6 +45,12 @@ class Client:
         self._pending: list[str] = []
         self._flushing: asyncio.Task[None] | None = None
         self._out = self.keys.out(gateway)
+        self.last_sent: bytes | None = None  # the stream id of the last command sent
+
+    @property
+    def idle(self) -> bool:
+        """Nothing sent is still on its way to the stream."""
+        return not self._pending and self._flushing is None
 
     # --- commands ------------------------------------------------------------------------------
 
@@ -66,7 +72,8 @@ class Client:
                 for raw in batch:
                     pipe.xadd(self.keys.cmds, {"c": raw})
                 try:
-                    await pipe.execute()
+                    ids = await pipe.execute()
+                    self.last_sent = ids[-1]
                 except Exception as failed:  # Redis out of reach
                     log.warning(
                         "gateway %s could not send %d commands (%r); retrying", self.gateway, len(batch), failed
@@ -84,15 +91,23 @@ class Client:
     # --- answers -------------------------------------------------------------------------------
 
     async def answers(self, *, block_s: float | None = READ_BLOCK_S) -> list[Answer]:
-        """What has arrived for this gateway (waiting up to ``block_s`` for the first; None: not at all)."""
+        """What has arrived for this gateway (waiting up to ``block_s`` for the first; None: not
+        at all): one BLMPOP takes up to `READ_MORE` at once."""
         if block_s is None:
             raws = await self.redis.lpop(self._out, READ_MORE) or []
         else:
-            first = await self.redis.blpop([self._out], timeout=block_s)
-            if first is None:
-                return []
-            raws = [first[1], *(await self.redis.lpop(self._out, READ_MORE) or [])]
+            found = await self.redis.blmpop(block_s, 1, self._out, direction="LEFT", count=READ_MORE)
+            raws = found[1] if found else []
         return [decode(raw) for raw in cast("list[bytes]", raws)]  # bytes: the client does not decode
+
+    def deliver(self, answers: list[Answer]) -> None:
+        """Hands answers to ``on_answer`` in order (those read here, and those the owner of this
+        process's dispatcher role hands over in process)."""
+        for answer in answers:
+            try:
+                self.on_answer(answer)
+            except Exception:
+                log.exception("answer %r could not be handled", answer)
 
     async def beat(self) -> None:
         await self.redis.set(self.keys.gateway(self.gateway), b"1", px=GATEWAY_TTL_MS)
@@ -108,11 +123,7 @@ class Client:
                     log.warning("gateway %s could not read its answers (%r); retrying", self.gateway, failed)
                     await asyncio.sleep(RETRY_S)
                     continue
-                for answer in answers:
-                    try:
-                        self.on_answer(answer)
-                    except Exception:
-                        log.exception("answer %r could not be handled", answer)
+                self.deliver(answers)
         finally:
             beater.cancel()
 

@@ -43,11 +43,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scheduling.engine.model import SchedulerConfig
-from scheduling.shared.protocol import Answer, Command, decode_command, encode
-from scheduling.shared.replica import Keys, Replica, stream_read
+from scheduling.shared.protocol import Answer, Command, decode_command, encode, encode_own
+from scheduling.shared.replica import Keys, Replica, id_key, stream_read
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+
+    from scheduling.shared.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +68,10 @@ _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
 redis.call('pexpire', KEYS[1], ARGV[2])
 local fields = {'now', ARGV[3], 'last', ARGV[4]}
-if ARGV[5] ~= '' then fields[5] = 'cfg'; fields[6] = ARGV[5] end
+if ARGV[5] ~= '' then table.insert(fields, 'cfg'); table.insert(fields, ARGV[5]) end
+if ARGV[8] ~= '' then table.insert(fields, 'own'); table.insert(fields, ARGV[8]) end
 local id = redis.call('xadd', KEYS[2], '*', unpack(fields))
-local a = 8
+local a = 9
 for i = 3, #KEYS do
   local n = tonumber(ARGV[a]); a = a + 1
   local stop = a + n - 1
@@ -144,6 +147,14 @@ class Owner(Replica):
         self._renew = redis.register_script(_RENEW)
         self._snapshot = redis.register_script(_SNAPSHOT)
         self._release = redis.register_script(_RELEASE)
+        # The gateway of this process, when a serve process holds the role (`attach`): while this
+        # owner holds the lease, its commands are taken in process and its answers handed back in
+        # process once their step is committed — no stream entry, no answer list, for them.
+        self._own: Client | None = None
+        self._local: list[Command] = []  # its commands for the next step
+        self._taking: list[Command] = []  # those of the step being committed
+        self._local_ok = False  # its stream entries have all been taken: in process from now on
+        self._wake = asyncio.Event()  # a command in process came
 
     # --- the role ----------------------------------------------------------------------------
 
@@ -178,8 +189,42 @@ class Owner(Replica):
     async def resign(self) -> None:
         """Gives the lease back (a clean stop): a standby takes over at once, not after the lease's time."""
         token, self.token = self.token, None
+        self._hand_back()
         if token is not None:
             await self._release(keys=[self.keys.lease], args=[token])
+
+    # --- the gateway of this process ---------------------------------------------------------
+
+    def attach(self, client: Client) -> None:
+        """``client``'s commands may come in process (`offer`) and its answers go to its
+        ``on_answer`` in process, while this owner holds the lease."""
+        self._own = client
+
+    def offer(self, command: Command) -> bool:
+        """Takes a command of the attached gateway for the next step, if this owner holds the lease
+        and everything that gateway sent through the stream has been taken (so its commands stay
+        in order); False: it goes through the stream."""
+        own = self._own
+        if self.token is None or own is None:
+            return False
+        if not self._local_ok:
+            sent = own.last_sent
+            if not own.idle or (sent is not None and id_key(sent) > id_key(self.cursor)):
+                return False
+            self._local_ok = True
+        self._local.append(command)
+        self._wake.set()
+        return True
+
+    def _hand_back(self) -> None:
+        """The lease is gone: the attached gateway's commands no step committed go through the
+        stream, in their order, before anything it sends next (the next owner takes them)."""
+        pending, self._taking, self._local = self._taking + self._local, [], []
+        self._local_ok = False
+        if pending and self._own is not None:
+            log.warning("dispatcher %s hands %d commands of its gateway to the next owner", self.name, len(pending))
+            for command in pending:
+                self._own.send(command)
 
     async def replayed_some(self) -> None:
         if self.token is not None:  # catching up after taking the lease: keep it while replaying
@@ -204,16 +249,20 @@ class Owner(Replica):
         return [(entry_id, decode_command(fields[b"c"])) for entry_id, fields in stream_read(read)]
 
     async def step(self, taken: list[tuple[bytes, Command | None]]) -> dict[str, list[Answer]]:
-        """Applies ``taken`` (from `commands`) at the clock's now, pumps, and commits; the answers
-        per gateway. Raises LostLease (and stands down) if another owner took over."""
+        """Applies ``taken`` (from `commands`), then the attached gateway's commands in process,
+        at the clock's now, pumps, and commits; the answers per gateway (the attached one's are
+        handed to it once committed). Raises LostLease (and stands down) if another owner took over."""
         if self.token is None:
             raise LostLease("not the owner")
         now_ms = self.now_ms()
         cfg = pickle.dumps(self._config, pickle.HIGHEST_PROTOCOL) if self._config_due else b""
-        step = self.replay(now_ms, [command for _, command in taken], cfg)
+        self._taking, self._local = self._local, []
+        own = encode_own(self._taking) if self._taking else ""
+        step = self.replay(now_ms, [command for _, command in taken] + list(self._taking), cfg)
         last = taken[-1][0] if taken else self.cursor
+        mine = step.out.pop(self._own.gateway, []) if self._own is not None else []
         gateways = list(step.out)
-        args: list[bytes | str | int] = [self.token, LEASE_MS, now_ms, last, cfg, PUSH_CHUNK, OUT_TTL_MS]
+        args: list[bytes | str | int] = [self.token, LEASE_MS, now_ms, last, cfg, PUSH_CHUNK, OUT_TTL_MS, own]
         for gateway in gateways:
             answers = step.out[gateway]
             args.append(len(answers))
@@ -222,13 +271,18 @@ class Owner(Replica):
         if step_id is None:
             self._stand_down()
             raise LostLease(f"dispatcher {self.name} lost its lease")
-        self.cursor, self.last_step = last, step_id
+        self.cursor, self.last_step, self._taking = last, step_id, []
+        if mine:
+            assert self._own is not None
+            step.out[self._own.gateway] = mine
+            self._own.deliver(mine)
         return step.out
 
     def _stand_down(self) -> None:
         """Lost the lease: the engine took a step nobody logged, so it is rebuilt from Redis."""
         log.warning("dispatcher %s lost its lease to another: standing down", self.name)
         self.token = None
+        self._hand_back()
         self._reset()
 
     async def renew(self) -> None:
@@ -284,6 +338,7 @@ class Owner(Replica):
                 except Exception:  # Redis out of reach, most likely: stand down, then bid again
                     log.exception("dispatcher %s failed; it stands down and bids again", self.name)
                     self.token = None  # a lease it cannot renew expires: a standby may take over
+                    self._hand_back()
                     self._reset()
                     await _sleep_or(stop, RETRY_S)
         finally:
@@ -293,33 +348,50 @@ class Owner(Replica):
                 log.warning("dispatcher %s could not give its lease back", self.name)
 
     async def _serve(self, stop: asyncio.Event) -> None:
-        """Steps when commands come or when the engine's next wakeup (an expiry, an aging bound,
-        a rate window reopening) has come, and, while requests wait, at least every
-        `IDLE_PUMP_MS` (as the embedded dispatcher pumps at each configuration poll); renews the
-        lease while idle."""
+        """Steps when commands come (from the stream or in process), when the engine's next wakeup
+        (an expiry, an aging bound, a rate window reopening) has come, and, while requests wait,
+        at least every `IDLE_PUMP_MS` (as the embedded dispatcher pumps at each configuration
+        poll); renews the lease while idle. One read of the stream is always waiting in Redis
+        (for `LEASE_MS` / 4 at most), so a command from any gateway wakes the owner at once."""
         limit_ms = LEASE_MS // 4  # the lease is renewed at least this often
-        while not stop.is_set():
-            now_ms = self.now_ms()
-            wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
-            due = self._config_due or self.sched is None
-            block_ms = None if due else limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
-            taken = await self.commands(block_ms=block_ms)
-            now_ms = self.now_ms()
-            waiting = self.sched is not None and self.sched.waiting_count > 0
-            if (
-                taken
-                or due
-                or (wakeup is not None and now_ms >= wakeup)
-                or (waiting and now_ms - self.step_ms >= IDLE_PUMP_MS)
-            ):
-                await self.step(taken)
-            else:
-                await self.renew()
-            if time.monotonic() - self._checked_at_s >= GATEWAY_CHECK_S:
-                self._checked_at_s = time.monotonic()
-                await self.check_gateways()
-            if time.monotonic() - self._snapshot_at_s >= self.snapshot_every_s:
-                await self.snapshot()
+        reading: asyncio.Task[list[tuple[bytes, Command | None]]] | None = None
+        try:
+            while not stop.is_set():
+                now_ms = self.now_ms()
+                wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
+                due = self._config_due or self.sched is None
+                if reading is None:
+                    reading = asyncio.ensure_future(self.commands(block_ms=limit_ms))
+                if not (due or self._local or reading.done()):
+                    wait_ms = limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
+                    self._wake.clear()
+                    woken = asyncio.ensure_future(self._wake.wait())
+                    await asyncio.wait((reading, woken), timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+                    woken.cancel()
+                taken: list[tuple[bytes, Command | None]] = []
+                if reading.done():
+                    taken, reading = reading.result(), None
+                now_ms = self.now_ms()
+                waiting = self.sched is not None and self.sched.waiting_count > 0
+                if (
+                    taken
+                    or self._local
+                    or due
+                    or (wakeup is not None and now_ms >= wakeup)
+                    or (waiting and now_ms - self.step_ms >= IDLE_PUMP_MS)
+                ):
+                    await self.step(taken)
+                else:
+                    await self.renew()
+                if time.monotonic() - self._checked_at_s >= GATEWAY_CHECK_S:
+                    self._checked_at_s = time.monotonic()
+                    await self.check_gateways()
+                if time.monotonic() - self._snapshot_at_s >= self.snapshot_every_s:
+                    await self.snapshot()
+        finally:
+            if reading is not None:  # what it read (if anything) stays in the stream for the next owner
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
 
 
 async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:

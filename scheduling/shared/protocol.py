@@ -61,6 +61,21 @@ def decode_command(raw: str | bytes) -> Command | None:
         return None
 
 
+def encode_own(commands: list[Command]) -> str:
+    """The owner's own gateway's commands of one step, logged with the step (one JSON list)."""
+    return json.dumps(commands, separators=(",", ":"))
+
+
+def decode_own(raw: str | bytes) -> list[Command | None]:
+    """`encode_own`'s list, each command checked as `decode_command` checks one from the stream."""
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        log.warning("skipping a step's malformed own commands: %r", raw[:200])
+        return []
+    return [c if isinstance(c, list) and c and isinstance(c[0], str) else None for c in found]
+
+
 def submit(
     gateway: str,
     request_id: str,

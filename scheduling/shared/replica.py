@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 
 from scheduling.engine import Scheduler, apply_policy
 from scheduling.engine.model import SchedulerConfig
-from scheduling.shared.protocol import Command, Routes, Step, decode_command
+from scheduling.shared.protocol import Command, Routes, Step, decode_command, decode_own
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -174,6 +174,9 @@ class Replica:
             while at < len(commands) and commands[at][0] <= upto:
                 mine.append(commands[at][1])
                 at += 1
+            own = fields.get(b"own")
+            if own:  # the owner's own gateway's commands, taken in process after the stream's
+                mine.extend(decode_own(own))
             self.replay(int(fields[b"now"]), mine, fields.get(b"cfg"))
             self.cursor, self.last_step = fields[b"last"], step_id
 

@@ -2,11 +2,14 @@
 
 The same random sequence of submits, completions, failures, requeues, cancels and clock ticks goes
 (a) straight into an in-memory engine, pumped after each operation, as the embedded dispatcher
-pumps it, and (b) through the full shared path on real Redis: a gateway's client sends each
-command to the stream, the owning dispatcher (virtual clock) takes it and commits its step, and
-the client reads the answers back; a replica (what every gateway keeps to read positions and
-counters) replays the owner's steps. Mid-sequence the owner is dropped as if killed (its lease
-expires, nothing handed over), sometimes after a snapshot, and a new owner rebuilds from Redis.
+pumps it, and (b) through the full shared path on real Redis, from two gateways: the gateway of
+the owner's own process hands its commands to the owner in process and gets its answers in
+process, the other's client sends each command to the stream and reads its answers back from its
+list; the owning dispatcher (virtual clock) takes both and commits its step; a replica (what every
+gateway keeps to read positions and counters) replays the owner's steps. Mid-sequence the owner is
+dropped (its lease expires, nothing handed over), sometimes after a snapshot, with its own
+gateway's last commands still untaken: they go to the stream when the stale owner finds itself
+fenced out, and a new owner — in either gateway's process — rebuilds from Redis and takes them.
 Every answer — admissions, refusals with their retry-after, grants with backend, wait and
 stage, expiries, cancels — must be the same, in the same order, and the replica's counters and
 every waiting request's position and ETA the same as the embedded engine's."""
@@ -33,6 +36,7 @@ pytestmark = pytest.mark.redis
 
 TENANTS = (TenantSpec("a", 0.6), TenantSpec("b", 0.3), TenantSpec("c", 0.1, vip=True))
 CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
+GATEWAYS = ("gw1", "gw2")
 
 
 def _config() -> SchedulerConfig:
@@ -55,6 +59,7 @@ ops = st.lists(
     st.one_of(
         st.tuples(
             st.just("submit"),
+            st.sampled_from(GATEWAYS),
             st.sampled_from([t.slug for t in TENANTS]),
             st.sampled_from(CLASSES),
             st.sampled_from([50, 400, 1500]),
@@ -97,11 +102,25 @@ async def _scenario(redis, steps) -> None:
     keys = Keys(f"test:{secrets.token_hex(4)}")
     now = [1_000_000]
     ref = Reference(cfg)
-    client = Client(redis, "gw1", keys=keys)
+    clients = {gw: Client(redis, gw, keys=keys) for gw in GATEWAYS}
+    delivered: dict[str, list] = {gw: [] for gw in GATEWAYS}  # answers handed over in process
+    for gw, gateway_client in clients.items():
+        gateway_client.on_answer = delivered[gw].append
+    gateway_of: dict[str, str] = {}
     replica = Replica(redis, keys=keys)  # what a gateway reads positions and counters from
     owner = Owner(redis, cfg, keys=keys, clock=lambda: now[0], name="first")
+    owner.attach(clients["gw1"])  # the owner runs in gw1's process
+    owner_of = {"gw1": owner}
     assert await owner.acquire()
     seq, handover = 0, None
+
+    def send(rid: str, command: list) -> None:
+        """As the gateway sends it: in process to the owner of its own process, if that one can take it."""
+        gw = gateway_of[rid]
+        local = owner_of.get(gw)
+        if local is None or not local.offer(command):
+            clients[gw].send(command)
+
     try:
         for op in steps:
             expected: list = []
@@ -109,9 +128,10 @@ async def _scenario(redis, steps) -> None:
             if kind == "handover":
                 handover = op[1]
             elif kind == "submit":
-                _, tenant, cls, prompt, output, timeout = op
+                _, gw, tenant, cls, prompt, output, timeout = op
                 seq += 1
                 rid = f"{tenant}/r{seq}"
+                gateway_of[rid] = gw
                 request = Request(RequestId(rid), tenant, cls, "m", prompt, output, now[0], None)
                 if timeout is not None:
                     request.deadline_ms = now[0] + timeout
@@ -121,9 +141,10 @@ async def _scenario(redis, steps) -> None:
                     expected.append(["admitted", rid])
                 else:
                     expected.append(["refused", rid, admission.reason, admission.retry_after_ms])
-                client.send(
+                send(
+                    rid,
                     submit(
-                        "gw1",
+                        gw,
                         rid,
                         tenant=tenant,
                         cls=cls,
@@ -131,7 +152,7 @@ async def _scenario(redis, steps) -> None:
                         prompt_tokens=prompt,
                         expected_output_tokens=output,
                         timeout_ms=timeout,
-                    )
+                    ),
                 )
             elif kind == "advance":
                 now[0] += op[1]
@@ -140,14 +161,14 @@ async def _scenario(redis, steps) -> None:
                 key = RequestId(rid)
                 if kind == "complete":
                     ref.sched.complete(key, now_ms=now[0], prompt_tokens=100, output_tokens=op[2])
-                    client.send(["complete", rid, 100, op[2]])
+                    send(rid, ["complete", rid, 100, op[2]])
                 elif kind == "fail":
                     ref.sched.fail(key, now_ms=now[0], reason="upstream_error")
-                    client.send(["fail", rid, "upstream_error"])
+                    send(rid, ["fail", rid, "upstream_error"])
                 else:
                     ref.sched.requeue(key, now_ms=now[0], backend_retry_after_ms=op[2])
                     ref.waiting.append(rid)
-                    client.send(["requeue", rid, op[2]])
+                    send(rid, ["requeue", rid, op[2]])
                 ref.running.remove(rid)
             elif kind == "cancel" and ref.waiting:
                 rid = ref.waiting[op[1] % len(ref.waiting)]
@@ -155,21 +176,29 @@ async def _scenario(redis, steps) -> None:
                 if left:
                     ref.waiting.remove(rid)
                 expected.append(["cancelled", rid, left])
-                client.send(["cancel", rid])
+                send(rid, ["cancel", rid])
             ref.pump(now[0], expected)
-            await client.flushed()
-            if handover is not None and kind != "handover":  # with this op's commands in the stream, untaken
+            for gateway_client in clients.values():
+                await gateway_client.flushed()
+            if handover is not None and kind != "handover":  # with this op's commands untaken
                 if handover:
                     await owner.snapshot()
                 await redis.delete(keys.lease)  # its lease ran out: nothing is handed over
                 stale, handover = owner, None
                 owner = Owner(redis, cfg, keys=keys, clock=lambda: now[0], name=f"next-{seq}")
+                here = GATEWAYS[seq % 2]  # the new owner's process: either gateway's
+                owner.attach(clients[here])
+                owner_of[here] = owner
                 assert await owner.acquire()
                 with pytest.raises(LostLease):  # the old owner wakes up: fenced, it tells nobody anything
                     await stale.step(await stale.commands(block_ms=None))
+                for gateway_client in clients.values():  # what its own gateway had handed it goes to the stream
+                    await gateway_client.flushed()
             await owner.step(await owner.commands(block_ms=None))
-            got = await client.answers(block_s=None)
-            assert got == expected, f"after {op}"
+            for gw, gateway_client in clients.items():
+                got = await gateway_client.answers(block_s=None) + delivered[gw]
+                delivered[gw].clear()
+                assert got == [a for a in expected if gateway_of[a[1]] == gw], f"{gw}, after {op}"
             await replica.catch_up()
             assert replica.engine().counters.as_dict() == ref.sched.counters.as_dict()
             for rid in ref.waiting:
