@@ -15,7 +15,12 @@ A step is: take the commands after the cursor, apply them at ``now`` and pump th
 (`protocol.Step`), then **commit**: one Lua script that checks the lease still holds the owner's
 token, appends the step, pushes the answers and renews the lease — all or nothing. A stale owner
 (its lease expired while it was stopped, and another took over) fails its next commit and
-stands down without having told anyone anything: the token is the fence.
+stands down without having told anyone anything: the token is the fence. A *quiet* step (one
+that answers nobody: a completion with nothing waiting, say) is committed with the next step, or
+`QUIET_COMMIT_MS` later, in one script with it: nothing anyone was told depends on a step not yet
+logged, so an owner that dies first loses only steps nobody heard of — their commands are taken
+again by the next owner (those of the stream; its own gateway's died with it), as if they had
+arrived that much later.
 
 A new owner rebuilds the engine exactly: the last snapshot, then every step after it replayed —
 the same commands at the same instants, which the deterministic engine turns into the same state
@@ -63,24 +68,29 @@ GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop be
 GATEWAY_CHECK_S = 0.5
 OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
 PUSH_CHUNK = 500  # answers per RPUSH inside the script (Lua's stack has a limit on unpack)
+QUIET_COMMIT_MS = 50  # a step that answered nobody is logged with the next one, or after this long
 
 _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
 redis.call('pexpire', KEYS[1], ARGV[2])
-local fields = {'now', ARGV[3], 'last', ARGV[4]}
-if ARGV[5] ~= '' then table.insert(fields, 'cfg'); table.insert(fields, ARGV[5]) end
-if ARGV[8] ~= '' then table.insert(fields, 'own'); table.insert(fields, ARGV[8]) end
-local id = redis.call('xadd', KEYS[2], '*', unpack(fields))
-local a = 9
+local a = 6
+local id
+for _ = 1, tonumber(ARGV[5]) do
+  local fields = {'now', ARGV[a], 'last', ARGV[a + 1]}
+  if ARGV[a + 2] ~= '' then table.insert(fields, 'cfg'); table.insert(fields, ARGV[a + 2]) end
+  if ARGV[a + 3] ~= '' then table.insert(fields, 'own'); table.insert(fields, ARGV[a + 3]) end
+  id = redis.call('xadd', KEYS[2], '*', unpack(fields))
+  a = a + 4
+end
 for i = 3, #KEYS do
   local n = tonumber(ARGV[a]); a = a + 1
   local stop = a + n - 1
   while a <= stop do
-    local upto = math.min(a + tonumber(ARGV[6]) - 1, stop)
+    local upto = math.min(a + tonumber(ARGV[3]) - 1, stop)
     redis.call('rpush', KEYS[i], unpack(ARGV, a, upto))
     a = upto + 1
   end
-  redis.call('pexpire', KEYS[i], ARGV[7])
+  redis.call('pexpire', KEYS[i], ARGV[4])
 end
 return id
 """
@@ -152,7 +162,12 @@ class Owner(Replica):
         # process once their step is committed — no stream entry, no answer list, for them.
         self._own: Client | None = None
         self._local: list[Command] = []  # its commands for the next step
-        self._taking: list[Command] = []  # those of the step being committed
+        self._taking: list[Command] = []  # those of the steps applied but not yet committed
+        self._unlogged: list[tuple[int, bytes, bytes, str]] = []  # those steps: now, last command, cfg, own
+        self._unlogged_since_s = 0.0
+        self._due_key: tuple[int, int] | None = None
+        self._due = True
+        self._config_version = 0
         self._local_ok = False  # its stream entries have all been taken: in process from now on
         self._wake = asyncio.Event()  # a command in process came
 
@@ -188,8 +203,14 @@ class Owner(Replica):
 
     async def resign(self) -> None:
         """Gives the lease back (a clean stop): a standby takes over at once, not after the lease's time."""
+        if self.token is not None and self._unlogged:
+            try:
+                await self.commit()
+            except Exception:  # lost already, or Redis out of reach: the next owner takes them again
+                log.warning("dispatcher %s could not log its last steps", self.name)
         token, self.token = self.token, None
         self._hand_back()
+        self._unlogged = []
         if token is not None:
             await self._release(keys=[self.keys.lease], args=[token])
 
@@ -232,10 +253,20 @@ class Owner(Replica):
 
     def configure(self, config: SchedulerConfig) -> None:
         self._config = config
+        self._config_version += 1
 
     @property
     def _config_due(self) -> bool:
-        return self._config != self.logged
+        """The configuration to run differs from the last one logged (compared once per change of either)."""
+        key = (self._config_version, self.logged_version)
+        if key != self._due_key:
+            self._due_key, self._due = key, self._config != self.logged
+        return self._due
+
+    @property
+    def unlogged(self) -> int:
+        """Steps applied and not yet committed (quiet ones wait for the next step, `QUIET_COMMIT_MS` at most)."""
+        return len(self._unlogged)
 
     # --- stepping ------------------------------------------------------------------------------
 
@@ -250,33 +281,47 @@ class Owner(Replica):
 
     async def step(self, taken: list[tuple[bytes, Command | None]]) -> dict[str, list[Answer]]:
         """Applies ``taken`` (from `commands`), then the attached gateway's commands in process,
-        at the clock's now, pumps, and commits; the answers per gateway (the attached one's are
-        handed to it once committed). Raises LostLease (and stands down) if another owner took over."""
+        at the clock's now, and pumps; commits it unless it is quiet (with the quiet ones before
+        it); the answers per gateway (the attached one's are handed to it once committed).
+        Raises LostLease (and stands down) if another owner took over."""
         if self.token is None:
             raise LostLease("not the owner")
         now_ms = self.now_ms()
         cfg = pickle.dumps(self._config, pickle.HIGHEST_PROTOCOL) if self._config_due else b""
-        self._taking, self._local = self._local, []
-        own = encode_own(self._taking) if self._taking else ""
-        step = self.replay(now_ms, [command for _, command in taken] + list(self._taking), cfg)
-        last = taken[-1][0] if taken else self.cursor
-        mine = step.out.pop(self._own.gateway, []) if self._own is not None else []
-        gateways = list(step.out)
-        args: list[bytes | str | int] = [self.token, LEASE_MS, now_ms, last, cfg, PUSH_CHUNK, OUT_TTL_MS, own]
-        for gateway in gateways:
-            answers = step.out[gateway]
-            args.append(len(answers))
-            args.extend(encode(a) for a in answers)
-        step_id = await self._commit(keys=[self.keys.lease, self.keys.steps, *map(self.keys.out, gateways)], args=args)
+        local, self._local = self._local, []
+        step = self.replay(now_ms, [command for _, command in taken] + local, cfg)
+        self.cursor = taken[-1][0] if taken else self.cursor
+        if not self._unlogged:
+            self._unlogged_since_s = time.monotonic()
+        self._unlogged.append((now_ms, self.cursor, cfg, encode_own(local) if local else ""))
+        self._taking.extend(local)
+        if step.out or time.monotonic() - self._unlogged_since_s >= QUIET_COMMIT_MS / 1000:
+            await self.commit(step.out)
+        return step.out
+
+    async def commit(self, out: dict[str, list[Answer]] | None = None) -> None:
+        """Logs the steps applied since the last commit, pushes ``out`` (the last one's answers)
+        and renews the lease, in one script; then hands the attached gateway its answers."""
+        if not self._unlogged:
+            return
+        if self.token is None:
+            raise LostLease("not the owner")
+        answers = dict(out or {})
+        mine = answers.pop(self._own.gateway, []) if self._own is not None else []
+        args: list[bytes | str | int] = [self.token, LEASE_MS, PUSH_CHUNK, OUT_TTL_MS, len(self._unlogged)]
+        for logged in self._unlogged:
+            args.extend(logged)
+        for gateway in answers:
+            args.append(len(answers[gateway]))
+            args.extend(encode(a) for a in answers[gateway])
+        step_id = await self._commit(keys=[self.keys.lease, self.keys.steps, *map(self.keys.out, answers)], args=args)
         if step_id is None:
             self._stand_down()
             raise LostLease(f"dispatcher {self.name} lost its lease")
-        self.cursor, self.last_step, self._taking = last, step_id, []
+        self.last_step, self._unlogged, self._taking = step_id, [], []
         if mine:
             assert self._own is not None
-            step.out[self._own.gateway] = mine
             self._own.deliver(mine)
-        return step.out
 
     def _stand_down(self) -> None:
         """Lost the lease: the engine took a step nobody logged, so it is rebuilt from Redis."""
@@ -284,6 +329,7 @@ class Owner(Replica):
         self.token = None
         self._hand_back()
         self._reset()
+        self._unlogged = []
 
     async def renew(self) -> None:
         if self.token is None or not await self._renew(keys=[self.keys.lease], args=[self.token, LEASE_MS]):
@@ -295,6 +341,7 @@ class Owner(Replica):
         """The engine as of the last step, so that a new owner or replica replays only what came after it."""
         if self.token is None or self.sched is None:
             return
+        await self.commit()  # the engine pickled is that of the last step logged
         state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)  # ~1 MB at 13k/s
         keys = [self.keys.lease, self.keys.snap, self.keys.steps, self.keys.cmds]
         if not await self._snapshot(keys=keys, args=[self.token, state, self.last_step, self.cursor, self.step_ms]):
@@ -340,6 +387,7 @@ class Owner(Replica):
                     self.token = None  # a lease it cannot renew expires: a standby may take over
                     self._hand_back()
                     self._reset()
+                    self._unlogged = []
                     await _sleep_or(stop, RETRY_S)
         finally:
             try:
@@ -363,7 +411,8 @@ class Owner(Replica):
                 if reading is None:
                     reading = asyncio.ensure_future(self.commands(block_ms=limit_ms))
                 if not (due or self._local or reading.done()):
-                    wait_ms = limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
+                    wait_ms = QUIET_COMMIT_MS if self._unlogged else limit_ms
+                    wait_ms = wait_ms if wakeup is None else max(1, min(wait_ms, wakeup - now_ms))
                     self._wake.clear()
                     woken = asyncio.ensure_future(self._wake.wait())
                     await asyncio.wait((reading, woken), timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
@@ -381,6 +430,8 @@ class Owner(Replica):
                     or (waiting and now_ms - self.step_ms >= IDLE_PUMP_MS)
                 ):
                     await self.step(taken)
+                elif self._unlogged:
+                    await self.commit()  # renews the lease too
                 else:
                     await self.renew()
                 if time.monotonic() - self._checked_at_s >= GATEWAY_CHECK_S:

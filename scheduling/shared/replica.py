@@ -97,6 +97,7 @@ class Replica:
         self.sched: Scheduler | None = None
         self.routes = Routes()
         self.logged: SchedulerConfig | None = None  # the configuration of the last step that logged one
+        self.logged_version = 0  # counts the changes of ``logged``
         self.cursor = START  # the last command taken by a step
         self.last_step = START
         self.step_ms = 0  # the last step's instant
@@ -104,6 +105,7 @@ class Replica:
 
     def _reset(self) -> None:
         self.sched, self.routes, self.logged = None, Routes(), None
+        self.logged_version += 1
         self.cursor = self.last_step = START
         self.loaded = False
 
@@ -112,6 +114,7 @@ class Replica:
         snap = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.snap) or {})
         if snap:
             self.sched, self.routes, self.logged = pickle.loads(snap[b"state"])
+            self.logged_version += 1
             self.last_step, self.cursor = snap[b"step"], snap[b"cmd"]
             self.step_ms = int(snap.get(b"now", b"0"))
         else:
@@ -184,6 +187,7 @@ class Replica:
         """One step, as the owner made it: its configuration, its commands, the pump."""
         if cfg:
             self.logged = pickle.loads(cfg)
+            self.logged_version += 1
             self.configure_engine(self.logged, now_ms)
         step = Step(self.engine(), self.routes, now_ms)
         step.apply(commands)

@@ -183,6 +183,8 @@ async def _scenario(redis, steps) -> None:
             if handover is not None and kind != "handover":  # with this op's commands untaken
                 if handover:
                     await owner.snapshot()
+                else:  # its quiet steps logged (one that dies with them: test_quiet_steps_...)
+                    await owner.commit()
                 await redis.delete(keys.lease)  # its lease ran out: nothing is handed over
                 stale, handover = owner, None
                 owner = Owner(redis, cfg, keys=keys, clock=lambda: now[0], name=f"next-{seq}")
@@ -192,6 +194,7 @@ async def _scenario(redis, steps) -> None:
                 assert await owner.acquire()
                 with pytest.raises(LostLease):  # the old owner wakes up: fenced, it tells nobody anything
                     await stale.step(await stale.commands(block_ms=None))
+                    await stale.commit()  # a quiet step is fenced when it is logged
                 for gateway_client in clients.values():  # what its own gateway had handed it goes to the stream
                     await gateway_client.flushed()
             await owner.step(await owner.commands(block_ms=None))
@@ -199,11 +202,16 @@ async def _scenario(redis, steps) -> None:
                 got = await gateway_client.answers(block_s=None) + delivered[gw]
                 delivered[gw].clear()
                 assert got == [a for a in expected if gateway_of[a[1]] == gw], f"{gw}, after {op}"
+            if owner.unlogged:  # a quiet step waits for the next one: the replicas see both together
+                continue
             await replica.catch_up()
             assert replica.engine().counters.as_dict() == ref.sched.counters.as_dict()
             for rid in ref.waiting:
                 key = RequestId(rid)
                 assert replica.engine().position(key, now_ms=now[0]) == ref.sched.position(key, now_ms=now[0])
+        await owner.commit()
+        await replica.catch_up()
+        assert replica.engine().counters.as_dict() == ref.sched.counters.as_dict()
     finally:
         await owner.resign()
         names = [key async for key in redis.scan_iter(match=f"{keys.prefix}:*")]
@@ -253,6 +261,48 @@ def test_a_malformed_command_is_skipped_alike_by_the_owner_and_its_replicas():
             await replica.load()
             assert replica.engine().counters.as_dict() == owner.engine().counters.as_dict()
             assert replica.routes == owner.routes
+        finally:
+            names = [key async for key in redis_client.scan_iter(match=f"{keys.prefix}:*")]
+            if names:
+                await redis_client.delete(*names)
+            await redis_client.aclose()
+
+    asyncio.run(run())
+
+
+def test_quiet_steps_an_owner_dies_with_are_taken_again_by_the_next():
+    """A completion that answered nobody waits to be logged with the next step; if its owner dies
+    first, the next owner takes the completion again from the stream: the slot comes back."""
+    import redis.asyncio
+
+    async def run() -> None:
+        redis_client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+        keys = Keys(f"test:{secrets.token_hex(4)}")
+        cfg = _config()
+        try:
+            owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="first")
+            assert await owner.acquire()
+            client = Client(redis_client, "gw2", keys=keys)
+            client.send(
+                submit("gw2", "a/one", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
+            )
+            await client.flushed()
+            await owner.step(await owner.commands(block_ms=None))
+            assert await client.answers(block_s=None) == [
+                ["admitted", "a/one"],
+                ["granted", "a/one", "g1", 0, False, False],
+            ]
+            client.send(["complete", "a/one", 5, 5])
+            await client.flushed()
+            await owner.step(await owner.commands(block_ms=None))
+            assert owner.unlogged == 1  # quiet: nobody was told anything
+            await redis_client.delete(keys.lease)  # the owner died before logging it
+            new = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_500, name="next")
+            assert await new.acquire()
+            assert new.engine().state_of(RequestId("a/one")) == "running"  # as the log has it
+            await new.step(await new.commands(block_ms=None))
+            assert new.engine().state_of(RequestId("a/one")) is None
+            assert new.engine().counters.as_dict()["classes"]["BATCH"]["completed"] == 1
         finally:
             names = [key async for key in redis_client.scan_iter(match=f"{keys.prefix}:*")]
             if names:
