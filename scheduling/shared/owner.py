@@ -45,10 +45,10 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from scheduling.engine.model import SchedulerConfig
-from scheduling.shared.protocol import Answer, Command, decode_command, encode, encode_own
+from scheduling.shared.protocol import Answer, Command, Step, decode_command, encode, encode_own
 from scheduling.shared.replica import Keys, Replica, id_key, stream_read
 
 if TYPE_CHECKING:
@@ -126,6 +126,49 @@ class LostLease(Exception):
     """Another owner holds the lease: this one stands down."""
 
 
+class _Applied(NamedTuple):
+    """A step applied to the engine and not yet committed."""
+
+    now_ms: int
+    last: bytes  # the last command of the stream it took
+    cfg: bytes  # the configuration it logs, or b""
+    own: str  # the attached gateway's commands it took, encoded, or ""
+    out: dict[str, list[Answer]]  # its answers per gateway
+    local: list[Command]  # those commands (handed to the stream if the lease is lost first)
+
+
+class _Bell:
+    """What a loop sleeps on (`sleep`) and others wake it with (`ring`): no task per sleep."""
+
+    def __init__(self) -> None:
+        self._rung = False
+        self._sleeping: asyncio.Future[None] | None = None
+
+    def ring(self) -> None:
+        self._rung = True
+        if self._sleeping is not None and not self._sleeping.done():
+            self._sleeping.set_result(None)
+
+    async def sleep(self, timeout_s: float | None) -> None:
+        """Returns when rung (at once if rung since the last sleep) or after ``timeout_s``."""
+        if not self._rung:
+            loop = asyncio.get_running_loop()
+            self._sleeping = sleeping = loop.create_future()
+            timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, sleeping)
+            try:
+                await sleeping
+            finally:
+                self._sleeping = None
+                if timer is not None:
+                    timer.cancel()
+        self._rung = False
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Owner(Replica):
     """One process's bid for the dispatcher role (a replica kept caught up meanwhile), and the
     role once held.
@@ -162,14 +205,22 @@ class Owner(Replica):
         # process once their step is committed — no stream entry, no answer list, for them.
         self._own: Client | None = None
         self._local: list[Command] = []  # its commands for the next step
-        self._taking: list[Command] = []  # those of the steps applied but not yet committed
-        self._unlogged: list[tuple[int, bytes, bytes, str]] = []  # those steps: now, last command, cfg, own
+        self._local_ok = False  # its stream entries have all been taken: in process from now on
+        self._local_due = False  # a step for them is scheduled (`_step_local`)
+        # Steps are applied as soon as their commands come and committed by a task of their own
+        # (`_commit_forever`), several per script: applying never waits for Redis.
+        self._unlogged: list[_Applied] = []
+        self._inflight: list[_Applied] = []  # the steps of the commit on its way
+        self._loud = False  # an unlogged step answers someone: commit at once
         self._unlogged_since_s = 0.0
+        self._renewed_s = 0.0
+        self._serving = False
+        self._closing = False
+        self._stepper = _Bell()
+        self._committer = _Bell()
         self._due_key: tuple[int, int] | None = None
         self._due = True
         self._config_version = 0
-        self._local_ok = False  # its stream entries have all been taken: in process from now on
-        self._wake = asyncio.Event()  # a command in process came
 
     # --- the role ----------------------------------------------------------------------------
 
@@ -187,6 +238,7 @@ class Owner(Replica):
         if not await self.redis.set(self.keys.lease, token, nx=True, px=LEASE_MS):
             return False
         self.token = token
+        self._renewed_s = time.monotonic()
         try:
             replayed = await self.catch_up()
         except BaseException:
@@ -210,7 +262,6 @@ class Owner(Replica):
                 log.warning("dispatcher %s could not log its last steps", self.name)
         token, self.token = self.token, None
         self._hand_back()
-        self._unlogged = []
         if token is not None:
             await self._release(keys=[self.keys.lease], args=[token])
 
@@ -234,14 +285,25 @@ class Owner(Replica):
                 return False
             self._local_ok = True
         self._local.append(command)
-        self._wake.set()
+        if self._serving and not self._local_due:
+            self._local_due = True
+            asyncio.get_running_loop().call_soon(self._step_local)
         return True
+
+    def _step_local(self) -> None:
+        """The attached gateway's commands of this turn of the event loop, in one step."""
+        self._local_due = False
+        if self._serving and self.token is not None and self._local:
+            self._apply([])
+            self._stepper.ring()  # the engine's next wakeup may have moved
 
     def _hand_back(self) -> None:
         """The lease is gone: the attached gateway's commands no step committed go through the
-        stream, in their order, before anything it sends next (the next owner takes them)."""
-        pending, self._taking, self._local = self._taking + self._local, [], []
-        self._local_ok = False
+        stream, in their order, before anything it sends next (the next owner takes them). Not
+        those of a commit whose fate is unknown (Redis failed under it): they may be logged."""
+        pending = [c for applied in (*self._inflight, *self._unlogged) for c in applied.local] + self._local
+        self._inflight, self._unlogged, self._local = [], [], []
+        self._local_ok = self._loud = False
         if pending and self._own is not None:
             log.warning("dispatcher %s hands %d commands of its gateway to the next owner", self.name, len(pending))
             for command in pending:
@@ -279,75 +341,99 @@ class Owner(Replica):
         read = await self.redis.xread({self.keys.cmds: self.cursor}, count=MAX_COMMANDS, block=block_ms)
         return [(entry_id, decode_command(fields[b"c"])) for entry_id, fields in stream_read(read)]
 
-    async def step(self, taken: list[tuple[bytes, Command | None]]) -> dict[str, list[Answer]]:
+    def _apply(self, taken: list[tuple[bytes, Command | None]]) -> Step:
         """Applies ``taken`` (from `commands`), then the attached gateway's commands in process,
-        at the clock's now, and pumps; commits it unless it is quiet (with the quiet ones before
-        it); the answers per gateway (the attached one's are handed to it once committed).
-        Raises LostLease (and stands down) if another owner took over."""
-        if self.token is None:
-            raise LostLease("not the owner")
+        at the clock's now, and pumps; the step waits for its commit (`commit`)."""
         now_ms = self.now_ms()
         cfg = pickle.dumps(self._config, pickle.HIGHEST_PROTOCOL) if self._config_due else b""
         local, self._local = self._local, []
-        step = self.replay(now_ms, [command for _, command in taken] + local, cfg)
-        self.cursor = taken[-1][0] if taken else self.cursor
+        step = self.replay(now_ms, [*(command for _, command in taken), *local], cfg)
+        if taken:
+            self.cursor = taken[-1][0]
         if not self._unlogged:
             self._unlogged_since_s = time.monotonic()
-        self._unlogged.append((now_ms, self.cursor, cfg, encode_own(local) if local else ""))
-        self._taking.extend(local)
-        if step.out or time.monotonic() - self._unlogged_since_s >= QUIET_COMMIT_MS / 1000:
-            await self.commit(step.out)
-        return step.out
+        self._unlogged.append(_Applied(now_ms, self.cursor, cfg, encode_own(local) if local else "", step.out, local))
+        if step.out:
+            self._loud = True
+            self._committer.ring()
+        return step
 
-    async def commit(self, out: dict[str, list[Answer]] | None = None) -> None:
-        """Logs the steps applied since the last commit, pushes ``out`` (the last one's answers)
-        and renews the lease, in one script; then hands the attached gateway its answers."""
-        if not self._unlogged:
-            return
+    @property
+    def _quiet_too_long(self) -> bool:
+        return bool(self._unlogged) and time.monotonic() - self._unlogged_since_s >= QUIET_COMMIT_MS / 1000
+
+    async def step(self, taken: list[tuple[bytes, Command | None]]) -> dict[str, list[Answer]]:
+        """`_apply`, then `commit` unless the step is quiet (then it waits for the next step, or
+        `QUIET_COMMIT_MS`); its answers per gateway. Raises LostLease (and stands down) if another
+        owner took over. (The live loop applies and commits in tasks of their own: `_serve`.)"""
         if self.token is None:
             raise LostLease("not the owner")
-        answers = dict(out or {})
-        mine = answers.pop(self._own.gateway, []) if self._own is not None else []
-        args: list[bytes | str | int] = [self.token, LEASE_MS, PUSH_CHUNK, OUT_TTL_MS, len(self._unlogged)]
-        for logged in self._unlogged:
-            args.extend(logged)
-        for gateway in answers:
-            args.append(len(answers[gateway]))
-            args.extend(encode(a) for a in answers[gateway])
-        step_id = await self._commit(keys=[self.keys.lease, self.keys.steps, *map(self.keys.out, answers)], args=args)
-        if step_id is None:
-            self._stand_down()
-            raise LostLease(f"dispatcher {self.name} lost its lease")
-        self.last_step, self._unlogged, self._taking = step_id, [], []
-        if mine:
-            assert self._own is not None
-            self._own.deliver(mine)
+        step = self._apply(taken)
+        if step.out or self._quiet_too_long:
+            await self.commit()
+        return step.out
+
+    async def commit(self, *, snapshot: bool = False) -> None:
+        """Logs the steps applied since the last commit, pushes their answers and renews the lease,
+        in one script; then hands the attached gateway its answers. ``snapshot``: the engine as
+        of those steps is stored too (taken before the script is sent, so it is exactly theirs)."""
+        if self.token is None:
+            raise LostLease("not the owner")
+        batch, self._unlogged, self._loud = self._unlogged, [], False
+        cursor, step_ms = self.cursor, self.step_ms
+        state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL) if snapshot else None
+        self._inflight = batch
+        try:
+            if batch:
+                answers: dict[str, list[Answer]] = {}
+                for applied in batch:
+                    for gateway, told in applied.out.items():
+                        answers.setdefault(gateway, []).extend(told)
+                mine = answers.pop(self._own.gateway, []) if self._own is not None else []
+                args: list[bytes | str | int] = [self.token, LEASE_MS, PUSH_CHUNK, OUT_TTL_MS, len(batch)]
+                for applied in batch:
+                    args.extend((applied.now_ms, applied.last, applied.cfg, applied.own))
+                for told in answers.values():
+                    args.append(len(told))
+                    args.extend(encode(a) for a in told)
+                keys = [self.keys.lease, self.keys.steps, *map(self.keys.out, answers)]
+                step_id = await self._commit(keys=keys, args=args)
+                if step_id is None:
+                    self._stand_down()
+                    raise LostLease(f"dispatcher {self.name} lost its lease")
+                self.last_step = step_id
+                self._renewed_s = time.monotonic()
+                if mine:
+                    assert self._own is not None
+                    self._own.deliver(mine)
+            if state is not None:
+                keys = [self.keys.lease, self.keys.snap, self.keys.steps, self.keys.cmds]
+                if not await self._snapshot(keys=keys, args=[self.token, state, self.last_step, cursor, step_ms]):
+                    self._stand_down()
+                    raise LostLease(f"dispatcher {self.name} lost its lease")
+                self._snapshot_at_s = time.monotonic()
+        finally:
+            self._inflight = []
 
     def _stand_down(self) -> None:
-        """Lost the lease: the engine took a step nobody logged, so it is rebuilt from Redis."""
+        """Lost the lease: the engine took steps nobody logged, so it is rebuilt from Redis."""
         log.warning("dispatcher %s lost its lease to another: standing down", self.name)
         self.token = None
         self._hand_back()
         self._reset()
-        self._unlogged = []
 
     async def renew(self) -> None:
         if self.token is None or not await self._renew(keys=[self.keys.lease], args=[self.token, LEASE_MS]):
             if self.token is not None:
                 self._stand_down()
             raise LostLease(f"dispatcher {self.name} lost its lease")
+        self._renewed_s = time.monotonic()
 
     async def snapshot(self) -> None:
-        """The engine as of the last step, so that a new owner or replica replays only what came after it."""
-        if self.token is None or self.sched is None:
-            return
-        await self.commit()  # the engine pickled is that of the last step logged
-        state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)  # ~1 MB at 13k/s
-        keys = [self.keys.lease, self.keys.snap, self.keys.steps, self.keys.cmds]
-        if not await self._snapshot(keys=keys, args=[self.token, state, self.last_step, self.cursor, self.step_ms]):
-            self._stand_down()
-            raise LostLease(f"dispatcher {self.name} lost its lease")
-        self._snapshot_at_s = time.monotonic()
+        """The engine as of the last step (logged with it), so that a new owner or replica replays
+        only what came after it."""
+        if self.token is not None and self.sched is not None:
+            await self.commit(snapshot=True)
 
     async def check_gateways(self) -> None:
         """Gateways whose heartbeat expired: their requests go (a ``gone`` command, taken next step)."""
@@ -387,7 +473,6 @@ class Owner(Replica):
                     self.token = None  # a lease it cannot renew expires: a standby may take over
                     self._hand_back()
                     self._reset()
-                    self._unlogged = []
                     await _sleep_or(stop, RETRY_S)
         finally:
             try:
@@ -396,27 +481,47 @@ class Owner(Replica):
                 log.warning("dispatcher %s could not give its lease back", self.name)
 
     async def _serve(self, stop: asyncio.Event) -> None:
-        """Steps when commands come (from the stream or in process), when the engine's next wakeup
-        (an expiry, an aging bound, a rate window reopening) has come, and, while requests wait,
-        at least every `IDLE_PUMP_MS` (as the embedded dispatcher pumps at each configuration
-        poll); renews the lease while idle. One read of the stream is always waiting in Redis
+        """Holds the role until stopped (then logs what is applied) or the lease is lost: one task
+        applies steps (`_step_forever`, and `_step_local` for this process's gateway), one commits
+        them (`_commit_forever`)."""
+        self._serving, self._closing = True, False
+        stepper = asyncio.ensure_future(self._step_forever(stop))
+        committer = asyncio.ensure_future(self._commit_forever())
+        if self._local:
+            self._local_due = True
+            asyncio.get_running_loop().call_soon(self._step_local)
+        try:
+            done, _ = await asyncio.wait((stepper, committer), return_when=asyncio.FIRST_COMPLETED)
+            if stepper in done:
+                stepper.result()  # a failure is raised here
+                self._closing = True  # stopped: the committer logs what was applied, then ends
+                self._committer.ring()
+            await committer
+        finally:
+            self._serving = False
+            for task in (stepper, committer):
+                task.cancel()
+            await asyncio.gather(stepper, committer, return_exceptions=True)
+
+    async def _step_forever(self, stop: asyncio.Event) -> None:
+        """Steps when commands come from the stream, when the engine's next wakeup (an expiry, an
+        aging bound, a rate window reopening) has come, and, while requests wait, at least every
+        `IDLE_PUMP_MS` (as the embedded dispatcher pumps at each configuration poll); renews the
+        lease when no commit did for a while. One read of the stream is always waiting in Redis
         (for `LEASE_MS` / 4 at most), so a command from any gateway wakes the owner at once."""
         limit_ms = LEASE_MS // 4  # the lease is renewed at least this often
         reading: asyncio.Task[list[tuple[bytes, Command | None]]] | None = None
         try:
             while not stop.is_set():
+                if reading is None:
+                    reading = asyncio.ensure_future(self.commands(block_ms=limit_ms))
+                    reading.add_done_callback(lambda _: self._stepper.ring())
                 now_ms = self.now_ms()
                 wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
                 due = self._config_due or self.sched is None
-                if reading is None:
-                    reading = asyncio.ensure_future(self.commands(block_ms=limit_ms))
-                if not (due or self._local or reading.done()):
-                    wait_ms = QUIET_COMMIT_MS if self._unlogged else limit_ms
-                    wait_ms = wait_ms if wakeup is None else max(1, min(wait_ms, wakeup - now_ms))
-                    self._wake.clear()
-                    woken = asyncio.ensure_future(self._wake.wait())
-                    await asyncio.wait((reading, woken), timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
-                    woken.cancel()
+                if not (due or reading.done()):
+                    wait_ms = limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
+                    await self._stepper.sleep(wait_ms / 1000)
                 taken: list[tuple[bytes, Command | None]] = []
                 if reading.done():
                     taken, reading = reading.result(), None
@@ -429,20 +534,36 @@ class Owner(Replica):
                     or (wakeup is not None and now_ms >= wakeup)
                     or (waiting and now_ms - self.step_ms >= IDLE_PUMP_MS)
                 ):
-                    await self.step(taken)
-                elif self._unlogged:
-                    await self.commit()  # renews the lease too
-                else:
+                    self._apply(taken)
+                    self._committer.ring()  # a quiet step starts its wait there
+                if time.monotonic() - self._renewed_s >= limit_ms / 1000:
                     await self.renew()
                 if time.monotonic() - self._checked_at_s >= GATEWAY_CHECK_S:
                     self._checked_at_s = time.monotonic()
                     await self.check_gateways()
-                if time.monotonic() - self._snapshot_at_s >= self.snapshot_every_s:
-                    await self.snapshot()
         finally:
             if reading is not None:  # what it read (if anything) stays in the stream for the next owner
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
+
+    async def _commit_forever(self) -> None:
+        """Commits the applied steps: at once when one answers someone, quiet ones after
+        `QUIET_COMMIT_MS`, with a snapshot every ``snapshot_every_s``; ends once stopped and all
+        is logged. The steps applied while a commit is on its way go with the next one."""
+        while True:
+            snapshot_in_s = self.snapshot_every_s - (time.monotonic() - self._snapshot_at_s)
+            if self.sched is None:  # nothing to store yet
+                snapshot_in_s = self.snapshot_every_s
+            snap = snapshot_in_s <= 0
+            if self._loud or snap or self._quiet_too_long or (self._closing and self._unlogged):
+                await self.commit(snapshot=snap)
+                continue
+            if self._closing:
+                return
+            wait_s = snapshot_in_s
+            if self._unlogged:
+                wait_s = min(wait_s, QUIET_COMMIT_MS / 1000 - (time.monotonic() - self._unlogged_since_s))
+            await self._committer.sleep(max(0.0, wait_s))
 
 
 async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
