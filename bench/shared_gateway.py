@@ -16,9 +16,14 @@ Each round, in an order that flips every round:
    and p99 ≤ 2× embedded's.
 2. **CPU per request** during that phase: the gateway's process tree (with its children), plus,
    for the shared one, the Redis server's CPU. Target: shared ≤ 1.5× embedded.
-3. **Peak throughput**: closed loops of 128 and 256 connections through *embedded* and *shared
-   ×2*; each one's peak over the two. Target: shared ×2 ≥ 1.3× embedded. The load generator's own
-   CPU is reported (it shares the machine's 2 cores).
+3. **Peak throughput**: closed loops of 128, 256 and 512 connections through *embedded* and
+   *shared ×2*; each one's peak over the three. Target: shared ×2 ≥ 1.3× embedded. The load
+   generator's own CPU is reported (it shares the machine's 2 cores). Beside them, the **ceiling**
+   of two processes on this machine: two independent embedded gateways (each with its own
+   scheduler, so not a correct deployment — each would own every backend slot), the connections
+   split between them. No sharing costs anything there, so ``--workers 2`` cannot beat it: it
+   tells what the machine's two cores allow once the simulated backend and the load generator
+   have taken theirs.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ from bench.launch import Server, _cpu_s, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
 
 RATE = 100
-CONNECTIONS = (128, 256)
-GATEWAYS = ("embedded", "shared", "shared x2")
+CONNECTIONS = (128, 256, 512)
+GATEWAYS = ("embedded", "shared", "shared x2", "pair a", "pair b")
 
 
 def _redis_pid() -> int:
@@ -58,7 +63,7 @@ def start(var_dir: Path) -> tuple[Server, dict[str, Server]]:
     gateways: dict[str, Server] = {}
     try:
         for name in GATEWAYS:
-            extra = {} if name == "embedded" else {"FAIRGATE_SCHEDULER": "shared"}
+            extra = {"FAIRGATE_SCHEDULER": "shared"} if name.startswith("shared") else {}
             extra["FAIRGATE_SHARED_PREFIX"] = f"bench:gw:{secrets.token_hex(3)}"
             gateways[name] = start_gateway(
                 var_dir / name.replace(" ", ""),
@@ -113,11 +118,14 @@ async def peak_round(gateways: dict[str, Server], step_s: float, order: list[str
     found: dict[str, dict[int, float]] = {}
     for name in order:
         found[name] = {}
+        servers = [gateways["pair a"], gateways["pair b"]] if name == "ceiling" else [gateways[name]]
         for connections in CONNECTIONS:
             cpu0 = time.process_time()
-            result = await closed_loop(_target(gateways[name]), connections, step_s)
-            found[name][connections] = result.ok_per_s
-            found.setdefault("generator cores", {})[connections] = (time.process_time() - cpu0) / step_s
+            share = connections // len(servers)
+            results = await asyncio.gather(*(closed_loop(_target(server), share, step_s) for server in servers))
+            found[name][connections] = sum(result.ok_per_s for result in results)
+            cores = found.setdefault("generator cores", {})
+            cores[connections] = max(cores.get(connections, 0.0), (time.process_time() - cpu0) / step_s)
     return found
 
 
@@ -131,7 +139,8 @@ async def run(args: argparse.Namespace) -> None:
             for r in range(args.rounds):
                 order = ["embedded", "shared"] if r % 2 == 0 else ["shared", "embedded"]
                 latencies.append(await latency_round(sim, gateways, args.phase_s, order, seed=r + 1))
-                peak_order = ["embedded", "shared x2"] if r % 2 == 0 else ["shared x2", "embedded"]
+                peak_order = ["embedded", "shared x2", "ceiling"]
+                peak_order = peak_order if r % 2 == 0 else peak_order[::-1]
                 peaks.append(await peak_round(gateways, args.step_s, peak_order))
                 print(f"round {r + 1}: {latencies[-1]} {peaks[-1]}", file=sys.stderr, flush=True)
         finally:
@@ -158,13 +167,16 @@ def report(latencies: list[dict], peaks: list[dict]) -> None:
     print(f"CPU per request: embedded {ec:.2f} ms, shared {sc:.2f} ms with Redis ({sc / ec:.2f}x; target <= 1.5x)")
     failed = {n: sum(r[n]["failed"] for r in latencies) for n in ("embedded", "shared")}
     print(f"failed requests: {failed}")
-    peak = {n: max(mean(p[n][c] for p in peaks) for c in CONNECTIONS) for n in ("embedded", "shared x2")}
+    names = ("embedded", "shared x2", "ceiling")
+    peak = {n: max(mean(p[n][c] for p in peaks) for c in CONNECTIONS) for n in names}
     gen = max(mean(p["generator cores"][c] for p in peaks) for c in CONNECTIONS)
-    per_round = {n: [round(max(p[n].values())) for p in peaks] for n in ("embedded", "shared x2")}
+    per_round = {n: [round(max(p[n].values())) for p in peaks] for n in names}
     print(
         f"peak (closed loop {'/'.join(map(str, CONNECTIONS))} connections): embedded {peak['embedded']:.0f}/s, "
         f"serve --workers 2 shared {peak['shared x2']:.0f}/s ({peak['shared x2'] / peak['embedded']:.2f}x; "
-        f"target >= 1.3x); per round {per_round}; load generator up to {gen:.2f} cores"
+        f"target >= 1.3x); ceiling of two processes here (two independent embedded gateways) "
+        f"{peak['ceiling']:.0f}/s ({peak['ceiling'] / peak['embedded']:.2f}x); per round {per_round}; "
+        f"load generator up to {gen:.2f} cores"
     )
 
 

@@ -160,3 +160,35 @@ def test_interactive_through_one_process_overtakes_batch_through_the_other(tmp_p
     finally:
         second.stop()
         first.stop()
+
+
+def test_a_killed_gateway_s_slot_comes_back_to_the_others(tmp_path, start_sim):
+    """kill -9 of a gateway that is not the dispatcher, while its request holds the one slot and
+    a request through the other process waits for it: once the dead one's heartbeat has expired
+    the dispatcher ends what it had, and the waiting request is served."""
+    sim, first, second = _two_tenants(tmp_path, start_sim, [tenant("acme", share=0.5)])
+    store = redis.Redis.from_url(os.environ["REDIS_URL"])
+    lease = f"{first.env['FAIRGATE_SHARED_PREFIX']}:lease"
+    try:
+        token = wait_for(lambda: store.get(lease), bool, what="a dispatcher holding the lease", limit_s=30)
+        owner_pid = int(token.decode().split(":")[-2])
+        victim, survivor = (second, first) if first.process.pid == owner_pid else (first, second)
+        with ThreadPoolExecutor(4) as pool:
+            doomed = _send_all(pool, victim, "acme-batch", ["doomed"])
+            wait_for(lambda: sim.gate.waiting, bool, what="the slot taken by the doomed gateway's request")
+            waiting = _send_all(pool, survivor, "acme-batch", ["patient"])
+            wait_for(lambda: _queued(survivor, "acme-batch"), lambda q: q == 1, what="the other's request queued")
+            victim.kill()
+            with pytest.raises(httpx.TransportError):  # its client saw its connection die
+                doomed[0].result()
+            sim.gate.open()
+            assert waiting[0].result().status_code == 200  # granted once the dead gateway's slot came back
+        served = httpx.get(f"{sim.url}/stats").json()["recent_request_ids"]
+        assert "patient" in served
+    finally:
+        store.close()
+        for gw in (second, first):
+            if gw.process.poll() is None:
+                gw.stop()
+            elif gw.owns_database and "DATABASE_URL" in gw.env:
+                postgres_drop(gw.env["DATABASE_URL"])
