@@ -8,6 +8,8 @@ the configuration poll); only the engine calls become commands, and the reads (p
 counters) come from this process's replica of the shared engine — so every process shows the
 same queue. This process also bids for the dispatcher's role (``FAIRGATE_DISPATCHER=auto``, the
 default; ``never``: a gateway only, the role runs elsewhere, e.g. ``manage.py dispatcher``).
+While this process holds the role, its own commands go to the dispatcher in process
+(`Owner.offer`) and its answers come back in process once their step is committed.
 
 Left for the next steps of the shared scheduler (not done here yet): circuit breaking decided
 by the dispatcher (each gateway's circuits are its own here, and the dispatcher keeps granting a
