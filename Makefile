@@ -53,11 +53,11 @@ import-graph: venv
 	$(PY) scripts/import_graph.py
 
 # The scheduling live tests once more with the shared scheduler (gateway.shared), where Redis is
-# given: the queue, the API and the upstream limits through it. Run embedded only: the circuit
-# test (circuits are still each gateway's own in that mode, README) and the upstream-429 requeue
-# test (it hung once in CI in this mode, 30 s, and passed in every local run: under investigation).
+# given: the queue, the API and the upstream limits (circuits too) through it. Run embedded only:
+# the upstream-429 requeue test (it hung once in CI in this mode, 30 s, and passed in every local
+# run: under investigation).
 SHARED_TESTS := tests/live/gateway/test_live_queue.py tests/live/gateway/test_live_api.py tests/live/gateway/test_live_upstream.py
-SHARED_DESELECT := not test_failing_backend_gives_502_then_opens_its_circuit and not test_upstream_429_puts_the_request_back_and_it_is_served
+SHARED_DESELECT := not test_upstream_429_puts_the_request_back_and_it_is_served
 
 test: venv assets lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.utils import timezone
 
 from gateway import charging
-from gateway.circuit import Circuits
 from gateway.db import db_call, log_failure
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.events import DowngradeLog
@@ -28,6 +27,7 @@ from gateway.lifecycle import Outcome, State
 from gateway.terminal import TerminalLog
 from gateway.tokens import encoding
 from scheduling.engine import Grant, Scheduler
+from scheduling.engine.circuits import Circuits
 from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
 from scheduling.engine.presets import apply_policy
 from scheduling.engine.rules import CompiledRules, compile_rules
@@ -181,11 +181,7 @@ class Dispatcher:
         return {b.name: b for b in config.backends or ()}
 
     def _effective_backends(self) -> tuple[BackendSpec, ...]:
-        now_ms = self.now_ms()
-        return tuple(
-            replace(b, enabled=False) if b.enabled and self.circuits.is_open(b.name, now_ms) else b
-            for b in self.backend_specs.values()
-        )
+        return self.circuits.effective(self.backend_specs.values(), self.now_ms())
 
     def _backends_changed(self) -> None:
         self._reconfigure_engine(backends=self._effective_backends())
@@ -224,9 +220,12 @@ class Dispatcher:
         """An enabled backend with a closed circuit serves ``model``."""
         now_ms = self.now_ms()
         return any(
-            model in b.models and b.enabled and not self.circuits.is_open(b.name, now_ms)
+            model in b.models and b.enabled and not self.circuit_open(b.name, now_ms)
             for b in self.backend_specs.values()
         )
+
+    def circuit_open(self, backend: str, now_ms: int) -> bool:
+        return self.circuits.is_open(backend, now_ms)
 
     def is_live(self, tenant: str, public_id: str) -> bool:
         return public_id in self.live.get(tenant, {})

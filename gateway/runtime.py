@@ -77,7 +77,7 @@ def snapshot() -> dict | None:
             "in_use": health.in_use,
             "slots": backend.slots,
             "tpm_used": health.tpm_used(now_ms),
-            "circuit_open": dispatcher.circuits.is_open(name, now_ms),
+            "circuit_open": dispatcher.circuit_open(name, now_ms),
         }
     return {"classes": classes, "backends": backends}
 

@@ -11,11 +11,14 @@ default; ``never``: a gateway only, the role runs elsewhere, e.g. ``manage.py di
 While this process holds the role, its own commands go to the dispatcher in process
 (`Owner.offer`) and its answers come back in process once their step is committed.
 
-Left for the next steps of the shared scheduler (not done here yet): circuit breaking decided
-by the dispatcher (each gateway's circuits are its own here, and the dispatcher keeps granting a
-backend whose circuit is open in some gateway: that gateway requeues), and the running slots of a
-gateway that stops beating are reclaimed after its heartbeat's time to live, not renewed per
-request.
+Circuits: each upstream failure is reported to the dispatcher (an ``upstream`` command; a
+completion counts as a success), whose circuit breakers take a failing backend out of the shared
+engine's rotation for every gateway; this process's own circuits still answer at once for its own
+failures (a retry is not sent to a backend it just saw fail), and a circuit is open here when
+either view says so.
+
+Left for the next steps (not done here yet): the running slots of a gateway that stops beating
+are reclaimed after its heartbeat's time to live, not leased and renewed per request.
 """
 
 from __future__ import annotations
@@ -125,6 +128,14 @@ class SharedDispatcher(Dispatcher):
         super().apply_config(config)
         self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
         self.owner.configure(config)  # the dispatcher logs it with its next step, for every replica
+
+    def upstream_result(self, backend: str, *, ok: bool) -> None:
+        super().upstream_result(backend, ok=ok)
+        if not ok:  # successes reach the dispatcher as completions
+            self._send(["upstream", backend, False, self.circuits.threshold, self.circuits.cooldown_ms])
+
+    def circuit_open(self, backend: str, now_ms: int) -> bool:
+        return super().circuit_open(backend, now_ms) or self.owner.routes.circuits.is_open(backend, now_ms)
 
     def _reconfigure_engine(self, **changes) -> None:
         """Only this process's placeholder engine (read before the first step): the shared engine

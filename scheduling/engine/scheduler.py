@@ -378,6 +378,11 @@ class Scheduler(DispatchMixin):
         ticket = self._store.ticket_get(request_id)
         return None if ticket is None else STATE_NAMES.get(ticket.state)
 
+    def backend_of(self, request_id: RequestId) -> str | None:
+        """The backend a running request was granted (None: not running)."""
+        ticket = self._store.ticket_get(request_id)
+        return None if ticket is None else ticket.backend
+
     def position(self, request_id: RequestId, *, now_ms: int) -> QueuePosition | None:
         ticket = self._store.ticket_get(request_id)
         if ticket is None or ticket.state != WAITING:

@@ -517,7 +517,7 @@ class Owner(Replica):
                     reading = asyncio.ensure_future(self.commands(block_ms=limit_ms))
                     reading.add_done_callback(lambda _: self._stepper.ring())
                 now_ms = self.now_ms()
-                wakeup = None if self.sched is None else self.sched.next_wakeup_ms(now_ms=now_ms)
+                wakeup = self._next_wakeup_ms(now_ms)
                 due = self._config_due or self.sched is None
                 if not (due or reading.done()):
                     wait_ms = limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
@@ -545,6 +545,13 @@ class Owner(Replica):
             if reading is not None:  # what it read (if anything) stays in the stream for the next owner
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
+
+    def _next_wakeup_ms(self, now_ms: int) -> int | None:
+        """When a step is due with no command: the engine's next wakeup, or a circuit's cool-down end."""
+        if self.sched is None:
+            return None
+        times = [t for t in (self.sched.next_wakeup_ms(now_ms=now_ms), self.routes.circuits.next_change_ms()) if t]
+        return min(times) if times else None
 
     async def _commit_forever(self) -> None:
         """Commits the applied steps: at once when one answers someone, quiet ones after

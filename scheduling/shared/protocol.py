@@ -12,6 +12,10 @@ Commands (``gw`` is the sending gateway's id, answers go to its list):
 * ``["complete", id, prompt_tokens, output_tokens]``, ``["fail", id, reason]``: a granted request ended;
 * ``["requeue", id, retry_after_ms]``: a granted request goes back to the front (an upstream 429);
 * ``["cancel", id]`` → ``["cancelled", id, left]`` (``left`` false: the policy ignores cancels);
+* ``["upstream", backend, ok, threshold, cooldown_ms]``: a gateway's upstream attempt on
+  ``backend`` failed (``ok`` false; a completion counts as a success): the dispatcher's circuit
+  breakers (scheduling.engine.circuits, with the gateway's ``threshold`` and ``cooldown_ms``) take
+  a backend whose circuit opens out of the engine's rotation for every gateway;
 * ``["gone", gw]``: the gateway died (sent by the dispatcher itself): its waiting requests are
   cancelled, its running ones failed, so their slots come back.
 
@@ -33,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduling.engine import Scheduler
-from scheduling.engine.model import Request, RequestId
+from scheduling.engine.circuits import Circuits
+from scheduling.engine.model import BackendSpec, Request, RequestId
 
 log = logging.getLogger(__name__)
 Command = list[Any]
@@ -91,11 +96,17 @@ def submit(
     return ["submit", gateway, request_id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip]
 
 
+def _circuits() -> Circuits:
+    return Circuits(threshold=3, cooldown_ms=30_000)  # until a gateway's report brings its settings
+
+
 @dataclass
 class Routes:
-    """Which gateway waits for each live request (the dispatcher's only state beside the engine)."""
+    """The dispatcher's state beside the engine: which gateway waits for each live request, and
+    the circuit breakers of the backends."""
 
     of: dict[str, str] = field(default_factory=dict)  # request id -> gateway id
+    circuits: Circuits = field(default_factory=_circuits)
 
     def live_of(self, gateway: str) -> list[str]:
         return [rid for rid, gw in self.of.items() if gw == gateway]
@@ -105,10 +116,11 @@ class Step:
     """One step of the dispatcher: commands applied at ``now_ms``, then the pump. Collects the
     answers per gateway in ``out``."""
 
-    def __init__(self, sched: Scheduler, routes: Routes, now_ms: int) -> None:
+    def __init__(self, sched: Scheduler, routes: Routes, now_ms: int, backends: Iterable[BackendSpec] = ()) -> None:
         self.sched = sched
         self.routes = routes
         self.now_ms = now_ms
+        self.backends = tuple(backends)  # as configured (the circuits disable some: `_backends_changed`)
         self.out: dict[str, list[Answer]] = {}
 
     def _tell(self, gateway: str | None, answer: Answer) -> None:
@@ -133,8 +145,13 @@ class Step:
                         command[1] if isinstance(command[1], str) else None, ["refused", command[2], "invalid", None]
                     )
 
+    def _backends_changed(self) -> None:
+        self.sched.reconfigure(now_ms=self.now_ms, backends=self.routes.circuits.effective(self.backends, self.now_ms))
+
     def pump(self) -> None:
         sched, now_ms, routes = self.sched, self.now_ms, self.routes
+        if routes.circuits.reopen_due(now_ms):  # cool-downs ended: half-open, back in the rotation
+            self._backends_changed()
         for request in sched.expire(now_ms=now_ms):
             self._tell(routes.of.pop(request.id, None), ["expired", request.id, max(0, now_ms - request.enqueued_ms)])
         for grant in sched.dispatch(now_ms=now_ms):
@@ -177,6 +194,9 @@ class Step:
     def _complete(self, c: Command) -> None:
         _, rid, prompt_tokens, output_tokens = c
         if self._running(rid):
+            backend = self.sched.backend_of(RequestId(rid))
+            if backend is not None:
+                self.routes.circuits.success(backend)
             self.sched.complete(
                 RequestId(rid), now_ms=self.now_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens
             )
@@ -201,6 +221,16 @@ class Step:
             self.routes.of.pop(rid, None)
         self._tell(gateway, ["cancelled", rid, left])
 
+    def _upstream(self, c: Command) -> None:
+        _, backend, ok, threshold, cooldown_ms = c
+        circuits = self.routes.circuits
+        circuits.threshold, circuits.cooldown_ms = int(threshold), int(cooldown_ms)
+        if ok:
+            circuits.success(backend)
+        elif circuits.failure(backend, self.now_ms):
+            log.warning("circuit open for backend %s for %d ms (shared dispatcher)", backend, cooldown_ms)
+            self._backends_changed()
+
     def _gone(self, c: Command) -> None:
         _, gateway = c
         for rid in self.routes.live_of(gateway):
@@ -219,5 +249,6 @@ _HANDLERS = {
     "fail": Step._fail,
     "requeue": Step._requeue,
     "cancel": Step._cancel,
+    "upstream": Step._upstream,
     "gone": Step._gone,
 }

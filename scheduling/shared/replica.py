@@ -114,6 +114,8 @@ class Replica:
         snap = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.snap) or {})
         if snap:
             self.sched, self.routes, self.logged = pickle.loads(snap[b"state"])
+            if not hasattr(self.routes, "circuits"):  # a snapshot from before the shared circuits
+                self.routes.circuits = Routes().circuits
             self.logged_version += 1
             self.last_step, self.cursor = snap[b"step"], snap[b"cmd"]
             self.step_ms = int(snap.get(b"now", b"0"))
@@ -189,21 +191,23 @@ class Replica:
             self.logged = pickle.loads(cfg)
             self.logged_version += 1
             self.configure_engine(self.logged, now_ms)
-        step = Step(self.engine(), self.routes, now_ms)
+        step = Step(self.engine(), self.routes, now_ms, self.logged.backends or () if self.logged else ())
         step.apply(commands)
         step.pump()
         self.step_ms = now_ms
         return step
 
     def configure_engine(self, config: SchedulerConfig, now_ms: int) -> None:
+        backends = self.routes.circuits.effective(config.backends or (), now_ms)  # open circuits stay open
         if self.sched is None:
             self.sched = engine_of(config)
+            self.sched.reconfigure(now_ms=now_ms, backends=backends)
         else:
             self.sched.reconfigure(
                 now_ms=now_ms,
                 config=apply_policy(config, config.policy),
                 tenants=config.tenants or (),
-                backends=config.backends or (),
+                backends=backends,
             )
 
     def engine(self) -> Scheduler:

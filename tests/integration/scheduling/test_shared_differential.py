@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine import Scheduler, TenantSpec, apply_policy
+from scheduling.engine.circuits import Circuits
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.shared.client import Client
 from scheduling.shared.owner import LostLease, Owner
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.redis
 TENANTS = (TenantSpec("a", 0.6), TenantSpec("b", 0.3), TenantSpec("c", 0.1, vip=True))
 CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
 GATEWAYS = ("gw1", "gw2")
+CIRCUIT_FAILURES, CIRCUIT_COOLDOWN_MS = 1, 400  # each reported failure opens a circuit
 
 
 def _config() -> SchedulerConfig:
@@ -72,6 +74,7 @@ ops = st.lists(
         st.tuples(st.just("requeue"), st.integers(0, 20), st.integers(0, 300)),
         st.tuples(st.just("cancel"), st.integers(0, 20)),
         st.tuples(st.just("handover"), st.booleans()),  # before the next step; True: a snapshot first
+        st.tuples(st.just("down"), st.sampled_from(["g1", "g2"])),  # an upstream failure reported
     ),
     min_size=10,
     max_size=70,
@@ -79,14 +82,22 @@ ops = st.lists(
 
 
 class Reference:
-    """The embedded path: engine calls, then expire and dispatch, answered in the protocol's words."""
+    """The embedded path: engine calls, then expire and dispatch, answered in the protocol's words;
+    circuit breakers as the embedded dispatcher keeps them (a completion counts as a success)."""
 
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.sched = Scheduler(apply_policy(cfg, cfg.policy), tenants=cfg.tenants or (), backends=cfg.backends or ())
+        self.backends = cfg.backends or ()
+        self.circuits = Circuits(threshold=CIRCUIT_FAILURES, cooldown_ms=CIRCUIT_COOLDOWN_MS)
         self.running: list[str] = []
         self.waiting: list[str] = []
 
+    def backends_changed(self, now: int) -> None:
+        self.sched.reconfigure(now_ms=now, backends=self.circuits.effective(self.backends, now))
+
     def pump(self, now: int, out: list) -> None:
+        if self.circuits.reopen_due(now):
+            self.backends_changed(now)
         for request in self.sched.expire(now_ms=now):
             self.waiting.remove(request.id)
             out.append(["expired", request.id, now - request.enqueued_ms])
@@ -160,6 +171,9 @@ async def _scenario(redis, steps) -> None:
                 rid = ref.running[op[1] % len(ref.running)]
                 key = RequestId(rid)
                 if kind == "complete":
+                    backend_of = ref.sched.backend_of(key)
+                    assert backend_of is not None
+                    ref.circuits.success(backend_of)
                     ref.sched.complete(key, now_ms=now[0], prompt_tokens=100, output_tokens=op[2])
                     send(rid, ["complete", rid, 100, op[2]])
                 elif kind == "fail":
@@ -170,6 +184,10 @@ async def _scenario(redis, steps) -> None:
                     ref.waiting.append(rid)
                     send(rid, ["requeue", rid, op[2]])
                 ref.running.remove(rid)
+            elif kind == "down":
+                if ref.circuits.failure(op[1], now[0]):
+                    ref.backends_changed(now[0])
+                clients["gw2"].send(["upstream", op[1], False, CIRCUIT_FAILURES, CIRCUIT_COOLDOWN_MS])
             elif kind == "cancel" and ref.waiting:
                 rid = ref.waiting[op[1] % len(ref.waiting)]
                 left = ref.sched.cancel(RequestId(rid), now_ms=now[0])

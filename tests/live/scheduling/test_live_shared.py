@@ -192,3 +192,42 @@ def test_a_killed_gateway_s_slot_comes_back_to_the_others(tmp_path, start_sim):
                 gw.stop()
             elif gw.owns_database and "DATABASE_URL" in gw.env:
                 postgres_drop(gw.env["DATABASE_URL"])
+
+
+def test_a_circuit_opened_by_failures_through_one_gateway_keeps_the_other_away(tmp_path, start_sim):
+    """Three failures of a backend seen through one process open its circuit in the dispatcher:
+    a request for that backend's model through the other process is refused with 503 at once,
+    and the backend sees nothing of it (with each gateway's own circuits, the other would have
+    sent it there)."""
+    sim = start_sim(slots=4, fail_rate=1.0)
+    yaml_text = scheduler_yaml(
+        classes=["INTERACTIVE", "BATCH"],
+        tenants=[tenant("acme", share=0.5)],
+        backends=[backend("bad", f"{sim.url}/v1", slots=4, models=["m"])],
+    )
+    settings = {
+        "FAIRGATE_SCHEDULER": "shared",
+        "FAIRGATE_SHARED_PREFIX": f"fairgate:test:{secrets.token_hex(4)}",
+        "FAIRGATE_CIRCUIT_FAILURES": "3",
+        "FAIRGATE_CIRCUIT_COOLDOWN_MS": "60000",
+        "FAIRGATE_UPSTREAM_RETRIES": "0",
+    }
+    first = start_gateway(tmp_path, yaml_text, {"batch": ("acme", "BATCH")}, **settings)
+    second = another_process(first)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+        through_first = first.http(first.keys["batch"], timeout=30)
+        for _ in range(3):
+            assert through_first.post("/v1/chat/completions", json=body).status_code == 502
+        assert httpx.get(f"{sim.url}/stats").json()["requests"] == 3
+        wait_for(  # the other process's replica has the dispatcher's step with the third failure
+            lambda: second.metric("fairgate_backend_circuit_open", backend="bad"),
+            lambda v: v == 1,
+            what="the circuit open in the other process's view",
+        )
+        refused = second.http(second.keys["batch"], timeout=30).post("/v1/chat/completions", json=body)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "no_backend"
+        assert httpx.get(f"{sim.url}/stats").json()["requests"] == 3  # nothing more reached it
+    finally:
+        second.stop()
+        first.stop()

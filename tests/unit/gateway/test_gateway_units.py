@@ -10,13 +10,13 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from gateway.circuit import Circuits
 from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
 from gateway.payload import CHAT, TEXT, payload_parse, upstream_body
 from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, usage_of
 from gateway.terminal import TerminalLog
+from scheduling.engine.circuits import Circuits
 from scheduling.engine.model import BackendSpec, ClassSpec, QueuePolicy, Request, SchedulerConfig, TenantSpec
 
 

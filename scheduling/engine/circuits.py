@@ -1,15 +1,20 @@
-"""Per-backend circuit breakers and the gateway's own view of backend use.
+"""Per-backend circuit breakers (and a gateway's own view of backend use).
 
 A backend's circuit opens after ``threshold`` consecutive upstream failures and stays open for
 ``cooldown_ms``; the dispatcher then takes the backend out of the engine's rotation (disabled in
-its specs) and puts it back when the cool-down ends (half-open: one more failure re-opens it at
-once, a success closes it).
+its specs: `effective`) and puts it back when the cool-down ends (half-open: one more failure
+re-opens it at once, a success closes it). Plain Python and the caller's clock, like the engine:
+the embedded dispatcher keeps one (gateway.dispatcher), and the shared one keeps one for all the
+gateways it serves, fed by their reports (scheduling.shared.protocol).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from scheduling.engine.model import BackendSpec
 
 TPM_WINDOW_MS = 60_000
 
@@ -20,7 +25,7 @@ class BackendHealth:
     open_until_ms: int = 0
     half_open: bool = False
     in_use: int = 0
-    tokens: deque = field(default_factory=deque)  # (at_ms, tokens) of completed requests
+    tokens: deque[tuple[int, int]] = field(default_factory=deque)  # (at_ms, tokens) of completed requests
     tokens_sum: int = 0
 
     def tpm_used(self, now_ms: int) -> int:
@@ -29,11 +34,11 @@ class BackendHealth:
         return self.tokens_sum
 
 
+@dataclass
 class Circuits:
-    def __init__(self, *, threshold: int, cooldown_ms: int) -> None:
-        self.threshold = threshold
-        self.cooldown_ms = cooldown_ms
-        self.health: dict[str, BackendHealth] = {}
+    threshold: int
+    cooldown_ms: int
+    health: dict[str, BackendHealth] = field(default_factory=dict)
 
     def of(self, name: str) -> BackendHealth:
         health = self.health.get(name)
@@ -74,6 +79,10 @@ class Circuits:
     def is_open(self, name: str, now_ms: int) -> bool:
         health = self.health.get(name)
         return health is not None and health.open_until_ms > now_ms
+
+    def effective(self, backends: Iterable[BackendSpec], now_ms: int) -> tuple[BackendSpec, ...]:
+        """``backends`` as the engine should see them: those whose circuit is open disabled."""
+        return tuple(replace(b, enabled=False) if b.enabled and self.is_open(b.name, now_ms) else b for b in backends)
 
     def next_change_ms(self) -> int | None:
         times = [h.open_until_ms for h in self.health.values() if h.open_until_ms]
