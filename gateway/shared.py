@@ -32,9 +32,10 @@ from django.conf import settings
 
 from gateway.dispatcher import Dispatcher, Entry, admission_refused, id_in_use, queue_timeout_error
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle import Outcome, State
+from gateway.lifecycle import Outcome, PublicId, State, engine_id, public_id_of
 from scheduling.engine import Grant, Scheduler, apply_policy
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
+from scheduling.engine.outcomes import Live
 from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import Owner, owner_id
 from scheduling.shared.protocol import Answer, Command, submit
@@ -70,6 +71,7 @@ class SharedDispatcher(Dispatcher):
         self._stop = asyncio.Event()
         self._answers: asyncio.Task[None] | None = None
         self._role: asyncio.Task[None] | None = None
+        self._elsewhere: asyncio.Future[Grant] = loop.create_future()  # the future of other processes' requests
 
     @classmethod
     async def create(cls) -> Dispatcher:
@@ -263,3 +265,44 @@ class SharedDispatcher(Dispatcher):
 
     def _entry(self, key: str) -> Entry | None:
         return super()._entry(RequestId(key))
+
+    # --- reads: every process's requests -------------------------------------------------------
+
+    def entries_of(self, tenant: str) -> list[Entry]:
+        """``tenant``'s live requests through every gateway process: this one's entries, and, from
+        the shared engine's replica, those of the others (with what the engine knows of them: no
+        declared class or downgrade rule of their own)."""
+        own = super().entries_of(tenant)
+        replica = self.owner.sched
+        if replica is None:
+            return own
+        mine = {entry.key for entry in own}
+        return own + [self._seen(live) for live in replica.requests_of(tenant) if live.request.id not in mine]
+
+    def entry_of(self, tenant: str, public_id: str) -> Entry | None:
+        entry = super().entry_of(tenant, public_id)
+        replica = self.owner.sched
+        if entry is not None or replica is None:
+            return entry
+        key = engine_id(tenant, PublicId(public_id))
+        found = [live for live in replica.requests_of(tenant) if live.request.id == key]
+        return self._seen(found[0]) if found else None
+
+    def _seen(self, live: Live) -> Entry:
+        """Another process's request as this one shows it (a view: nothing waits on it here)."""
+        request = live.request
+        running = live.state == "running"
+        return Entry(
+            key=request.id,
+            public_id=public_id_of(request.id),
+            tenant=request.tenant,
+            model=request.model,
+            cls=request.cls,
+            declared_class=request.cls,
+            downgrade_rule=None,
+            queued_since_ms=request.enqueued_ms,
+            future=self._elsewhere,
+            state=State.RUNNING if running else State.QUEUED,
+            waited_ms=max(0, (live.dispatched_ms or request.enqueued_ms) - request.enqueued_ms) if running else 0,
+            backend=live.backend,
+        )

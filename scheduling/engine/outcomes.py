@@ -30,6 +30,15 @@ class Grant(NamedTuple):
     boosted: bool  # its class won over a waiting lower-level class thanks to aging
 
 
+class Live(NamedTuple):
+    """One live request as the engine has it (``Scheduler.requests_of``)."""
+
+    request: Request
+    state: str  # "queued" | "running"
+    backend: str | None  # running: the backend granted
+    dispatched_ms: int | None  # running: when
+
+
 @dataclass(frozen=True, slots=True)
 class QueuePosition:
     position: int  # 1 = next for its model

@@ -30,7 +30,7 @@ from .counters import Counters, TenantInClass
 from .dispatching import DispatchMixin, PreemptEntry
 from .fairness import Lane, tenant_weights
 from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
-from .outcomes import ADMITTED, NO_BACKEND, Admission, QueuePosition
+from .outcomes import ADMITTED, NO_BACKEND, Admission, Live, QueuePosition
 from .position import eta_ms, requests_ahead
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
 
@@ -377,6 +377,15 @@ class Scheduler(DispatchMixin):
     def state_of(self, request_id: RequestId) -> str | None:
         ticket = self._store.ticket_get(request_id)
         return None if ticket is None else STATE_NAMES.get(ticket.state)
+
+    def requests_of(self, tenant: str) -> list[Live]:
+        """The live requests of ``tenant`` (queued or running), in no particular order; reads every
+        live ticket (the console's and the queue API's reads, not the request path)."""
+        return [
+            Live(t.request, STATE_NAMES[t.state], t.backend, t.dispatched_ms)
+            for t in self._store.tickets()
+            if t.tenant == tenant and t.state in STATE_NAMES
+        ]
 
     def backend_of(self, request_id: RequestId) -> str | None:
         """The backend a running request was granted (None: not running)."""

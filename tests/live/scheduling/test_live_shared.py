@@ -112,8 +112,12 @@ def _send_all(pool, gateway, key, ids, cls_header=None):
     return [pool.submit(client.post, "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}) for rid in ids]
 
 
+def _queue(gateway, key) -> list[dict]:
+    return gateway.http(gateway.keys[key]).get("/v1/queue").json()["data"]
+
+
 def _queued(gateway, key) -> int:
-    return len(gateway.http(gateway.keys[key]).get("/v1/queue").json()["data"])
+    return len(_queue(gateway, key))
 
 
 def test_weights_3_to_1_across_processes_give_3_to_1_service(tmp_path, start_sim):
@@ -131,6 +135,13 @@ def test_weights_3_to_1_across_processes_give_3_to_1_service(tmp_path, start_sim
                 lambda q: q == (25, 24),
                 what="all queued",
             )
+            # one queue: each process lists the tenant's requests sent through the other too, with
+            # the same positions and ETAs
+            through_first, through_second = _queue(first, "small-batch"), _queue(second, "small-batch")
+            assert len(through_first) == 24
+            assert [(r["id"], r["state"], r["position"], r["eta_ms"]) for r in through_first] == [
+                (r["id"], r["state"], r["position"], r["eta_ms"]) for r in through_second
+            ]
             sim.gate.open()
             assert [f.result().status_code for f in blocker + sent] == [200] * 49
         served = httpx.get(f"{sim.url}/stats").json()["recent_request_ids"]
@@ -177,7 +188,11 @@ def test_a_killed_gateway_s_slot_comes_back_to_the_others(tmp_path, start_sim):
             doomed = _send_all(pool, victim, "acme-batch", ["doomed"])
             wait_for(lambda: sim.gate.waiting, bool, what="the slot taken by the doomed gateway's request")
             waiting = _send_all(pool, survivor, "acme-batch", ["patient"])
-            wait_for(lambda: _queued(survivor, "acme-batch"), lambda q: q == 1, what="the other's request queued")
+            wait_for(  # the survivor lists the doomed one too: one queue
+                lambda: {r["id"]: r["state"] for r in _queue(survivor, "acme-batch")},
+                lambda states: states == {"doomed": "running", "patient": "queued"},
+                what="the other's request queued behind the doomed one",
+            )
             victim.kill()
             with pytest.raises(httpx.TransportError):  # its client saw its connection die
                 doomed[0].result()
