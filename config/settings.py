@@ -237,9 +237,9 @@ FAIRGATE_CIRCUIT_COOLDOWN_MS = env_int("FAIRGATE_CIRCUIT_COOLDOWN_MS", 30_000, m
 # How often the running dispatcher looks for configuration changes (admin edits, commands).
 FAIRGATE_CONFIG_POLL_MS = env_int("FAIRGATE_CONFIG_POLL_MS", 500, minimum=50)
 # `embedded`: the scheduler lives in the process (one process). `shared`: every gateway process on
-# REDIS_URL shares one scheduler (gateway.shared, scheduling.shared); needs REDIS_URL. Not yet
-# the default with REDIS_URL set: the shared scheduler is being built in steps (README).
-FAIRGATE_SCHEDULER = env_choice("FAIRGATE_SCHEDULER", "embedded", ("embedded", "shared"))
+# REDIS_URL shares one scheduler (gateway.shared, scheduling.shared); needs REDIS_URL. The default
+# is `shared` where REDIS_URL is set (the production shape), `embedded` where it is not.
+FAIRGATE_SCHEDULER = env_choice("FAIRGATE_SCHEDULER", "shared" if REDIS_URL else "embedded", ("embedded", "shared"))
 if FAIRGATE_SCHEDULER == "shared" and not REDIS_URL:
     raise ImproperlyConfigured("FAIRGATE_SCHEDULER=shared needs REDIS_URL (the scheduler is shared through Redis)")
 # Shared scheduler: `auto`, each gateway process bids for the dispatcher's role (one holds it, the

@@ -14,6 +14,31 @@ REQUIRE_SERVICES = os.environ.get("FAIRGATE_REQUIRE_SERVICES", "") in {"1", "tru
 
 
 @pytest.fixture(autouse=True, scope="session")
+def shared_scheduler_world():
+    """With REDIS_URL the shared scheduler is the default: the dispatchers this process makes get
+    Redis keys of their own (no state of another run or of production), removed at the end with
+    those of the gateways the live tests started (tests.support.livestack names them)."""
+    from django.conf import settings
+
+    settings.FAIRGATE_SHARED_PREFIX = f"fairgate:test:session:{os.getpid()}:{os.urandom(3).hex()}"
+    yield
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url)
+        for pattern in (f"{settings.FAIRGATE_SHARED_PREFIX}:*", f"fairgate:test:*:{os.getpid()}:*"):
+            names = list(client.scan_iter(match=pattern, count=1000))
+            if names:
+                client.delete(*names)
+        client.close()
+    except redis.RedisError:  # Redis gone at the end: its keys stay, harmless
+        pass
+
+
+@pytest.fixture(autouse=True, scope="session")
 def fast_password_hashing():
     """Tests make many users: with Django's default hasher each password costs about a second
     here. (Servers the live tests start keep the default.)"""

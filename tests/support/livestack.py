@@ -150,7 +150,7 @@ def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, st
         }
     )
     env.update(settings)
-    if env.get("FAIRGATE_SCHEDULER") == "shared" and "FAIRGATE_SHARED_PREFIX" not in settings:  # a world each
+    if env.get("REDIS_URL") and "FAIRGATE_SHARED_PREFIX" not in settings:  # a shared scheduler's world each
         env["FAIRGATE_SHARED_PREFIX"] = f"fairgate:test:{var_dir.name}:{os.getpid()}:{time.monotonic_ns()}"
     return env
 

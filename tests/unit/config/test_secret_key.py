@@ -22,14 +22,13 @@ PRODUCTION = {
 }
 
 
-def _start(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """Start Django with ``env`` on top of this process's environment minus what decides the shape."""
-    drop = {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DEBUG"}
+def _start(tmp_path: Path, code: str = START, **env: str) -> subprocess.CompletedProcess:
+    """Start Django with ``env`` on top of this process's environment minus what decides the shape,
+    and run ``code``."""
+    drop = {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DEBUG", "FAIRGATE_SCHEDULER"}
     base = {k: v for k, v in os.environ.items() if k not in drop}
     base.update(DJANGO_SETTINGS_MODULE="config.settings", FAIRGATE_VAR_DIR=str(tmp_path), **env)
-    return subprocess.run(
-        [sys.executable, "-c", START], cwd=REPO, env=base, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("shape", sorted(PRODUCTION))
