@@ -398,23 +398,39 @@ class Dispatcher:
     def entries_of(self, tenant: str) -> list[Entry]:
         return list(self.live.get(tenant, {}).values())
 
+    async def fresh(self) -> None:
+        """Before a read of positions: the engine read is up to date (here it always is)."""
+
+    def live_view(self, entry: Entry, now_ms: int) -> dict:
+        """The queue API's and the console's view of one live request, with its wait so far. The
+        engine's state decides (with the shared scheduler a grant reaches this process a moment
+        after the engine made it: the request is shown running from then)."""
+        state = self.sched.state_of(entry.key) or entry.state
+        position = self.sched.position(entry.key, now_ms=now_ms) if state == State.QUEUED else None
+        row = describe(entry, position=position, state=state)
+        if entry.state == State.QUEUED:
+            row["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
+        return row
+
     def entry_of(self, tenant: str, public_id: str) -> Entry | None:
         return self.live.get(tenant, {}).get(public_id)
 
 
-def describe(entry: Entry, *, position) -> dict:
-    """The queue API's view of one request (``position`` is the engine's QueuePosition or None)."""
+def describe(entry: Entry, *, position, state: str | None = None) -> dict:
+    """The queue API's view of one request (``position`` is the engine's QueuePosition or None;
+    ``state``: the engine's, where it is ahead of the entry's)."""
+    state = state or entry.state
     eta_ms = None
     if position is not None and position.eta_ms >= 0:
         eta_ms = position.eta_ms
-    elif entry.state == State.RUNNING:
+    elif state == State.RUNNING:
         eta_ms = 0
     return {
         "id": entry.public_id,
         "class": entry.cls,
         "declared_class": entry.declared_class,
         "downgrade_rule": entry.downgrade_rule,
-        "state": entry.state,
+        "state": state,
         "position": position.position if position is not None else None,
         "position_exact": position.exact if position is not None else None,
         "eta_ms": eta_ms,

@@ -39,13 +39,14 @@ from scheduling.engine.outcomes import Live
 from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import Owner, owner_id
 from scheduling.shared.protocol import Answer, Command, submit
-from scheduling.shared.replica import Keys
+from scheduling.shared.replica import Keys, entries, id_key
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 log = logging.getLogger(__name__)
 ANSWER_LIMIT_S = 10.0  # no dispatcher answered a submit for this long: 503
+FRESH_LIMIT_S = 0.5  # a read waits this long at most for the replica to catch up
 
 
 def _redis() -> Redis:
@@ -278,6 +279,21 @@ class SharedDispatcher(Dispatcher):
             return own
         mine = {entry.key for entry in own}
         return own + [self._seen(live) for live in replica.requests_of(tenant) if live.request.id not in mine]
+
+    async def fresh(self) -> None:
+        """Waits (`FRESH_LIMIT_S` at most) until this standby's replica has replayed every step
+        committed so far: its follower replays them as they come, so this is milliseconds. (The
+        owner's engine is the shared one itself.)"""
+        owner = self.owner
+        if owner.owns:
+            return
+        newest = entries(await self.redis.xrevrange(owner.keys.steps, count=1))
+        if not newest:
+            return
+        target = id_key(newest[0][0])
+        until = self.loop.time() + FRESH_LIMIT_S
+        while not owner.owns and id_key(owner.last_step) < target and self.loop.time() < until:
+            await asyncio.sleep(0.005)
 
     def entry_of(self, tenant: str, public_id: str) -> Entry | None:
         entry = super().entry_of(tenant, public_id)

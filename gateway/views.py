@@ -20,7 +20,6 @@ from django.views.decorators.csrf import csrf_exempt
 from gateway import metrics
 from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
-from gateway.dispatcher import Dispatcher, Entry, describe
 from gateway.errors import ErrorCode, GatewayError, internal_error, not_found, service_unavailable
 from gateway.intake import REQUEST_ID_ATTR, REQUEST_ID_RE, serve
 from gateway.lifecycle import State
@@ -123,20 +122,13 @@ async def models(request: HttpRequest) -> HttpResponse:
     return json_response({"object": "list", "data": data})
 
 
-def _live_view(d: Dispatcher, entry: Entry, now_ms: int) -> dict:
-    position = d.sched.position(entry.key, now_ms=now_ms) if entry.state == State.QUEUED else None
-    item = describe(entry, position=position)
-    if entry.state == State.QUEUED:
-        item["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
-    return item
-
-
 @api_view("GET")
 async def queue_list(request: HttpRequest) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
     d = await dispatcher_get()
+    await d.fresh()
     now_ms = d.now_ms()
-    items = [_live_view(d, e, now_ms) for e in d.entries_of(caller.tenant)]
+    items = [d.live_view(e, now_ms) for e in d.entries_of(caller.tenant)]
     items.sort(key=lambda i: (i["state"] != State.RUNNING, i["position"] or 0))
     return json_response({"object": "list", "data": items})
 
@@ -145,10 +137,11 @@ async def queue_list(request: HttpRequest) -> HttpResponse:
 async def queue_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
     d = await dispatcher_get()
+    await d.fresh()
     now_ms = d.now_ms()
     entry = d.entry_of(caller.tenant, request_id)
     if entry is not None:
-        return json_response(_live_view(d, entry, now_ms))
+        return json_response(d.live_view(entry, now_ms))
     record = d.terminal.get(caller.tenant, request_id, now_ms=now_ms)
     if record is None:
         raise not_found(f"No request '{request_id[:128]}' of yours is queued, running or finished in the last hour.")

@@ -8,7 +8,7 @@ from collections import deque
 
 from console.live.timeline import Sample, p95_ms
 from gateway import metrics
-from gateway.dispatcher import Dispatcher, Entry, describe
+from gateway.dispatcher import Dispatcher, Entry
 from scheduling.engine.counters import WAIT_BUCKETS_MS
 
 MAX_ROWS = 50  # rows of one tenant's table (nearest to service); counts per class cover all
@@ -17,10 +17,7 @@ MAX_ROWS = 50  # rows of one tenant's table (nearest to service); counts per cla
 def entry_view(d: Dispatcher, entry: Entry, now_ms: int, holds=None) -> dict:
     """The queue API's view of one live request, with its waited time so far and held charge
     (``holds``: anything with ``get(public_id)``)."""
-    position = d.sched.position(entry.key, now_ms=now_ms) if entry.state == "queued" else None
-    row = describe(entry, position=position)
-    if entry.state == "queued":
-        row["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
+    row = d.live_view(entry, now_ms)
     row.pop("position_exact", None)
     row["estimated_charge"] = (holds or {}).get(entry.public_id)
     return row

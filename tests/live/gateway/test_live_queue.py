@@ -204,6 +204,9 @@ def test_queue_full_is_429_with_retry_after(tight):
 
 def test_position_and_eta_move_as_requests_ahead_complete(gw):
     client = gw.sdk("alpha_batch")
+    # one served first, so the ETAs come from a measured service time from the start (on a model
+    # with no history the engine assumes its prior, then measures: the ETA would jump once)
+    client.chat.completions.create(model="m-slow", messages=CHAT, max_tokens=1, extra_headers={"X-Request-Id": "pos-w"})
     ids = [f"pos-{i}" for i in range(4)]
     threads = []
     with gw.http("alpha_batch") as http:
