@@ -300,9 +300,8 @@ class SharedDispatcher(Dispatcher):
         replica = self.owner.sched
         if entry is not None or replica is None:
             return entry
-        key = engine_id(tenant, PublicId(public_id))
-        found = [live for live in replica.requests_of(tenant) if live.request.id == key]
-        return self._seen(found[0]) if found else None
+        live = replica.live(engine_id(tenant, PublicId(public_id)))
+        return None if live is None else self._seen(live)
 
     def _seen(self, live: Live) -> Entry:
         """Another process's request as this one shows it (a view: nothing waits on it here)."""

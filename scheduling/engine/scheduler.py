@@ -37,6 +37,10 @@ from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerSt
 DEADLINE_SLACK = 1024  # stale deadline entries tolerated beyond twice the waiting ones before a compaction
 
 
+def _live(ticket: Ticket) -> Live:
+    return Live(ticket.request, STATE_NAMES[ticket.state], ticket.backend, ticket.dispatched_ms)
+
+
 class Scheduler(DispatchMixin):
     def __init__(
         self,
@@ -381,11 +385,12 @@ class Scheduler(DispatchMixin):
     def requests_of(self, tenant: str) -> list[Live]:
         """The live requests of ``tenant`` (queued or running), in no particular order; reads every
         live ticket (the console's and the queue API's reads, not the request path)."""
-        return [
-            Live(t.request, STATE_NAMES[t.state], t.backend, t.dispatched_ms)
-            for t in self._store.tickets()
-            if t.tenant == tenant and t.state in STATE_NAMES
-        ]
+        return [_live(t) for t in self._store.tickets() if t.tenant == tenant and t.state in STATE_NAMES]
+
+    def live(self, request_id: RequestId) -> Live | None:
+        """One live request (queued or running); None if it is not."""
+        ticket = self._store.ticket_get(request_id)
+        return None if ticket is None or ticket.state not in STATE_NAMES else _live(ticket)
 
     def backend_of(self, request_id: RequestId) -> str | None:
         """The backend a running request was granted (None: not running)."""

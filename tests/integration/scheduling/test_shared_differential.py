@@ -108,9 +108,26 @@ class Reference:
             out.append(["granted", rid, grant.backend, grant.waited_ms, grant.preempt, grant.boosted])
 
 
-async def _scenario(redis, steps) -> None:
+def _in_world(body) -> None:
+    """Runs ``body(redis_client, keys)`` on real Redis under keys of its own, removed afterwards."""
+    import redis.asyncio
+
+    async def run() -> None:
+        client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+        keys = Keys(f"test:{secrets.token_hex(4)}")
+        try:
+            await body(client, keys)
+        finally:
+            names = [key async for key in client.scan_iter(match=f"{keys.prefix}:*")]
+            if names:
+                await client.delete(*names)
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+async def _scenario(redis, keys: Keys, steps) -> None:
     cfg = _config()
-    keys = Keys(f"test:{secrets.token_hex(4)}")
     now = [1_000_000]
     ref = Reference(cfg)
     clients = {gw: Client(redis, gw, keys=keys) for gw in GATEWAYS}
@@ -232,99 +249,68 @@ async def _scenario(redis, steps) -> None:
         assert replica.engine().counters.as_dict() == ref.sched.counters.as_dict()
     finally:
         await owner.resign()
-        names = [key async for key in redis.scan_iter(match=f"{keys.prefix}:*")]
-        if names:
-            await redis.delete(*names)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=ops)
 def test_the_shared_path_answers_as_the_embedded_engine_through_handovers(steps):
-    import redis.asyncio
-
-    async def run() -> None:
-        client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
-        try:
-            await _scenario(client, steps)
-        finally:
-            await client.aclose()
-
-    asyncio.run(run())
+    _in_world(lambda redis_client, keys: _scenario(redis_client, keys, steps))
 
 
 def test_a_malformed_command_is_skipped_alike_by_the_owner_and_its_replicas():
-    import redis.asyncio
-
-    async def run() -> None:
-        redis_client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
-        keys = Keys(f"test:{secrets.token_hex(4)}")
+    async def body(redis_client, keys) -> None:
         cfg = _config()
-        try:
-            owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="only")
-            assert await owner.acquire()
-            for raw in (b"not json", b'{"a": 1}', b'["launch", 1]', b'["submit", "gw1", "a/x", "a", "NOPE"]'):
-                await redis_client.xadd(keys.cmds, {"c": raw})
-            client = Client(redis_client, "gw1", keys=keys)
-            client.send(
-                submit("gw1", "a/ok", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
-            )
-            await client.flushed()
-            await owner.step(await owner.commands(block_ms=None))
-            assert await client.answers(block_s=None) == [
-                ["refused", "a/x", "invalid", None],  # a submit the engine cannot take is refused, not dropped
-                ["admitted", "a/ok"],
-                ["granted", "a/ok", "g1", 0, False, False],
-            ]
-            replica = Replica(redis_client, keys=keys)
-            await replica.load()
-            assert replica.engine().counters.as_dict() == owner.engine().counters.as_dict()
-            assert replica.routes == owner.routes
-        finally:
-            names = [key async for key in redis_client.scan_iter(match=f"{keys.prefix}:*")]
-            if names:
-                await redis_client.delete(*names)
-            await redis_client.aclose()
+        owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="only")
+        assert await owner.acquire()
+        for raw in (b"not json", b'{"a": 1}', b'["launch", 1]', b'["submit", "gw1", "a/x", "a", "NOPE"]'):
+            await redis_client.xadd(keys.cmds, {"c": raw})
+        client = Client(redis_client, "gw1", keys=keys)
+        client.send(
+            submit("gw1", "a/ok", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
+        )
+        await client.flushed()
+        await owner.step(await owner.commands(block_ms=None))
+        assert await client.answers(block_s=None) == [
+            ["refused", "a/x", "invalid", None],  # a submit the engine cannot take is refused, not dropped
+            ["admitted", "a/ok"],
+            ["granted", "a/ok", "g1", 0, False, False],
+        ]
+        replica = Replica(redis_client, keys=keys)
+        await replica.load()
+        assert replica.engine().counters.as_dict() == owner.engine().counters.as_dict()
+        assert replica.routes == owner.routes
 
-    asyncio.run(run())
+    _in_world(body)
 
 
 def test_quiet_steps_an_owner_dies_with_are_taken_again_by_the_next():
     """A completion that answered nobody waits to be logged with the next step; if its owner dies
     first, the next owner takes the completion again from the stream: the slot comes back."""
-    import redis.asyncio
 
-    async def run() -> None:
-        redis_client = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
-        keys = Keys(f"test:{secrets.token_hex(4)}")
+    async def body(redis_client, keys) -> None:
         cfg = _config()
-        try:
-            owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="first")
-            assert await owner.acquire()
-            client = Client(redis_client, "gw2", keys=keys)
-            client.send(
-                submit("gw2", "a/one", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
-            )
-            await client.flushed()
-            await owner.step(await owner.commands(block_ms=None))
-            assert await client.answers(block_s=None) == [
-                ["admitted", "a/one"],
-                ["granted", "a/one", "g1", 0, False, False],
-            ]
-            client.send(["complete", "a/one", 5, 5])
-            await client.flushed()
-            await owner.step(await owner.commands(block_ms=None))
-            assert owner.unlogged == 1  # quiet: nobody was told anything
-            await redis_client.delete(keys.lease)  # the owner died before logging it
-            new = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_500, name="next")
-            assert await new.acquire()
-            assert new.engine().state_of(RequestId("a/one")) == "running"  # as the log has it
-            await new.step(await new.commands(block_ms=None))
-            assert new.engine().state_of(RequestId("a/one")) is None
-            assert new.engine().counters.as_dict()["classes"]["BATCH"]["completed"] == 1
-        finally:
-            names = [key async for key in redis_client.scan_iter(match=f"{keys.prefix}:*")]
-            if names:
-                await redis_client.delete(*names)
-            await redis_client.aclose()
+        owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="first")
+        assert await owner.acquire()
+        client = Client(redis_client, "gw2", keys=keys)
+        client.send(
+            submit("gw2", "a/one", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
+        )
+        await client.flushed()
+        await owner.step(await owner.commands(block_ms=None))
+        assert await client.answers(block_s=None) == [
+            ["admitted", "a/one"],
+            ["granted", "a/one", "g1", 0, False, False],
+        ]
+        client.send(["complete", "a/one", 5, 5])
+        await client.flushed()
+        await owner.step(await owner.commands(block_ms=None))
+        assert owner.unlogged == 1  # quiet: nobody was told anything
+        await redis_client.delete(keys.lease)  # the owner died before logging it
+        new = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_500, name="next")
+        assert await new.acquire()
+        assert new.engine().state_of(RequestId("a/one")) == "running"  # as the log has it
+        await new.step(await new.commands(block_ms=None))
+        assert new.engine().state_of(RequestId("a/one")) is None
+        assert new.engine().counters.as_dict()["classes"]["BATCH"]["completed"] == 1
 
-    asyncio.run(run())
+    _in_world(body)
