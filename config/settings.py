@@ -216,6 +216,9 @@ FAIRGATE_DEFAULT_MAX_TOKENS = env_int("FAIRGATE_DEFAULT_MAX_TOKENS", 512, minimu
 FAIRGATE_MAX_OUTPUT_TOKENS = env_int("FAIRGATE_MAX_OUTPUT_TOKENS", 32_768, minimum=1)
 FAIRGATE_MODEL_OUTPUT_LIMITS = env_output_limits("FAIRGATE_MODEL_OUTPUT_LIMITS")
 FAIRGATE_MAX_N = env_int("FAIRGATE_MAX_N", 8, minimum=1)  # choices per request
+FAIRGATE_MAX_EMBEDDING_INPUTS = env_int(
+    "FAIRGATE_MAX_EMBEDDING_INPUTS", 2048, minimum=1
+)  # items of one embeddings input
 # Tokens held per image part: the prompt's byte length cannot bound what an image costs.
 FAIRGATE_IMAGE_TOKENS = env_int("FAIRGATE_IMAGE_TOKENS", 2_048, minimum=0)
 FAIRGATE_MAX_BODY_BYTES = env_int("FAIRGATE_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)

@@ -204,11 +204,22 @@ class Dispatcher:
 
     # --- admission -----------------------------------------------------------------------
 
-    def check_model(self, model: str) -> None:
+    def check_model(self, model: str, *, embeddings: bool = False) -> None:
+        """400 unless a backend serves ``model`` for the request's endpoint (a backend's
+        ``embedding_models`` are served at /v1/embeddings only, its other models everywhere else);
+        503 if none of them can take it now."""
         specs = [b for b in self.backend_specs.values() if model in b.models]
         if not specs:
             served = sorted({m for b in self.backend_specs.values() if b.enabled for m in b.models})
             raise invalid_request(f"Unknown model '{model}'. Models served here: {', '.join(served) or 'none'}.")
+        embeds = any(model in b.embedding_models for b in specs)
+        if embeddings and not embeds:
+            listed = sorted({m for b in self.backend_specs.values() if b.enabled for m in b.embedding_models})
+            raise invalid_request(
+                f"Model '{model}' does not make embeddings here. Embedding models: {', '.join(listed) or 'none'}."
+            )
+        if not embeddings and embeds:
+            raise invalid_request(f"Model '{model}' makes embeddings: send it to POST /v1/embeddings.")
         if not self.serves_now(model):
             raise GatewayError(
                 503,

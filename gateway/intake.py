@@ -20,7 +20,7 @@ from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
 from gateway.lifecycle import PublicId, engine_id
 from gateway.limits import output_limit, prompt_bound
-from gateway.payload import Payload, payload_estimate, payload_parse
+from gateway.payload import EMBED, Payload, payload_estimate, payload_parse
 from gateway.runtime import dispatcher_get
 from scheduling.engine.model import RequestId
 from scheduling.engine.rules import Facts
@@ -116,7 +116,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     caller = await authenticate(request.headers.get("Authorization"))
     payload = payload_parse(kind, request_body(request))
     d = await dispatcher_get()
-    d.check_model(payload.model)
+    d.check_model(payload.model, embeddings=kind == EMBED)
     payload.output_limit = output_limit(payload)
     declared = _declared(request, caller, d)
     if d.is_live(caller.tenant, public_id):

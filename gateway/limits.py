@@ -22,7 +22,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from gateway.errors import invalid_request
-from gateway.payload import CHAT, Payload
+from gateway.payload import CHAT, EMBED, Payload
 
 TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators of any chat template we know, generously
 TEMPLATE_TOKENS_PER_REQUEST = 16  # begin-of-text, the assistant's priming
@@ -39,7 +39,10 @@ def output_limits(model: str) -> tuple[int, int]:
 
 def output_limit(payload: Payload) -> int:
     """The output tokens per choice the request is held at and sent upstream with; raises
-    400 invalid_request for an output limit above the model's maximum or ``n`` above the cap."""
+    400 invalid_request for an output limit above the model's maximum or ``n`` above the cap.
+    Embeddings produce no output tokens: 0."""
+    if payload.kind == EMBED:
+        return 0
     if payload.n > settings.FAIRGATE_MAX_N:
         raise invalid_request(f"'n' is at most {settings.FAIRGATE_MAX_N} here (FAIRGATE_MAX_N); got {payload.n}.")
     default, maximum = output_limits(payload.model)

@@ -24,8 +24,9 @@ _ERROR = {
     },
 }
 _ERRORS = {
-    "400": "invalid_request: malformed JSON, missing or wrong fields, unknown model or class, an output limit or n "
-    "above the maximum, an X-Request-Id already served",
+    "400": "invalid_request: malformed JSON, missing or wrong fields, unknown model or class, a model sent to the "
+    "wrong endpoint (embedding models only to /v1/embeddings), an output limit or n above the maximum, an "
+    "X-Request-Id already served",
     "401": "invalid_api_key: missing, unknown or revoked key",
     "402": "budget_exhausted: the tenant's budget cannot cover the request (x-should-retry: false)",
     "404": "not_found",
@@ -129,6 +130,41 @@ def _completion(path_summary: str, required: list[str], extra: dict) -> dict:
     }
 
 
+def _embeddings(item: dict) -> dict:
+    body = {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+                    {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                    {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "integer"}}},
+                ]
+            },
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "minimum": 1},
+        },
+        "additionalProperties": True,
+    }
+    ok = {
+        "description": "The backend's answer, unchanged (a list of embeddings).",
+        "headers": _HEADERS_OUT,
+        **_json(item),
+    }
+    return {
+        "post": {
+            "summary": "Embeddings of a model a backend declares in embedding_models; held and charged for the input",
+            "security": [{"bearer": []}],
+            "parameters": _HEADERS_IN,
+            "requestBody": {"required": True, **_json(body)},
+            "responses": _responses(ok),
+        }
+    }
+
+
 def _get(summary: str, schema: dict, *, auth: bool = True, parameters: list | None = None) -> dict:
     op = {"summary": summary, "responses": _responses({"description": "OK", **_json(schema)})}
     if auth:
@@ -169,6 +205,7 @@ def openapi_document() -> dict:
                 },
             ),
             "/v1/completions": _completion("Text completion", ["model", "prompt"], {"prompt": prompt}),
+            "/v1/embeddings": _embeddings(listing),
             "/v1/models": _get("Models served by enabled backends", listing),
             "/v1/queue": _get("Your waiting and running requests", listing),
             "/v1/queue/{request_id}": _get(

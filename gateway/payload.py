@@ -1,8 +1,9 @@
 """Parse and check an OpenAI request body; estimate its tokens.
 
-Only what the gateway needs is checked (model, messages/prompt, stream, max_tokens,
+Only what the gateway needs is checked (model, messages/prompt/input, stream, max_tokens,
 max_completion_tokens, n, stream_options); every other field goes to the backend as the client
-sent it. The output limit goes upstream as the hold covers it (gateway.limits).
+sent it. The output limit goes upstream as the hold covers it (gateway.limits). An embeddings
+request has no output: it is held and charged for its input alone, and goes upstream as sent.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from gateway.errors import invalid_request
 from gateway.tokens import estimate_chat, estimate_completion
 
 CHAT = "chat"
 TEXT = "text"
-UPSTREAM_PATHS = {CHAT: "/chat/completions", TEXT: "/completions"}
+EMBED = "embed"
+UPSTREAM_PATHS = {CHAT: "/chat/completions", TEXT: "/completions", EMBED: "/embeddings"}
 THREAD_ESTIMATE_BYTES = 64 * 1024  # longer prompts are tokenized off the event loop
 
 
@@ -78,6 +82,44 @@ def _check_prompt(prompt) -> None:
     raise invalid_request("'prompt' must be a string, an array of strings, or an array of token ids.")
 
 
+def _is_tokens(value) -> bool:
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def _check_input(value) -> None:
+    """An embeddings ``input``: a string, or a non-empty array of strings, of token ids, or of
+    arrays of token ids (OpenAI's four shapes), with no empty string and at most
+    ``FAIRGATE_MAX_EMBEDDING_INPUTS`` items."""
+    shape = "'input' must be a non-empty string, or an array of strings, of token ids, or of arrays of token ids."
+    if isinstance(value, str):
+        if not value:
+            raise invalid_request(shape)
+        return
+    if not isinstance(value, list) or not value:
+        raise invalid_request(shape)
+    cap = settings.FAIRGATE_MAX_EMBEDDING_INPUTS
+    if len(value) > cap:
+        raise invalid_request(
+            f"'input' has at most {cap} items here (FAIRGATE_MAX_EMBEDDING_INPUTS); got {len(value)}."
+        )
+    if all(isinstance(p, str) for p in value):
+        if not all(value):
+            raise invalid_request(shape)
+        return
+    if _is_tokens(value) or all(_is_tokens(p) for p in value):
+        return
+    raise invalid_request(shape)
+
+
+def _embeddings_parse(body: dict, raw: bytes, model: str) -> Payload:
+    _check_input(body.get("input"))
+    if body.get("stream") not in (None, False):
+        raise invalid_request("Embeddings are not streamed: leave 'stream' out.")
+    return Payload(EMBED, body, raw, model, False, False, None, 1)
+
+
 def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
@@ -98,6 +140,8 @@ def payload_parse(kind: str, raw: bytes) -> Payload:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise invalid_request("'model' is required: name one of the models listed by GET /v1/models.")
+    if kind == EMBED:
+        return _embeddings_parse(body, raw, model)
     if kind == CHAT:
         _check_messages(body.get("messages"))
     else:
@@ -129,7 +173,7 @@ def _output_limit_asked(body: dict, kind: str) -> tuple[int | None, str]:
 def _estimate(payload: Payload) -> int:
     if payload.kind == CHAT:
         return estimate_chat(payload.body["messages"])
-    return estimate_completion(payload.body["prompt"])
+    return estimate_completion(payload.body["input" if payload.kind == EMBED else "prompt"])
 
 
 async def payload_estimate(payload: Payload) -> int:
@@ -151,7 +195,9 @@ def _limits_sent(payload: Payload) -> dict[str, int]:
 def upstream_body(payload: Payload) -> bytes:
     """The body for the backend: as the client sent it, except that the output limit is the one
     held (``output_limit``, set by the gateway before this is called) and a stream always asks
-    for usage. Re-encoded only when one of those changes it."""
+    for usage. Re-encoded only when one of those changes it; embeddings never."""
+    if payload.kind == EMBED:
+        return payload.raw
     limits = _limits_sent(payload)
     add_usage = payload.stream and not payload.include_usage
     if not add_usage and all(payload.body.get(name) == value for name, value in limits.items()):

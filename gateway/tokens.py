@@ -47,6 +47,8 @@ def estimate_completion(prompt) -> int:
         return count_text(prompt)
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         return sum(count_text(p) for p in prompt)
+    if isinstance(prompt, list) and all(isinstance(p, list) for p in prompt):  # arrays of token ids
+        return sum(len(p) for p in prompt)
     if isinstance(prompt, list):  # token ids
         return len(prompt)
     return 0

@@ -7,6 +7,7 @@ from gateway import views, views_ops
 urlpatterns = [
     path("v1/chat/completions", views.chat_completions),
     path("v1/completions", views.completions),
+    path("v1/embeddings", views.embeddings),
     path("v1/models", views.models),
     path("v1/queue", views.queue_list),
     path("v1/queue/<str:request_id>", views.queue_detail),

@@ -23,7 +23,7 @@ from gateway.db import DATABASE_UNAVAILABLE
 from gateway.errors import ErrorCode, GatewayError, internal_error, not_found, service_unavailable
 from gateway.intake import REQUEST_ID_ATTR, REQUEST_ID_RE, serve
 from gateway.lifecycle import State
-from gateway.payload import CHAT, TEXT
+from gateway.payload import CHAT, EMBED, TEXT
 from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
 @api_view("POST")
 async def completions(request: HttpRequest) -> HttpResponseBase:
     return await serve(request, TEXT)
+
+
+@api_view("POST")
+async def embeddings(request: HttpRequest) -> HttpResponseBase:
+    return await serve(request, EMBED)
 
 
 @api_view("GET")

@@ -126,6 +126,9 @@ class Backend(models.Model):
     name = models.CharField(max_length=64, unique=True)
     url = models.URLField(max_length=500, blank=True)
     model_names = models.JSONField(default=list, help_text="Model names this backend serves.")
+    embedding_models = models.JSONField(
+        default=list, blank=True, help_text="Those of its models that embed (served at /v1/embeddings only)."
+    )
     slots = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     tpm = models.PositiveIntegerField(null=True, blank=True)
     rpm = models.PositiveIntegerField(null=True, blank=True)

@@ -80,6 +80,7 @@ def backend_specs(*, enabled_only: bool = True) -> tuple[BackendSpec, ...]:
             name=b.name,
             url=b.url,
             models=tuple(b.model_names),
+            embedding_models=tuple(b.embedding_models),
             slots=b.slots,
             tpm=b.tpm,
             rpm=b.rpm,

@@ -266,6 +266,7 @@ def backend_values(spec: BackendSpec) -> dict:
     return {
         "url": spec.url,
         "model_names": list(spec.models),
+        "embedding_models": list(spec.embedding_models),
         "slots": spec.slots,
         "tpm": spec.tpm,
         "rpm": spec.rpm,
@@ -338,6 +339,8 @@ def backend_create(*, spec: BackendSpec, actor: str) -> Backend:
         raise ValidationError(f"backend {spec.name!r} already exists")
     if not spec.models:
         raise ValidationError("a backend serves at least one model (--model)")
+    if not set(spec.embedding_models) <= set(spec.models):
+        raise ValidationError("each --embedding-model must be one of the backend's --model")
     if spec.slots < 1:
         raise ValidationError(f"slots must be at least 1, not {spec.slots}")
     if not 0 <= spec.reserved_slots <= spec.slots:

@@ -1,7 +1,8 @@
 """The simulated GPU backend as a raw ASGI application (no framework, so it stays cheap).
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming and not),
-GET /v1/models, GET /healthz, GET /stats[?request_id=...], POST /stats/reset,
+POST /v1/embeddings (deterministic vectors; prefill time only), GET /v1/models, GET /healthz,
+GET /stats[?request_id=...], POST /stats/reset,
 GET /gate and POST /gate {"action": "close"|"open"|"allow", "n": 1} (see gate.py).
 """
 
@@ -24,6 +25,7 @@ from .model import Capacity, Rejection, ServicePlan, SimStats, plan_service
 from .protocol import (
     CHAT,
     DONE_EVENT,
+    EMBED,
     TEXT,
     ChunkEncoder,
     CompletionRequest,
@@ -31,6 +33,7 @@ from .protocol import (
     ResponseIdentity,
     SimError,
     completion_body,
+    embeddings_body,
     error_body,
     parse_request,
 )
@@ -48,7 +51,7 @@ SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
-COMPLETION_PATHS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT}
+COMPLETION_PATHS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT, "/v1/embeddings": EMBED}
 
 
 class SimBackendApp:
@@ -118,8 +121,11 @@ class SimBackendApp:
             raise
         self._maybe_fail()
         config = self.config
-        completion_tokens = min(req.max_tokens or config.default_max_tokens, config.max_tokens_cap)
-        completion_tokens += config.extra_completion_tokens
+        if req.kind == EMBED:  # no output: the prefill alone
+            completion_tokens = 0
+        else:
+            completion_tokens = min(req.max_tokens or config.default_max_tokens, config.max_tokens_cap)
+            completion_tokens += config.extra_completion_tokens
         prompt_tokens = math.ceil(req.prompt_tokens * config.prompt_token_factor)
         plan = plan_service(config, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         lease_id = next(self._lease_ids)
@@ -214,7 +220,10 @@ class _Job:
         """Non-streaming: hold the slot for the whole plan; True if the client left first."""
         if await _wait_until(receive, self.start_s + self.plan.total_ms / 1000.0):
             return True
-        body = completion_body(self.req, self.ident, "".join(self.tokens), self.finish, self.usage())
+        if self.req.kind == EMBED:
+            body = embeddings_body(self.req, self.usage())
+        else:
+            body = completion_body(self.req, self.ident, "".join(self.tokens), self.finish, self.usage())
         await _send_body(send, 200, body, self.headers(JSON_HEADERS))
         return False
 

@@ -6,13 +6,20 @@ per-message overhead); the gateway does its own estimate with tiktoken.
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import random
+import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 CHAT = "chat"
 TEXT = "text"
+EMBED = "embed"
+EMBEDDING_DIMENSIONS = 16  # the simulator's vectors, unless the request asks for ``dimensions``
+MAX_EMBEDDING_DIMENSIONS = 4096
 CHAT_OVERHEAD_TOKENS = 3
 MESSAGE_OVERHEAD_TOKENS = 4
 FILLER_WORDS = (
@@ -77,12 +84,15 @@ def invalid(message: str, code: str = "invalid_request") -> SimError:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    kind: str  # CHAT | TEXT
+    kind: str  # CHAT | TEXT | EMBED
     model: str
     prompt_tokens: int
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    inputs: tuple[str, ...] = ()  # EMBED: each input, as text (token ids as their decimal list)
+    dimensions: int = EMBEDDING_DIMENSIONS
+    base64: bool = False  # EMBED: encoding_format "base64" (float32, little-endian)
 
 
 def error_body(code: str, message: str, err_type: str) -> bytes:
@@ -101,6 +111,8 @@ def parse_request(kind: str, raw_body: bytes) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a non-empty string.")
+    if kind == EMBED:
+        return _embeddings_request(body, model)
     if kind == CHAT:
         prompt_tokens = count_chat_tokens(body.get("messages"))
     else:
@@ -112,6 +124,53 @@ def parse_request(kind: str, raw_body: bytes) -> CompletionRequest:
     include_usage = bool(stream and options and options.get("include_usage") is True)
     max_tokens = _max_tokens(body, kind)
     return CompletionRequest(kind, model, prompt_tokens, max_tokens, stream, include_usage)
+
+
+def _embeddings_request(body: dict[str, Any], model: str) -> CompletionRequest:
+    raw: Any = body.get("input")
+    try:
+        prompt_tokens = count_prompt_tokens(raw)  # refuses anything but a string or a non-empty array
+    except SimError:
+        raise invalid("'input' is required: a string, an array of strings, or token arrays.") from None
+    if isinstance(raw, str):
+        inputs: tuple[str, ...] = (raw,)
+    elif all(isinstance(item, str) for item in raw):
+        inputs = tuple(raw)
+    elif all(isinstance(item, int) for item in raw):
+        inputs = (json.dumps(raw),)
+    else:
+        inputs = tuple(json.dumps(item) for item in raw)
+    dimensions = body.get("dimensions", EMBEDDING_DIMENSIONS)
+    if (
+        isinstance(dimensions, bool)
+        or not isinstance(dimensions, int)
+        or not 1 <= dimensions <= MAX_EMBEDDING_DIMENSIONS
+    ):
+        raise invalid(f"'dimensions' must be an integer from 1 to {MAX_EMBEDDING_DIMENSIONS}.")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise invalid("'encoding_format' must be 'float' or 'base64'.")
+    if body.get("stream"):
+        raise invalid("Embeddings are not streamed.")
+    return CompletionRequest(EMBED, model, prompt_tokens, None, False, False, inputs, dimensions, encoding == "base64")
+
+
+def embedding_of(text: str, dimensions: int) -> list[float]:
+    """A deterministic unit vector for ``text`` (the same text always gives the same vector)."""
+    rng = random.Random(zlib.crc32(text.encode()))
+    vector = [rng.gauss(0.0, 1.0) for _ in range(dimensions)]
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+def embeddings_body(req: CompletionRequest, usage: dict[str, int]) -> bytes:
+    data = []
+    for index, text in enumerate(req.inputs):
+        vector = embedding_of(text, req.dimensions)
+        encoded: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode() if req.base64 else vector
+        data.append({"object": "embedding", "index": index, "embedding": encoded})
+    usage = {"prompt_tokens": usage["prompt_tokens"], "total_tokens": usage["prompt_tokens"]}
+    return json.dumps({"object": "list", "data": data, "model": req.model, "usage": usage}).encode()
 
 
 def count_chat_tokens(messages: Any) -> int:

@@ -119,6 +119,7 @@ class BackendSpec:
     fallback_for: str | None = None
     reserved_slots: int = 0
     enabled: bool = True
+    embedding_models: tuple[str, ...] = ()  # those of ``models`` that embed (served at /v1/embeddings only)
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,7 @@ def _backend_dict(b: BackendSpec) -> dict[str, Any]:
         "output_price_per_1k": b.output_price_per_1k,
         "fallback_for": b.fallback_for,
         "reserved_slots": b.reserved_slots,
+        "embedding_models": list(b.embedding_models) or None,
     }
     data = {k: v for k, v in data.items() if v is not None and v != ""}
     return data if b.enabled else {**data, "enabled": False}

@@ -386,6 +386,7 @@ def _backend(ck: Checker, path: str, raw: Any) -> BackendSpec | None:
         "fallback_for",
         "reserved_slots",
         "enabled",
+        "embedding_models",
     )
     data, start = ck.mapping(path, raw, keys), len(ck.issues)
     if data is None:
@@ -405,9 +406,13 @@ def _backend(ck: Checker, path: str, raw: Any) -> BackendSpec | None:
         if slots is not None
         else 0,
         enabled=ck.get(data, path, "enabled", ck.flag, default=True),
+        embedding_models=ck.get(data, path, "embedding_models", _bind(_name_list, ck), default=()),
     )
     if spec.models == ():
         ck.error(f"{path}.models", "must list at least one model")
+    for i, name in enumerate(spec.embedding_models or ()):
+        if spec.models is not None and name not in spec.models:
+            ck.error(f"{path}.embedding_models[{i}]", f"{name!r} must be one of this backend's models")
     return spec if len(ck.issues) == start else None
 
 

@@ -21,6 +21,13 @@ class Command(SubcommandCommand):
         p.add_argument("--output-price-per-1k", type=decimal_arg, default=Decimal("0"))
         p.add_argument("--fallback-for")
         p.add_argument("--reserved-slots", type=int, default=0)
+        p.add_argument(
+            "--embedding-model",
+            dest="embedding_models",
+            action="append",
+            default=[],
+            help="one of its --model that embeds",
+        )
 
     def args_list(self, p):
         pass
@@ -38,6 +45,7 @@ class Command(SubcommandCommand):
         output_price_per_1k,
         fallback_for,
         reserved_slots,
+        embedding_models,
         **_,
     ):
         spec = BackendSpec(
@@ -51,6 +59,7 @@ class Command(SubcommandCommand):
             output_price_per_1k=output_price_per_1k,
             fallback_for=fallback_for,
             reserved_slots=reserved_slots,
+            embedding_models=tuple(embedding_models),
         )
         backend_create(spec=spec, actor="cli")
         self.stdout.write(f"created backend {name}")

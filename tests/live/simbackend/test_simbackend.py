@@ -70,6 +70,22 @@ def test_chat_and_text_completions_report_usage(start_sim: StartSim) -> None:
 
 
 @live
+def test_embeddings_are_deterministic_unit_vectors_in_either_encoding(start_sim: StartSim) -> None:
+    sim = start_sim(ttft_ms=1)
+    client = sdk(sim)
+    floats = client.embeddings.create(model="m", input=["alpha", "beta"], encoding_format="float", dimensions=6)
+    decoded = client.embeddings.create(model="m", input=["alpha", "beta"], dimensions=6)  # the SDK asks for base64
+    assert [len(item.embedding) for item in floats.data] == [6, 6]
+    for plain, packed in zip(floats.data, decoded.data):
+        assert plain.embedding == pytest.approx(packed.embedding, rel=1e-6)  # float32 on the wire
+        assert sum(v * v for v in plain.embedding) == pytest.approx(1.0)
+    assert floats.data[0].embedding != floats.data[1].embedding
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == 4
+    refused = httpx.post(f"{sim.url}/v1/embeddings", json={"model": "m", "input": "a", "dimensions": 0})
+    assert refused.status_code == 400
+
+
+@live
 def test_prompt_tokens_grow_with_prompt_and_text_is_deterministic(start_sim: StartSim) -> None:
     fast = dict(ttft_ms=1, tokens_per_s=10_000)
     first, same_seed, other_seed = sdk(start_sim(**fast)), sdk(start_sim(**fast)), sdk(start_sim(seed=2, **fast))

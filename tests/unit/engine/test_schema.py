@@ -680,6 +680,13 @@ INVALID = [
     ),
     ("backend-url", listing("backends", BACKEND + ", url: 'ftp://host'}"), f"{B}[0].url", 6, "http:// or https://"),
     ("backend-tpm", listing("backends", BACKEND + ", tpm: 0}"), f"{B}[0].tpm", 6, ">= 1"),
+    (
+        "backend-embedding-model-not-served",
+        listing("backends", BACKEND + ", embedding_models: [other]}"),
+        f"{B}[0].embedding_models[0]",
+        6,
+        "must be one of this backend's models",
+    ),
 ]
 
 
@@ -785,10 +792,11 @@ def backends(draw: st.DrawFn) -> tuple[BackendSpec, ...]:
     specs = []
     for name in names:
         slots = draw(st.integers(1, 64))
+        models = tuple(draw(st.lists(words, min_size=1, max_size=2, unique=True)))
         specs.append(
             BackendSpec(
                 name,
-                tuple(draw(st.lists(words, min_size=1, max_size=2, unique=True))),
+                models,
                 slots,
                 draw(st.sampled_from(["", "http://127.0.0.1:9100/v1", "https://api.example.com/v1?x=1"])),
                 draw(st.none() | st.integers(1, 10**7)),
@@ -798,6 +806,7 @@ def backends(draw: st.DrawFn) -> tuple[BackendSpec, ...]:
                 draw(st.none() | st.sampled_from([n for n in names if n != name] or [None])),
                 draw(st.integers(0, slots)),
                 draw(st.booleans()),
+                tuple(m for m in models if draw(st.booleans())),
             )
         )
     return tuple(specs)

@@ -13,7 +13,7 @@ import pytest
 from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
 from gateway.errors import GatewayError
-from gateway.payload import CHAT, TEXT, payload_parse, upstream_body
+from gateway.payload import CHAT, EMBED, TEXT, payload_parse, upstream_body
 from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, usage_of
 from gateway.terminal import TerminalLog
 from scheduling.engine.circuits import Circuits
@@ -121,6 +121,46 @@ def test_payload_goes_upstream_with_the_output_limit_its_hold_covers():
     both.output_limit = 7
     sent = json.loads(upstream_body(both))
     assert (sent["max_tokens"], sent["max_completion_tokens"]) == (7, 7)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "e"}',
+        b'{"model": "e", "input": ""}',
+        b'{"model": "e", "input": []}',
+        b'{"model": "e", "input": ["a", ""]}',
+        b'{"model": "e", "input": [[]]}',
+        b'{"model": "e", "input": [true]}',
+        b'{"model": "e", "input": ["a", 1]}',
+        b'{"model": "e", "input": {"text": "a"}}',
+        b'{"model": "e", "input": "a", "stream": true}',
+        b'{"model": "e", "input": ["a", "b", "c"]}',  # over the cap of 2 set below
+    ],
+)
+def test_payload_rejects_bad_embeddings_bodies(body, settings):
+    settings.FAIRGATE_MAX_EMBEDDING_INPUTS = 2
+    with pytest.raises(GatewayError) as err:
+        payload_parse(EMBED, body)
+    assert err.value.status == 400 and err.value.code == "invalid_request"
+
+
+def test_embeddings_have_no_output_and_go_upstream_as_sent():
+    from gateway.limits import output_limit
+    from gateway.payload import _estimate
+
+    for raw, tokens in (
+        (b'{"model": "e", "input": "hello world", "dimensions": 8}', 2),
+        (b'{"model": "e", "input": ["hello", "world"]}', 2),
+        (b'{"model": "e", "input": [1, 2, 3]}', 3),
+        (b'{"model": "e", "input": [[1, 2, 3], [4, 5]], "encoding_format": "base64"}', 5),
+    ):
+        payload = payload_parse(EMBED, raw)
+        assert (payload.stream, payload.n, payload.max_tokens) == (False, 1, None)
+        assert output_limit(payload) == 0
+        assert upstream_body(payload) == raw
+        assert payload.upstream_path == "/embeddings"
+        assert _estimate(payload) == tokens
 
 
 def test_output_limits_and_the_prompt_bound(settings):
