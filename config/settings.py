@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "gateway",
     "scheduling",
     "billing",
+    "batches",
     "console",
 ]
 
@@ -191,6 +192,20 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# Files of the Batch API (batches.files): local var/files for one machine; with gateways on several
+# machines a shared storage, e.g. FAIRGATE_FILES_STORAGE=storages.backends.s3.S3Storage (the
+# django-storages package, configured by its own AWS_* variables).
+FAIRGATE_FILES_STORAGE = env_str("FAIRGATE_FILES_STORAGE", "django.core.files.storage.FileSystemStorage")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "batch_files": {
+        "BACKEND": FAIRGATE_FILES_STORAGE,
+        "OPTIONS": {"location": str(VAR_DIR / "files")} if FAIRGATE_FILES_STORAGE.endswith("FileSystemStorage") else {},
+    },
+}
+FAIRGATE_FILE_MAX_BYTES = env_int("FAIRGATE_FILE_MAX_BYTES", 200 * 1024 * 1024, minimum=1)
+FAIRGATE_BATCH_MAX_LINES = env_int("FAIRGATE_BATCH_MAX_LINES", 50_000, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
@@ -228,6 +243,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = FAIRGATE_MAX_BODY_BYTES
 # on the API paths its whole body must then arrive within the body timeout, else 408 and close.
 FAIRGATE_HEADER_TIMEOUT_MS = env_int("FAIRGATE_HEADER_TIMEOUT_MS", 10_000, minimum=1)
 FAIRGATE_BODY_TIMEOUT_MS = env_int("FAIRGATE_BODY_TIMEOUT_MS", 30_000, minimum=1)
+FAIRGATE_UPLOAD_TIMEOUT_MS = env_int("FAIRGATE_UPLOAD_TIMEOUT_MS", 600_000, minimum=1)  # POST /v1/files bodies
 FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS = env_int("FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS", 5_000, minimum=1)
 FAIRGATE_UPSTREAM_READ_TIMEOUT_MS = env_int("FAIRGATE_UPSTREAM_READ_TIMEOUT_MS", 300_000, minimum=1)
 # Attempts on another (or the same) backend after a connection error or a 5xx, before 502.

@@ -5,6 +5,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/billing/", include("billing.urls")),
     path("console/", include("console.urls")),
+    path("", include("batches.urls")),
     path("", include("gateway.urls")),
 ]
 

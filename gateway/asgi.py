@@ -26,6 +26,8 @@ from gateway.errors import ErrorCode, GatewayError
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
+UPLOAD_PATH = "/v1/files"  # the Batch API's uploads (batches.views): bodies of their own size and time
+UPLOAD_FORM_BYTES = 64 * 1024  # what a multipart form adds around the file
 
 
 class GatewayASGIHandler(ASGIHandler):
@@ -40,19 +42,26 @@ class GatewayASGIHandler(ASGIHandler):
       (two thread hops per request, a quarter of the gateway's CPU per request) and only
       recycle database connections, which ``gateway.db.db_call`` does before each ORM call;
     * as in Django, a client that disconnects cancels the view's task;
-    * a body that is not all there within FAIRGATE_BODY_TIMEOUT_MS is answered 408 (slow clients).
+    * a body that is not all there within FAIRGATE_BODY_TIMEOUT_MS is answered 408 (slow clients);
+      a file upload's (``UPLOAD_PATH``) within FAIRGATE_UPLOAD_TIMEOUT_MS, and one that says it is
+      larger than a file may be is refused 413 before it is read.
     """
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             raise ValueError(f"the gateway handler serves HTTP only, not {scope['type']!r}")
+        upload = scope["path"] == UPLOAD_PATH
+        if upload and _declared_length(scope) > settings.FAIRGATE_FILE_MAX_BYTES + UPLOAD_FORM_BYTES:
+            await self.send_response(_upload_too_large(), send)
+            return
+        limit_ms = settings.FAIRGATE_UPLOAD_TIMEOUT_MS if upload else settings.FAIRGATE_BODY_TIMEOUT_MS
         try:
-            async with asyncio.timeout(settings.FAIRGATE_BODY_TIMEOUT_MS / 1000):  # for the whole body
+            async with asyncio.timeout(limit_ms / 1000):  # for the whole body
                 body_file = await self.read_body(receive)
         except RequestAborted:
             return
         except TimeoutError:
-            await self.send_response(_body_late(), send)
+            await self.send_response(_body_late(limit_ms), send)
             return
         try:
             request, error_response = self.create_request(scope, body_file)
@@ -99,11 +108,26 @@ class GatewayASGIHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(get_response)
 
 
-def _body_late() -> HttpResponse:
-    """408 for a body that did not arrive within FAIRGATE_BODY_TIMEOUT_MS. The connection is closed
-    after it: the rest of the body may still be on its way, and would otherwise keep it open."""
-    message = f"The request body did not arrive within {settings.FAIRGATE_BODY_TIMEOUT_MS} ms."
+def _body_late(limit_ms: int) -> HttpResponse:
+    """408 for a body that did not arrive within its time. The connection is closed after it: the
+    rest of the body may still be on its way, and would otherwise keep it open."""
+    message = f"The request body did not arrive within {limit_ms} ms."
     return GatewayError(408, ErrorCode.REQUEST_TIMEOUT, message, headers={"Connection": "close"}).to_response()
+
+
+def _declared_length(scope) -> int:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _upload_too_large() -> HttpResponse:
+    message = f"A file is at most {settings.FAIRGATE_FILE_MAX_BYTES} bytes here (FAIRGATE_FILE_MAX_BYTES)."
+    return GatewayError(413, ErrorCode.REQUEST_TOO_LARGE, message, headers={"Connection": "close"}).to_response()
 
 
 async def _disconnected(receive) -> None:

@@ -206,6 +206,24 @@ def openapi_document() -> dict:
             ),
             "/v1/completions": _completion("Text completion", ["model", "prompt"], {"prompt": prompt}),
             "/v1/embeddings": _embeddings(listing),
+            "/v1/files": {
+                **_get("Your files (cursor: after, limit, order, purpose)", listing),
+                "post": {
+                    "summary": "Upload a batch input file (multipart: file, purpose=batch)",
+                    "security": [{"bearer": []}],
+                    "responses": _responses({"description": "The file object", **_json({"type": "object"})}),
+                },
+            },
+            "/v1/files/{file_id}": _get(
+                "One of your files (DELETE removes it)",
+                {"type": "object"},
+                parameters=[{"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            ),
+            "/v1/files/{file_id}/content": _get(
+                "The file's bytes",
+                {"type": "string"},
+                parameters=[{"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            ),
             "/v1/models": _get("Models served by enabled backends", listing),
             "/v1/queue": _get("Your waiting and running requests", listing),
             "/v1/queue/{request_id}": _get(

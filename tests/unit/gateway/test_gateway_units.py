@@ -396,3 +396,18 @@ def test_early_holds_price_at_the_dearest_rate_seen_and_ignore_holds_found_again
     assert rooms.early_estimate("t", 100, now_s=0.0) == Decimal(1)
     rooms.learn("u", 100, _held("1", "Infinity"), now_s=0.0)  # no limit
     assert rooms.early_estimate("u", 10**9, now_s=0.0) is not None
+
+
+def test_the_openapi_document_names_every_api_route():
+    import re
+
+    from batches.urls import urlpatterns as batch_routes
+    from gateway.openapi import openapi_document
+    from gateway.urls import urlpatterns as gateway_routes
+
+    routes = {
+        "/" + re.sub(r"<str:(\w+)>", r"{\1}", str(p.pattern))
+        for p in (*gateway_routes, *batch_routes)
+        if str(p.pattern).startswith("v1/") and str(p.pattern) != "v1/openapi.json"
+    }
+    assert routes - set(openapi_document()["paths"]) == set()

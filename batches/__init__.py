@@ -1,0 +1,1 @@
+"""The Batch API: files uploaded once (and, next, batches of their lines scheduled like any request)."""

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class BatchesConfig(AppConfig):
+    name = "batches"
+    verbose_name = "Batches"
+
+    def ready(self) -> None:
+        from batches import checks  # noqa: F401  (registers the start-up checks)

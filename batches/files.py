@@ -1,0 +1,164 @@
+"""Files of the Batch API in Django's storage API (``STORAGES["batch_files"]``): the bytes there,
+a `BatchFile` row each. Local ``var/files`` is the default, for one machine; gateways on several
+machines need a shared storage (an S3-compatible bucket through django-storages' S3 backend).
+
+Uploads are checked for what can be checked without reading them as a batch: purpose, size
+(``FAIRGATE_FILE_MAX_BYTES``, else 413) and line count (``FAIRGATE_BATCH_MAX_LINES``); the lines
+themselves are checked when a batch is created from the file. Every call here is synchronous (ORM
+and storage): the API views run them in a thread.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.files import File
+from django.core.files.storage import Storage, storages
+from django.db import transaction
+
+from batches.models import BatchFile
+
+STORAGE_ALIAS = "batch_files"
+UPLOAD_PURPOSES = (BatchFile.Purpose.BATCH,)
+READ_CHUNK_BYTES = 256 * 1024
+MAX_LIST = 10_000
+
+
+class FileRefused(Exception):
+    """An upload or a file call refused: ``status`` (400, 404, 413) and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def files_storage() -> Storage:
+    return storages[STORAGE_ALIAS]
+
+
+def file_id_new() -> str:
+    """``file-`` + 24 hex digits: the time in ms, then 48 random bits (ids sort as they were made)."""
+    return f"file-{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+
+
+def _counted(upload: File) -> tuple[int, int]:
+    """(bytes, lines) of ``upload``: lines end with a newline, the last one may not."""
+    size = lines = 0
+    last = b"\n"
+    for chunk in upload.chunks(READ_CHUNK_BYTES):
+        size += len(chunk)
+        lines += chunk.count(b"\n")
+        if chunk:
+            last = chunk[-1:]
+        if size > settings.FAIRGATE_FILE_MAX_BYTES:
+            limit = settings.FAIRGATE_FILE_MAX_BYTES
+            raise FileRefused(413, f"A file is at most {limit} bytes here (FAIRGATE_FILE_MAX_BYTES).")
+    return size, lines + (last != b"\n")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An upload's bytes in the storage, not recorded yet (`file_record`)."""
+
+    file_id: str
+    storage_name: str
+    filename: str
+    bytes: int
+    lines: int
+
+
+def file_store(*, tenant_slug: str, purpose: str, upload: File) -> Stored:
+    """Checks ``upload`` and writes it to the files storage (no database: may run in any thread)."""
+    if purpose not in UPLOAD_PURPOSES:
+        raise FileRefused(400, f"'purpose' must be one of: {', '.join(UPLOAD_PURPOSES)}; got '{purpose[:64]}'.")
+    size, lines = _counted(upload)
+    if size == 0:
+        raise FileRefused(400, "The file is empty: a batch file has one JSON request per line.")
+    if lines > settings.FAIRGATE_BATCH_MAX_LINES:
+        raise FileRefused(
+            400,
+            f"A batch file has at most {settings.FAIRGATE_BATCH_MAX_LINES} lines here "
+            f"(FAIRGATE_BATCH_MAX_LINES); this one has {lines}.",
+        )
+    file_id = file_id_new()
+    upload.seek(0)
+    stored = files_storage().save(f"{tenant_slug}/{file_id}.jsonl", upload)
+    return Stored(file_id, stored, (upload.name or "upload.jsonl")[-255:], size, lines)
+
+
+def file_record(*, stored: Stored, tenant_id: int, key_prefix: str, purpose: str) -> BatchFile:
+    """The row of a stored upload; if it cannot be written, the bytes are removed again."""
+    try:
+        return BatchFile.objects.create(
+            id=stored.file_id,
+            tenant_id=tenant_id,
+            purpose=purpose,
+            filename=stored.filename,
+            bytes=stored.bytes,
+            lines=stored.lines,
+            storage_name=stored.storage_name,
+            key_prefix=key_prefix,
+        )
+    except BaseException:
+        files_storage().delete(stored.storage_name)
+        raise
+
+
+def file_get(*, tenant_id: int, file_id: str) -> BatchFile:
+    """The tenant's file, or 404 (another tenant's file is not found either)."""
+    found = BatchFile.objects.filter(tenant_id=tenant_id, id=file_id).first()
+    if found is None:
+        raise FileRefused(404, f"No file '{file_id[:64]}' of yours.")
+    return found
+
+
+@dataclass(frozen=True)
+class Page:
+    files: list[BatchFile]
+    has_more: bool
+
+
+def files_list(*, tenant_id: int, purpose: str | None, after: str | None, limit: int, ascending: bool) -> Page:
+    if not 1 <= limit <= MAX_LIST:
+        raise FileRefused(400, f"'limit' must be from 1 to {MAX_LIST}.")
+    rows = BatchFile.objects.filter(tenant_id=tenant_id)
+    if purpose:
+        rows = rows.filter(purpose=purpose)
+    if after:
+        rows = rows.filter(id__gt=after) if ascending else rows.filter(id__lt=after)
+    found = list(rows.order_by("id" if ascending else "-id")[: limit + 1])
+    return Page(found[:limit], len(found) > limit)
+
+
+def file_delete(*, tenant_id: int, file_id: str) -> None:
+    with transaction.atomic():
+        found = file_get(tenant_id=tenant_id, file_id=file_id)
+        found.delete()
+    files_storage().delete(found.storage_name)
+
+
+def file_chunks(found: BatchFile) -> Iterator[bytes]:
+    """The file's bytes, a chunk at a time (the storage file is closed at the end or on close())."""
+    with files_storage().open(found.storage_name, "rb") as stream:
+        while chunk := stream.read(READ_CHUNK_BYTES):
+            yield chunk
+
+
+def file_object(found: BatchFile) -> dict:
+    """The file as OpenAI's API shows it."""
+    return {
+        "id": found.id,
+        "object": "file",
+        "bytes": found.bytes,
+        "created_at": int(found.created_at.timestamp()),
+        "filename": found.filename,
+        "purpose": found.purpose,
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
