@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -142,7 +142,7 @@ def file_delete(*, tenant_id: int, file_id: str) -> None:
     files_storage().delete(found.storage_name)
 
 
-def file_chunks(found: BatchFile) -> Iterator[bytes]:
+def file_chunks(found: BatchFile) -> Generator[bytes, None, None]:
     """The file's bytes, a chunk at a time (the storage file is closed at the end or on close())."""
     with files_storage().open(found.storage_name, "rb") as stream:
         while chunk := stream.read(READ_CHUNK_BYTES):

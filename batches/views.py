@@ -25,7 +25,7 @@ def _refused(refused: files.FileRefused) -> GatewayError:
 
 async def _upload(request: HttpRequest) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
-    if not request.content_type.startswith("multipart/form-data"):
+    if not (request.content_type or "").startswith("multipart/form-data"):
         raise invalid_request("Upload a file as multipart/form-data with the fields 'file' and 'purpose'.")
     form, uploaded = await asyncio.to_thread(lambda: (request.POST, request.FILES))  # parsed off the event loop
     upload = uploaded.get("file")

@@ -1,0 +1,124 @@
+"""A batch input file, line by line, checked as the gateway would check each request on its face.
+
+Each line is one JSON object: ``custom_id`` (unique in the file), ``method`` ``POST``, ``url`` the
+batch's endpoint, and ``body`` the request as the endpoint takes it. The first line that is not —
+malformed JSON, a missing or repeated ``custom_id``, another endpoint, a body the gateway would
+refuse (gateway.payload, gateway.limits), a model no backend serves for that endpoint, or more
+lines than ``FAIRGATE_BATCH_MAX_LINES`` — refuses the whole file, naming the line: a batch is
+accepted whole or not at all, never in part. Blank lines are skipped. What can only be known when
+a line runs (its budget, a class the key lacks after a downgrade) is not checked here.
+
+Pure: no database, no storage; the caller passes the file's bytes and the models served.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from gateway.errors import GatewayError
+from gateway.limits import output_limit
+from gateway.payload import CHAT, EMBED, TEXT, Payload, payload_parse
+
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT, "/v1/embeddings": EMBED}
+MAX_CUSTOM_ID = 128
+LINE_KEYS = {"custom_id", "method", "url", "body"}
+
+
+class LineRefused(Exception):
+    """The file is refused at ``line`` (1-based): ``message`` names it and says why."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        self.line = line
+        self.message = f"Line {line}: {reason}"
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int
+    custom_id: str
+    payload: Payload  # parsed and limited (``output_limit`` set); its token estimate is made when it runs
+
+
+def _split(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each line of the file given in chunks."""
+    number, rest = 0, b""
+    for chunk in chunks:
+        rest += chunk
+        *whole, rest = rest.split(b"\n")
+        for raw in whole:
+            number += 1
+            yield number, raw
+    if rest:
+        yield number + 1, rest
+
+
+def _model_error(model: str, kind: str, served: Mapping[str, bool]) -> str | None:
+    embeds = served.get(model)
+    if embeds is None:
+        return f"unknown model '{model[:64]}' (models served here: {', '.join(sorted(served)) or 'none'})"
+    if (kind == EMBED) != embeds:
+        return f"model '{model}' " + ("makes embeddings: use /v1/embeddings" if embeds else "does not make embeddings")
+    return None
+
+
+def _line(number: int, raw: bytes, endpoint: str, served: Mapping[str, bool]) -> tuple[str, Payload]:
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise LineRefused(number, "not valid JSON.") from None
+    if not isinstance(record, dict):
+        raise LineRefused(number, "must be a JSON object with custom_id, method, url and body.")
+    unknown = set(record) - LINE_KEYS
+    if unknown:
+        raise LineRefused(number, f"unknown field(s) {', '.join(sorted(unknown))[:200]}.")
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= MAX_CUSTOM_ID:
+        raise LineRefused(number, f"'custom_id' must be a string of 1 to {MAX_CUSTOM_ID} characters.")
+    if record.get("method") != "POST":
+        raise LineRefused(number, "'method' must be POST.")
+    if record.get("url") != endpoint:
+        raise LineRefused(
+            number, f"'url' must be the batch's endpoint {endpoint}, not {str(record.get('url'))[:64]!r}."
+        )
+    body = record.get("body")
+    if not isinstance(body, dict):
+        raise LineRefused(number, "'body' must be a JSON object: the request as the endpoint takes it.")
+    kind = ENDPOINTS[endpoint]
+    try:
+        payload = payload_parse(kind, json.dumps(body, separators=(",", ":")).encode())
+        if payload.stream:
+            raise LineRefused(number, "a batch line is not streamed: leave 'stream' out.")
+        payload.output_limit = output_limit(payload)
+    except GatewayError as refused:
+        raise LineRefused(number, refused.message) from None
+    problem = _model_error(payload.model, kind, served)
+    if problem is not None:
+        raise LineRefused(number, problem + ".")
+    return custom_id, payload
+
+
+def lines_parse(chunks: Iterable[bytes], *, endpoint: str, served: Mapping[str, bool]) -> list[Line]:
+    """Every line of the file, checked; raises LineRefused at the first bad one. ``served`` maps
+    each configured model to whether it embeds."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
+    lines: list[Line] = []
+    seen: dict[str, int] = {}
+    for number, raw in _split(chunks):
+        if not raw.strip():
+            continue
+        if len(lines) == settings.FAIRGATE_BATCH_MAX_LINES:
+            raise LineRefused(number, f"a batch has at most {settings.FAIRGATE_BATCH_MAX_LINES} lines here.")
+        custom_id, payload = _line(number, raw, endpoint, served)
+        if custom_id in seen:
+            raise LineRefused(number, f"custom_id '{custom_id}' is also line {seen[custom_id]}'s.")
+        seen[custom_id] = number
+        lines.append(Line(number, custom_id, payload))
+    if not lines:
+        raise LineRefused(1, "the file has no requests.")
+    return lines
