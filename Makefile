@@ -29,13 +29,17 @@ $(STAMP): pyproject.toml
 migrate: venv
 	$(PY) manage.py migrate --noinput
 
-# The simulated GPU backend on :9100 (the example config's `sim-gpu`) and the gateway, in one go;
-# Ctrl-C stops both.
+# The simulated GPU backend on :9100 (the example config's `sim-gpu`), a Celery worker and beat on
+# the file broker in var/celery (no server to install: alerts, sweeps), and the gateway, in one go;
+# Ctrl-C stops them all.
+DEMO_CELERY := CELERY_BROKER_URL=filesystem://localhost/
 demo: migrate assets
 	$(PY) manage.py demo_setup --url http://$(HOST):$(PORT)
 	$(PY) manage.py simbackend --port 9100 & SIM_PID=$$!; \
-	trap 'kill $$SIM_PID 2>/dev/null' EXIT INT TERM; \
-	$(PY) manage.py serve --host $(HOST) --port $(PORT)
+	$(DEMO_CELERY) $(VENV)/bin/celery -A config worker --loglevel WARNING --concurrency 1 & WORKER_PID=$$!; \
+	$(DEMO_CELERY) $(VENV)/bin/celery -A config beat --loglevel WARNING --schedule var/celerybeat-schedule & BEAT_PID=$$!; \
+	trap 'kill $$SIM_PID $$WORKER_PID $$BEAT_PID 2>/dev/null' EXIT INT TERM; \
+	$(DEMO_CELERY) $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 # House rules kept by tools: lint, format, types (mypy's set), the import contracts (pyproject.toml), and no model change
 # without its migration. `make test` (and so CI) runs it first. mypy's Django plugin imports

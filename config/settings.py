@@ -137,8 +137,17 @@ if REDIS_URL:
     CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    CELERY_BROKER_URL = "memory://"
-    CELERY_TASK_ALWAYS_EAGER = True
+    # Without Redis, tasks run eagerly in the process that sends them, unless a broker that needs
+    # no server is named: CELERY_BROKER_URL=filesystem://localhost/ (kombu's file transport under
+    # var/celery; `make demo` runs a real worker and beat on it).
+    CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "memory://") or "memory://"
+    CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", CELERY_BROKER_URL == "memory://")
+    if CELERY_BROKER_URL.startswith("filesystem://"):
+        CELERY_BROKER_TRANSPORT_OPTIONS = {
+            "data_folder_in": str(VAR_DIR / "celery" / "queue"),
+            "data_folder_out": str(VAR_DIR / "celery" / "queue"),
+            "control_folder": str(VAR_DIR / "celery" / "control"),
+        }
 CELERY_TASK_EAGER_PROPAGATES = True
 # Budget holds and charges on the request path (off only to measure billing's own cost).
 FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
