@@ -7,3 +7,7 @@ class BatchesConfig(AppConfig):
 
     def ready(self) -> None:
         from batches import checks  # noqa: F401  (registers the start-up checks)
+        from batches.feeder import feed
+        from gateway import hooks
+
+        hooks.on_serving(feed)  # every serving process feeds batch lines to its engine

@@ -46,8 +46,9 @@ def file_id_new() -> str:
     return f"file-{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
 
 
-def _counted(upload: File) -> tuple[int, int]:
-    """(bytes, lines) of ``upload``: lines end with a newline, the last one may not."""
+def _counted(upload: File, *, limited: bool = True) -> tuple[int, int]:
+    """(bytes, lines) of ``upload``: lines end with a newline, the last one may not. ``limited``:
+    413 past FAIRGATE_FILE_MAX_BYTES."""
     size = lines = 0
     last = b"\n"
     for chunk in upload.chunks(READ_CHUNK_BYTES):
@@ -55,7 +56,7 @@ def _counted(upload: File) -> tuple[int, int]:
         lines += chunk.count(b"\n")
         if chunk:
             last = chunk[-1:]
-        if size > settings.FAIRGATE_FILE_MAX_BYTES:
+        if limited and size > settings.FAIRGATE_FILE_MAX_BYTES:
             limit = settings.FAIRGATE_FILE_MAX_BYTES
             raise FileRefused(413, f"A file is at most {limit} bytes here (FAIRGATE_FILE_MAX_BYTES).")
     return size, lines + (last != b"\n")
@@ -72,14 +73,18 @@ class Stored:
     lines: int
 
 
-def file_store(*, tenant_slug: str, purpose: str, upload: File) -> Stored:
-    """Checks ``upload`` and writes it to the files storage (no database: may run in any thread)."""
-    if purpose not in UPLOAD_PURPOSES:
+def file_store(*, tenant_slug: str, purpose: str, upload: File, checked: bool = True) -> Stored:
+    """Checks ``upload`` (not a file the product writes itself: ``checked=False``) and writes it to
+    the files storage (no database: may run in any thread)."""
+    if not checked:
+        size, lines = _counted(upload, limited=False)
+    elif purpose not in UPLOAD_PURPOSES:
         raise FileRefused(400, f"'purpose' must be one of: {', '.join(UPLOAD_PURPOSES)}; got '{purpose[:64]}'.")
-    size, lines = _counted(upload)
-    if size == 0:
+    else:
+        size, lines = _counted(upload)
+    if checked and size == 0:
         raise FileRefused(400, "The file is empty: a batch file has one JSON request per line.")
-    if lines > settings.FAIRGATE_BATCH_MAX_LINES:
+    if checked and lines > settings.FAIRGATE_BATCH_MAX_LINES:
         raise FileRefused(
             400,
             f"A batch file has at most {settings.FAIRGATE_BATCH_MAX_LINES} lines here "

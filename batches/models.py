@@ -29,3 +29,83 @@ class BatchFile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.filename})"
+
+
+class Batch(models.Model):
+    """A batch of one file's lines, in OpenAI's shape (batches.service): its lines are scheduled
+    like any request (batches.feeder) and run by Celery workers (batches.tasks)."""
+
+    class Status(models.TextChoices):
+        IN_PROGRESS = "in_progress"
+        FINALIZING = "finalizing"
+        COMPLETED = "completed"
+        EXPIRED = "expired"
+        CANCELLING = "cancelling"
+        CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="batches")
+    key_prefix = models.CharField(max_length=32)  # its lines run as the key that created it
+    endpoint = models.CharField(max_length=64)
+    input_file = models.ForeignKey(BatchFile, null=True, on_delete=models.SET_NULL, related_name="+")
+    output_file = models.ForeignKey(BatchFile, null=True, on_delete=models.SET_NULL, related_name="+")
+    error_file = models.ForeignKey(BatchFile, null=True, on_delete=models.SET_NULL, related_name="+")
+    completion_window = models.CharField(max_length=8, default="24h")
+    priority_class = models.CharField(max_length=32)  # the class its lines declare
+    metadata = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.IN_PROGRESS)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "id"]), models.Index(fields=["status"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+
+class BatchLine(models.Model):
+    """One request of a batch. ``state`` moves pending → claimed (a gateway holds it and it waits in
+    the engine) → sent (granted a slot: a Celery worker runs it) → completed or failed; pending or
+    claimed lines of a cancelled or expired batch end cancelled or expired."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        CLAIMED = "claimed"
+        SENT = "sent"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        EXPIRED = "expired"
+
+    ENDED = (State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED)
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
+    number = models.PositiveIntegerField()  # its line in the input file
+    custom_id = models.CharField(max_length=128)
+    body = models.JSONField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    owner = models.CharField(max_length=64, blank=True)  # the gateway process that claimed it
+    backend = models.CharField(max_length=64, blank=True)  # granted
+    ledger_key = models.CharField(max_length=200, blank=True)  # its hold's (an attempt's: billing.booking)
+    runs = models.PositiveSmallIntegerField(default=0)  # times a worker started it
+    feeds = models.PositiveSmallIntegerField(default=0)  # times a gateway claimed it (again after one died)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)  # the backend's answer's body
+    prompt_tokens = models.PositiveIntegerField(default=0)  # as the backend reported them
+    completion_tokens = models.PositiveIntegerField(default=0)
+    error = models.JSONField(null=True, blank=True)  # {"code", "message"} (failed, cancelled, expired)
+    charge = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["batch", "custom_id"], name="batch_line_custom_id_unique")]
+        indexes = [models.Index(fields=["state", "batch"]), models.Index(fields=["batch", "number"])]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}:{self.custom_id} ({self.state})"

@@ -8,4 +8,7 @@ urlpatterns = [
     path("v1/files", views.files_view),
     path("v1/files/<str:file_id>", views.file_detail),
     path("v1/files/<str:file_id>/content", views.file_content),
+    path("v1/batches", views.batches_view),
+    path("v1/batches/<str:batch_id>", views.batch_detail),
+    path("v1/batches/<str:batch_id>/cancel", views.batch_cancel),
 ]

@@ -6,15 +6,17 @@ its own files only (another tenant's are 404). Storage and database calls run of
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from batches import files
+from batches import files, service
 from batches.models import BatchFile
 from gateway.auth import authenticate
 from gateway.db import db_call
 from gateway.errors import ErrorCode, GatewayError, invalid_request
+from gateway.runtime import dispatcher_get
 from gateway.views import api_view, json_response
 
 
@@ -118,3 +120,104 @@ async def file_content(request: HttpRequest, file_id: str) -> StreamingHttpRespo
     response["Content-Length"] = str(found.bytes)
     response["Content-Disposition"] = f'attachment; filename="{found.id}.jsonl"'
     return response
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+BATCH_CLASS = "BATCH"
+
+
+def _priority_class(d, caller, metadata: dict | None) -> str:
+    """The class a batch's lines declare: BATCH, or ``metadata.priority_class`` if the key may
+    declare it and it is no higher than BATCH."""
+    asked = (metadata or {}).get("priority_class", BATCH_CLASS)
+    levels = d.rules.levels
+    if not isinstance(asked, str) or asked not in levels or BATCH_CLASS not in levels:
+        raise invalid_request(f"'metadata.priority_class' must name a class; got {str(asked)[:64]!r}.")
+    if levels[asked] < levels[BATCH_CLASS]:
+        raise invalid_request(f"A batch runs in {BATCH_CLASS} or a lower class, not {asked}.")
+    if caller.allowed_classes and asked not in caller.allowed_classes:
+        raise invalid_request(f"Your key may not declare {asked}.")
+    return asked
+
+
+def _json_body(request: HttpRequest) -> dict:
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        raise invalid_request("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    return body
+
+
+async def _batch_create(request: HttpRequest) -> HttpResponse:
+    caller = await authenticate(request.headers.get("Authorization"))
+    body = _json_body(request)
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise invalid_request("'metadata' must be an object.")
+    for name in ("input_file_id", "endpoint", "completion_window"):
+        if not isinstance(body.get(name), str):
+            raise invalid_request(f"'{name}' is required (a string).")
+    d = await dispatcher_get()
+    served = {m: m in b.embedding_models for b in d.backend_specs.values() for m in b.models}
+    asked = service.Asked(
+        tenant_id=caller.tenant_id,
+        key_prefix=caller.key_prefix,
+        input_file_id=body["input_file_id"],
+        endpoint=body["endpoint"],
+        completion_window=body["completion_window"],
+        priority_class=_priority_class(d, caller, metadata),
+        metadata=metadata,
+    )
+    try:
+        batch = await db_call(service.batch_create)(asked, served=served)
+        return json_response(await db_call(service.batch_object)(batch))
+    except files.FileRefused as refused:
+        raise _refused(refused) from None
+
+
+async def _batches_listing(request: HttpRequest) -> HttpResponse:
+    caller = await authenticate(request.headers.get("Authorization"))
+    try:
+        found, more = await db_call(service.batches_list)(
+            tenant_id=caller.tenant_id, after=request.GET.get("after") or None, limit=_int_param(request, "limit", 20)
+        )
+        data = [await db_call(service.batch_object)(b) for b in found]
+    except files.FileRefused as refused:
+        raise _refused(refused) from None
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
+
+
+@api_view("GET", "POST")
+async def batches_view(request: HttpRequest) -> HttpResponse:
+    return await (_batch_create(request) if request.method == "POST" else _batches_listing(request))
+
+
+@api_view("GET")
+async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
+    caller = await authenticate(request.headers.get("Authorization"))
+    try:
+        batch = await db_call(service.batch_get)(tenant_id=caller.tenant_id, batch_id=batch_id)
+        return json_response(await db_call(service.batch_object)(batch))
+    except files.FileRefused as refused:
+        raise _refused(refused) from None
+
+
+@api_view("POST")
+async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
+    caller = await authenticate(request.headers.get("Authorization"))
+    try:
+        batch = await db_call(service.batch_cancel)(tenant_id=caller.tenant_id, batch_id=batch_id)
+        return json_response(await db_call(service.batch_object)(batch))
+    except files.FileRefused as refused:
+        raise _refused(refused) from None

@@ -149,6 +149,11 @@ else:
             "control_folder": str(VAR_DIR / "celery" / "control"),
         }
 CELERY_TASK_EAGER_PROPAGATES = True
+# The queue tasks go to and workers read (one per deployment sharing a broker; tests use their own).
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery") or "celery"
+# A worker takes one task at a time per process/thread: a batch line (acked late) waits in the
+# broker, where another worker can take it, not in a busy worker's prefetch.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Budget holds and charges on the request path (off only to measure billing's own cost).
 FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
 # Early holds (gateway/charging.py): a tenant with ample room need not wait for its hold before its
@@ -215,6 +220,9 @@ STORAGES = {
 }
 FAIRGATE_FILE_MAX_BYTES = env_int("FAIRGATE_FILE_MAX_BYTES", 200 * 1024 * 1024, minimum=1)
 FAIRGATE_BATCH_MAX_LINES = env_int("FAIRGATE_BATCH_MAX_LINES", 50_000, minimum=1)
+# Batch lines one serving process keeps in the engine at most (batches.feeder); the engine's own
+# admission (queue depth) may take fewer.
+FAIRGATE_BATCH_LINES_PER_PROCESS = env_int("FAIRGATE_BATCH_LINES_PER_PROCESS", 64, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],

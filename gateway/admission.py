@@ -71,6 +71,14 @@ class Bill:
         else:
             charging.release(self.held, reason=outcome)
 
+    def end_elsewhere(self) -> None:
+        """Once: another process settles or releases the hold (a Celery worker runs the request:
+        batches.tasks); this one only forgets it."""
+        if not self.ended:
+            self.ended = True
+            assert isinstance(self.held, charging.Hold), "handed on before its hold was confirmed"
+            charging.forget(self.held)
+
 
 @dataclass
 class Admitted:

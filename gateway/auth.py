@@ -89,6 +89,13 @@ async def _lookup(prefix: str) -> _KeyRow | None:
     return await asyncio.shield(pending)
 
 
+async def caller_of(prefix: str) -> Caller | None:
+    """The caller a key's prefix names (for work done later in its name: a batch's lines); None
+    once the key is revoked or its tenant inactive."""
+    row = await _lookup(prefix)
+    return None if row is None else row.caller
+
+
 def bearer_token(header: str | None) -> str | None:
     if not header:
         return None

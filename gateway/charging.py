@@ -589,6 +589,12 @@ def release_leftover_holds() -> None:
             log.warning("released %d billing holds left behind by an earlier run", released)
 
 
+def forget(held: Hold) -> None:
+    """The hold is another process's to end now: out of this process's memo of holds."""
+    if settings.FAIRGATE_BILLING:
+        held_forget(held.request_id)
+
+
 def release(held: Hold | EarlyHold, *, reason: str) -> None:
     """Sends the release now (an early hold's once it is booked); one that fails is retried while
     the process lives (gateway.unbooked)."""

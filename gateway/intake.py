@@ -75,7 +75,7 @@ def _declared(request: HttpRequest, caller: Caller, d: Dispatcher) -> str:
     return declared
 
 
-def _classify(
+def classify(
     d: Dispatcher, caller: Caller, declared: str, payload: Payload, src_ip: str | None
 ) -> tuple[str, str | None]:
     facts = Facts(
@@ -125,7 +125,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     await payload_estimate(payload)
     payload.prompt_bound = prompt_bound(payload)
     src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
-    cls, rule = _classify(d, caller, declared, payload, src_ip)
+    cls, rule = classify(d, caller, declared, payload, src_ip)
     return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms)
 
 

@@ -219,6 +219,26 @@ def openapi_document() -> dict:
                 {"type": "object"},
                 parameters=[{"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             ),
+            "/v1/batches": {
+                **_get("Your batches, newest first (cursor: after, limit)", listing),
+                "post": {
+                    "summary": "Create a batch from an uploaded file (input_file_id, endpoint, completion_window 24h)",
+                    "security": [{"bearer": []}],
+                    "responses": _responses({"description": "The batch object", **_json({"type": "object"})}),
+                },
+            },
+            "/v1/batches/{batch_id}": _get(
+                "One of your batches, with request_counts",
+                {"type": "object"},
+                parameters=[{"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            ),
+            "/v1/batches/{batch_id}/cancel": {
+                "post": {
+                    "summary": "Stop granting its lines; the running ones finish",
+                    "security": [{"bearer": []}],
+                    "responses": _responses({"description": "The batch object", **_json({"type": "object"})}),
+                }
+            },
             "/v1/files/{file_id}/content": _get(
                 "The file's bytes",
                 {"type": "string"},

@@ -170,7 +170,8 @@ def _output_limit_asked(body: dict, kind: str) -> tuple[int | None, str]:
     return min(asked) if asked else (None, "max_tokens")
 
 
-def _estimate(payload: Payload) -> int:
+def estimate(payload: Payload) -> int:
+    """Prompt tokens with cl100k_base (synchronous; `payload_estimate` is the event loop's)."""
     if payload.kind == CHAT:
         return estimate_chat(payload.body["messages"])
     return estimate_completion(payload.body["input" if payload.kind == EMBED else "prompt"])
@@ -179,9 +180,9 @@ def _estimate(payload: Payload) -> int:
 async def payload_estimate(payload: Payload) -> int:
     """Prompt tokens with cl100k_base; long prompts are tokenized in a worker thread."""
     if len(payload.raw) > THREAD_ESTIMATE_BYTES:
-        payload.prompt_tokens = await asyncio.to_thread(_estimate, payload)
+        payload.prompt_tokens = await asyncio.to_thread(estimate, payload)
     else:
-        payload.prompt_tokens = _estimate(payload)
+        payload.prompt_tokens = estimate(payload)
     return payload.prompt_tokens
 
 

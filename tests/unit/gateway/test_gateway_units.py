@@ -147,7 +147,7 @@ def test_payload_rejects_bad_embeddings_bodies(body, settings):
 
 def test_embeddings_have_no_output_and_go_upstream_as_sent():
     from gateway.limits import output_limit
-    from gateway.payload import _estimate
+    from gateway.payload import estimate
 
     for raw, tokens in (
         (b'{"model": "e", "input": "hello world", "dimensions": 8}', 2),
@@ -160,7 +160,7 @@ def test_embeddings_have_no_output_and_go_upstream_as_sent():
         assert output_limit(payload) == 0
         assert upstream_body(payload) == raw
         assert payload.upstream_path == "/embeddings"
-        assert _estimate(payload) == tokens
+        assert estimate(payload) == tokens
 
 
 def test_output_limits_and_the_prompt_bound(settings):

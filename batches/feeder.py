@@ -1,0 +1,179 @@
+"""Batch lines into the engine: every ``serve`` process feeds lines as its engine takes them.
+
+Each tick (`FEED_S`) the feeder claims pending lines (batches.service.lines_claim: in turn from
+every open batch, at most ``FAIRGATE_BATCH_LINES_PER_PROCESS`` here at once) and admits each as
+the gateway admits an HTTP request — classified and downgrade-checked in the class its batch
+declares, held on its tenant's budget, queued in the engine with its batch's window end as its
+deadline. The engine's policy decides every grant; a line refused for room (429) goes back to
+pending and the feeder pauses. On its grant the line is marked sent and handed to a Celery worker
+(batches.tasks.run_line), which owns its money from then on (it settles or releases the hold);
+the feeder only waits for the worker's end to free the slot with the tokens used. A cancelled or
+expired batch's lines that were not sent leave the engine and their holds are released.
+
+Known gap (next step): a process killed between marking a line sent and handing it to Celery
+leaves that line sent with no task; a process killed with lines claimed leaves them claimed.
+Both need the sweep by heartbeat that holds already have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+
+from batches import service, tasks
+from batches.lines import ENDPOINTS
+from batches.models import BatchLine
+from billing.heartbeats import process_owner
+from gateway import admission, charging
+from gateway.auth import caller_of
+from gateway.db import db_call, log_failure
+from gateway.errors import ErrorCode, GatewayError
+from gateway.exchange import spawn
+from gateway.intake import Asked, classify
+from gateway.lifecycle import Outcome, PublicId
+from gateway.limits import output_limit, prompt_bound
+from gateway.payload import payload_estimate, payload_parse
+from gateway.runtime import dispatcher_get
+
+log = logging.getLogger(__name__)
+FEED_S = 0.2
+FINALIZE_S = 1.0
+FULL_PAUSE_S = 1.0  # after the engine refused a line for room
+State = BatchLine.State
+_sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-send")  # one kombu producer at a time
+
+
+async def _hand_to_worker(line_pk: int) -> None:
+    """Sends the line's task to the broker, off the event loop. In eager mode (no broker) the task
+    runs right there, in a thread of its own."""
+    send = tasks.run_line.apply_async
+    if tasks.run_line.app.conf.task_always_eager:
+        await asyncio.to_thread(send, args=[line_pk])
+    else:
+        await asyncio.get_running_loop().run_in_executor(_sender, lambda: send(args=[line_pk]))
+
+
+class Feeder:
+    def __init__(self) -> None:
+        self.lines: dict[int, asyncio.Task] = {}  # line pk -> its task, while here
+        self.waiting: dict[int, asyncio.Future] = {}  # sent lines: pk -> the worker's end
+        self.paused_until_s = 0.0
+        self.finalized_at_s = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(FEED_S)
+            try:
+                await self.tick()
+            except Exception:
+                log_failure(log, "the batch feeder's tick failed")
+
+    async def tick(self) -> None:
+        now_s = time.monotonic()
+        room = settings.FAIRGATE_BATCH_LINES_PER_PROCESS - len(self.lines)
+        if room > 0 and now_s >= self.paused_until_s:
+            for line in await db_call(service.lines_claim)(owner=process_owner(), room=room):
+                task = spawn(self._line(line))
+                self.lines[line.pk] = task
+                task.add_done_callback(functools.partial(self._gone, line.pk))
+        if self.waiting:
+            for pk, (state, prompt_tokens, output_tokens) in (await db_call(service.lines_ended)(self.waiting)).items():
+                waiter = self.waiting.pop(pk)
+                if not waiter.done():
+                    waiter.set_result((state, prompt_tokens, output_tokens))
+        queued = [pk for pk in self.lines if pk not in self.waiting]
+        if queued:
+            for pk in await db_call(service.batches_cancelled)(queued):
+                if pk in self.lines and pk not in self.waiting:  # not sent meanwhile: a sent line is the worker's
+                    self.lines[pk].cancel()
+        if now_s - self.finalized_at_s >= FINALIZE_S:
+            self.finalized_at_s = now_s
+            await db_call(service.batches_finalize)()
+
+    def _gone(self, pk: int, _task: asyncio.Task) -> None:
+        self.lines.pop(pk, None)
+
+    async def _asked(self, line: BatchLine) -> Asked:
+        batch = line.batch
+        caller = await caller_of(batch.key_prefix)
+        if caller is None:
+            raise GatewayError(401, ErrorCode.INVALID_API_KEY, "The key that created the batch was revoked.")
+        payload = payload_parse(ENDPOINTS[batch.endpoint], json.dumps(line.body).encode())
+        payload.output_limit = output_limit(payload)
+        await payload_estimate(payload)
+        payload.prompt_bound = prompt_bound(payload)
+        d = await dispatcher_get()
+        cls, rule = classify(d, caller, batch.priority_class, payload, None)
+        left_ms = int((batch.expires_at.timestamp() - time.time()) * 1000)
+        return Asked(
+            d, caller, PublicId(service.public_id_of(line)), payload, batch.priority_class, cls, rule, max(1, left_ms)
+        )
+
+    async def _line(self, line: BatchLine) -> None:
+        try:
+            asked = await self._asked(line)
+            admitted = await admission.admit(asked, early=False)
+        except GatewayError as refused:
+            if refused.status == 429:  # no room in the engine now: back to the batch, fed later
+                self.paused_until_s = time.monotonic() + FULL_PAUSE_S
+                await db_call(service.line_unclaim)(line.pk)
+            else:
+                await _ended(line.pk, State.FAILED, refused.code, refused.message)
+            return
+        d, entry, bill = asked.d, admitted.entry, admitted.bill
+        try:
+            grant = await d.wait_for_grant(entry)
+        except GatewayError as refused:  # its deadline (the batch's window) passed in the queue
+            d.end(entry, refused.code)
+            bill.end(refused.code, served=False)
+            state = State.EXPIRED if refused.code == ErrorCode.QUEUE_TIMEOUT else State.FAILED
+            await _ended(line.pk, state, refused.code, refused.message)
+            return
+        except asyncio.CancelledError:  # its batch was cancelled (or this process stops)
+            d.end(entry, Outcome.CANCELLED)
+            bill.end(Outcome.CANCELLED, served=False)
+            spawn(_ended(line.pk, State.CANCELLED, "batch_cancelled", "The batch was cancelled."))
+            raise
+        # Granted: from here on nothing may stop half-way (a cancel now is too late for this line).
+        await asyncio.shield(spawn(self._granted(line.pk, d, entry, bill, grant.backend)))
+
+    async def _granted(self, pk: int, d, entry, bill: admission.Bill, backend: str) -> None:
+        assert isinstance(bill.held, charging.Hold)  # admitted with early=False: booked
+        if not await db_call(service.line_sent)(pk, backend, bill.held.request_id):  # its batch was cancelled
+            d.end(entry, Outcome.CANCELLED)
+            bill.end(Outcome.CANCELLED, served=False)
+            await _ended(pk, State.CANCELLED, "batch_cancelled", "The batch was cancelled.")
+            return
+        bill.end_elsewhere()  # the worker settles or releases it
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting[pk] = waiter
+        await _hand_to_worker(pk)
+        state, prompt_tokens, output_tokens = await waiter
+        served = state == State.COMPLETED
+        d.end(
+            entry,
+            Outcome.COMPLETED if served else ErrorCode.UPSTREAM_ERROR,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            served=served,
+        )
+
+
+async def _ended(pk: int, state: str, code: str, message: str) -> None:
+    await db_call(service.line_end)(pk, state, {"code": str(code), "message": message})
+
+
+_feeder: Feeder | None = None
+
+
+async def feed() -> None:
+    """The serving process's feeder (gateway.hooks)."""
+    global _feeder
+    _feeder = Feeder()
+    await _feeder.run()

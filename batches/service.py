@@ -1,0 +1,323 @@
+"""Batches in the database (synchronous: the API views and the feeder run these off the event loop).
+
+A batch is created whole from a file its lines check (batches.lines) or not at all; its lines are
+then claimed by gateway processes (`lines_claim`, never twice: a claim is a conditional UPDATE),
+sent to Celery workers once granted, and ended by the worker (completed, failed) or here
+(cancelled, expired). A batch with no line left to run is finalized: its output and error files
+written in OpenAI's line format, its status completed, cancelled or expired.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from io import BytesIO
+
+from django.core.files import File
+from django.db import transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from batches.files import FileRefused, file_chunks, file_get, file_record, file_store
+from batches.lines import ENDPOINTS, lines_parse
+from batches.models import Batch, BatchFile, BatchLine
+
+WINDOWS = {"24h": timedelta(hours=24)}
+State = BatchLine.State
+Status = Batch.Status
+
+
+def batch_id_new() -> str:
+    return f"batch_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+
+
+def public_id_of(line: BatchLine) -> str:
+    """The request id a line runs under (its ledger key is the tenant's: gateway.lifecycle). A line
+    fed again after its gateway died runs under a new one (``~2``...): the old one may still be
+    live in a shared engine until that gateway is known to be gone."""
+    base = f"{line.batch_id}.{line.number}"
+    return base if line.feeds <= 1 else f"{base}~{line.feeds}"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What creating a batch asks for (checked by `batch_create`)."""
+
+    tenant_id: int
+    key_prefix: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    priority_class: str
+    metadata: dict | None
+
+
+def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
+    """The batch and all its lines, or FileRefused (400 naming the first bad line, 404 for a file
+    that is not the tenant's). ``served``: each configured model, and whether it embeds."""
+    if asked.endpoint not in ENDPOINTS:
+        raise FileRefused(400, f"'endpoint' must be one of {', '.join(ENDPOINTS)}; got '{asked.endpoint[:64]}'.")
+    window = WINDOWS.get(asked.completion_window)
+    if window is None:
+        raise FileRefused(400, f"'completion_window' must be one of {', '.join(WINDOWS)}.")
+    found = file_get(tenant_id=asked.tenant_id, file_id=asked.input_file_id)
+    if found.purpose != BatchFile.Purpose.BATCH:
+        raise FileRefused(400, f"File '{found.id}' is not a batch input file (purpose {found.purpose}).")
+    from batches.lines import LineRefused
+
+    try:
+        lines = lines_parse(file_chunks(found), endpoint=asked.endpoint, served=served)
+    except LineRefused as refused:
+        raise FileRefused(400, f"File '{found.id}': {refused.message}") from None
+    now = timezone.now()
+    with transaction.atomic():
+        batch = Batch.objects.create(
+            id=batch_id_new(),
+            tenant_id=asked.tenant_id,
+            key_prefix=asked.key_prefix,
+            endpoint=asked.endpoint,
+            input_file=found,
+            completion_window=asked.completion_window,
+            priority_class=asked.priority_class,
+            metadata=asked.metadata,
+            created_at=now,
+            expires_at=now + window,
+        )
+        BatchLine.objects.bulk_create(
+            (
+                BatchLine(batch=batch, number=line.number, custom_id=line.custom_id, body=line.payload.body)
+                for line in lines
+            ),
+            batch_size=1000,
+        )
+    return batch
+
+
+def batch_get(*, tenant_id: int, batch_id: str) -> Batch:
+    found = Batch.objects.filter(tenant_id=tenant_id, id=batch_id).first()
+    if found is None:
+        raise FileRefused(404, f"No batch '{batch_id[:64]}' of yours.")
+    return found
+
+
+def batches_list(*, tenant_id: int, after: str | None, limit: int) -> tuple[list[Batch], bool]:
+    if not 1 <= limit <= 100:
+        raise FileRefused(400, "'limit' must be from 1 to 100.")
+    rows = Batch.objects.filter(tenant_id=tenant_id)
+    if after:
+        rows = rows.filter(id__lt=after)
+    found = list(rows.order_by("-id")[: limit + 1])
+    return found[:limit], len(found) > limit
+
+
+CANCELLED_ERROR = {"code": "batch_cancelled", "message": "The batch was cancelled."}
+EXPIRED_ERROR = {"code": "batch_expired", "message": "The batch's completion window ended first."}
+
+
+def batch_cancel(*, tenant_id: int, batch_id: str) -> Batch:
+    """Stops granting its lines: the ones not yet sent to a worker end cancelled (a gateway that
+    claimed one drops it from the engine and releases its hold); the ones running finish. The
+    batch is cancelling until none runs, then cancelled (`batches_finalize`)."""
+    with transaction.atomic():
+        batch = batch_get(tenant_id=tenant_id, batch_id=batch_id)
+        if batch.status != Status.IN_PROGRESS:
+            return batch
+        batch.status, batch.cancelling_at = Status.CANCELLING, timezone.now()
+        batch.save(update_fields=["status", "cancelling_at"])
+        BatchLine.objects.filter(batch=batch, state=State.PENDING).update(
+            state=State.CANCELLED, ended_at=timezone.now(), error=CANCELLED_ERROR
+        )
+    return batch
+
+
+def counts_of(batch: Batch) -> dict[str, int]:
+    got = batch.lines.aggregate(
+        total=Count("id"),
+        completed=Count("id", filter=Q(state=State.COMPLETED)),
+        failed=Count("id", filter=~Q(state__in=(State.COMPLETED, State.PENDING, State.CLAIMED, State.SENT))),
+    )
+    return {"total": got["total"], "completed": got["completed"], "failed": got["failed"]}
+
+
+def _ts(value) -> int | None:
+    return None if value is None else int(value.timestamp())
+
+
+def batch_object(batch: Batch) -> dict:
+    """The batch as OpenAI's API shows it."""
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": None,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": _ts(batch.created_at),
+        "in_progress_at": _ts(batch.created_at),
+        "expires_at": _ts(batch.expires_at),
+        "finalizing_at": _ts(batch.finalizing_at),
+        "completed_at": _ts(batch.completed_at),
+        "failed_at": None,
+        "expired_at": _ts(batch.expired_at),
+        "cancelling_at": _ts(batch.cancelling_at),
+        "cancelled_at": _ts(batch.cancelled_at),
+        "request_counts": counts_of(batch),
+        "metadata": batch.metadata,
+    }
+
+
+# --- the feeder's side (batches.feeder) ------------------------------------------------------
+
+
+def lines_claim(*, owner: str, room: int) -> list[BatchLine]:
+    """Up to ``room`` pending lines of batches in progress, taken in turn from each batch (oldest
+    lines first within a batch), so every tenant's batch has lines in the engine and the engine's
+    fairness decides between them. Each is claimed for ``owner`` by a conditional UPDATE: a line
+    two processes reach at once goes to one of them."""
+    now = timezone.now()
+    open_batches = list(
+        Batch.objects.filter(status=Status.IN_PROGRESS, expires_at__gt=now, lines__state=State.PENDING)
+        .values_list("id", flat=True)
+        .distinct()
+        .order_by("id")[:room]
+    )
+    if not open_batches or room <= 0:
+        return []
+    each = max(1, room // len(open_batches))
+    wanted: list[int] = []
+    for batch_id in open_batches:
+        wanted += (
+            BatchLine.objects.filter(batch_id=batch_id, state=State.PENDING)
+            .order_by("number")
+            .values_list("pk", flat=True)[:each]
+        )
+    claimed: list[int] = []
+    for pk in wanted[:room]:
+        if BatchLine.objects.filter(pk=pk, state=State.PENDING).update(
+            state=State.CLAIMED, owner=owner, feeds=F("feeds") + 1
+        ):
+            claimed.append(pk)
+    return list(BatchLine.objects.select_related("batch").filter(pk__in=claimed).order_by("batch_id", "number"))
+
+
+def line_unclaim(pk: int) -> None:
+    """Back to pending (the engine had no room for it): claimed again later, by anyone, under the
+    same request id (it ended unserved: billing books the next attempt of it)."""
+    BatchLine.objects.filter(pk=pk, state=State.CLAIMED).update(state=State.PENDING, owner="", feeds=F("feeds") - 1)
+
+
+def line_sent(pk: int, backend: str, ledger_key: str) -> bool:
+    """Granted: the line is the worker's from now on. False if its batch was cancelled (or the
+    line ended) meanwhile: a cancelled batch grants no more."""
+    claimed = BatchLine.objects.filter(pk=pk, state=State.CLAIMED, batch__status=Status.IN_PROGRESS)
+    return bool(claimed.update(state=State.SENT, backend=backend, ledger_key=ledger_key))
+
+
+def lines_of_the_gone_back() -> int:
+    """Claimed lines of gateway processes that are gone (dead for billing, or stopped) and whose
+    holds billing has released go back to pending, to be claimed again by a live process (their
+    new holds book under the next attempt's key). Sent lines are the workers'."""
+    from billing.models import GatewayProcess
+
+    released = GatewayProcess.objects.filter(released_at__isnull=False).values("owner")
+    return BatchLine.objects.filter(state=State.CLAIMED, owner__in=released).update(state=State.PENDING, owner="")
+
+
+def line_end(pk: int, state: str, error: dict) -> bool:
+    """Ends a line that was not run (refused, cancelled, expired); False if it was ended already."""
+    return bool(
+        BatchLine.objects.filter(pk=pk, state__in=(State.PENDING, State.CLAIMED)).update(
+            state=state, error=error, ended_at=timezone.now()
+        )
+    )
+
+
+def lines_ended(pks: Iterable[int]) -> dict[int, tuple[str, int, int]]:
+    """Of ``pks``, the lines a worker ended: pk -> (state, prompt tokens, completion tokens)."""
+    ended = BatchLine.objects.filter(pk__in=list(pks), state__in=BatchLine.ENDED)
+    return {
+        pk: (state, p, c) for pk, state, p, c in ended.values_list("pk", "state", "prompt_tokens", "completion_tokens")
+    }
+
+
+def batches_cancelled(pks: Iterable[int]) -> set[int]:
+    """Of claimed lines ``pks``, those whose batch is no longer in progress (cancelled, expired)."""
+    return set(
+        BatchLine.objects.filter(pk__in=list(pks), state=State.CLAIMED)
+        .exclude(batch__status=Status.IN_PROGRESS)
+        .values_list("pk", flat=True)
+    )
+
+
+# --- ending batches -------------------------------------------------------------------------
+
+
+def _output_line(line: BatchLine) -> bytes:
+    """A line of the output or error file, in OpenAI's format."""
+    response = None
+    if line.status_code is not None:
+        response = {"status_code": line.status_code, "request_id": public_id_of(line), "body": line.response}
+    record = {"id": f"batch_req_{line.pk}", "custom_id": line.custom_id, "response": response, "error": line.error}
+    return json.dumps(record, separators=(",", ":")).encode() + b"\n"
+
+
+def _write_file(batch: Batch, lines: list[BatchLine], name: str) -> BatchFile | None:
+    if not lines:
+        return None
+    data = b"".join(_output_line(line) for line in lines)
+    upload = File(BytesIO(data), name=f"{batch.id}_{name}.jsonl")
+    stored = file_store(
+        tenant_slug=batch.tenant.slug, purpose=BatchFile.Purpose.BATCH_OUTPUT, upload=upload, checked=False
+    )
+    return file_record(
+        stored=stored, tenant_id=batch.tenant_id, key_prefix=batch.key_prefix, purpose=BatchFile.Purpose.BATCH_OUTPUT
+    )
+
+
+def batches_finalize() -> int:
+    """Expires the lines of batches past their window that were not sent; finalizes every batch
+    with no line left to run (files written, status set). Returns how many were finalized."""
+    now = timezone.now()
+    lines_of_the_gone_back()
+    BatchLine.objects.filter(  # went back to pending (no room in the engine) after the cancel
+        batch__status=Status.CANCELLING, state=State.PENDING
+    ).update(state=State.CANCELLED, ended_at=now, error=CANCELLED_ERROR)
+    BatchLine.objects.filter(batch__status=Status.IN_PROGRESS, batch__expires_at__lte=now, state=State.PENDING).update(
+        state=State.EXPIRED, ended_at=now, error=EXPIRED_ERROR
+    )
+    done = 0
+    candidates = Batch.objects.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING)).exclude(
+        lines__state__in=(State.PENDING, State.CLAIMED, State.SENT)
+    )
+    for batch in candidates.select_related("tenant"):
+        with transaction.atomic():
+            locked = Batch.objects.select_for_update().get(pk=batch.pk)
+            if (
+                locked.status not in (Status.IN_PROGRESS, Status.CANCELLING)
+                or locked.lines.exclude(state__in=BatchLine.ENDED).exists()
+            ):
+                continue
+            lines = list(locked.lines.order_by("number"))
+            locked.tenant = batch.tenant
+            locked.output_file = _write_file(
+                locked, [line for line in lines if line.state == State.COMPLETED], "output"
+            )
+            locked.error_file = _write_file(locked, [line for line in lines if line.state != State.COMPLETED], "errors")
+            ended = timezone.now()
+            locked.finalizing_at = ended
+            if locked.status == Status.CANCELLING:
+                locked.status, locked.cancelled_at = Status.CANCELLED, ended
+            elif any(line.state == State.EXPIRED for line in lines):
+                locked.status, locked.expired_at = Status.EXPIRED, ended
+            else:
+                locked.status, locked.completed_at = Status.COMPLETED, ended
+            locked.save()
+            done += 1
+    return done

@@ -1,0 +1,110 @@
+"""The Celery side of batches: a worker runs a line the engine granted (batches.feeder sent it).
+
+`run_line` calls the backend the line was granted, then, in one transaction, books the line's
+charge (its hold, made by the gateway that fed it, settled at the class's price; at most the hold)
+and writes its result — or, if the backend failed, releases the hold and writes the failure. A
+line runs only while it is ``sent``, and its result is written only if it still is: a redelivered
+task (``acks_late``, ``reject_on_worker_lost``: the broker hands a task whose worker died to
+another) finds the line ended and does nothing, so a line appears once in the output and once in
+the ledger. A worker that dies after calling the backend but before its commit leaves the line
+sent: the redelivery calls the backend once more (at most once more per loss), and books once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from batches.lines import ENDPOINTS
+from batches.models import BatchLine
+from batches.service import public_id_of
+from billing.services import charge_settle, hold_release
+from gateway.lifecycle import PublicId, engine_id
+from gateway.limits import output_limit
+from gateway.payload import Payload, estimate, payload_parse, upstream_body
+from scheduling.models import Backend
+
+log = logging.getLogger(__name__)
+State = BatchLine.State
+
+
+def _request(line: BatchLine) -> Payload:
+    """The line as it goes upstream (its output limit as the hold covers it)."""
+    payload = payload_parse(ENDPOINTS[line.batch.endpoint], json.dumps(line.body).encode())
+    payload.output_limit = output_limit(payload)
+    return payload
+
+
+def _ledger_key(line: BatchLine) -> str:
+    """Its hold's key (the attempt's, if the line was fed again after its first gateway died)."""
+    return line.ledger_key or engine_id(line.batch.tenant.slug, PublicId(public_id_of(line)))
+
+
+def _finish(line: BatchLine, *, status: int, body: object, usage: dict | None) -> None:
+    """Books the line's charge (or releases its hold) and writes its end, once."""
+    with transaction.atomic():
+        locked = BatchLine.objects.select_for_update().filter(pk=line.pk, state=State.SENT).first()
+        if locked is None:  # ended by an earlier run of this task
+            return
+        locked.status_code, locked.response, locked.ended_at = status, body, timezone.now()
+        if usage is not None:
+            locked.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            locked.completion_tokens = int(usage.get("completion_tokens") or 0)
+            if settings.FAIRGATE_BILLING:
+                locked.charge = charge_settle(
+                    request_id=_ledger_key(line),
+                    backend_name=line.backend,
+                    prompt_tokens=locked.prompt_tokens,
+                    completion_tokens=locked.completion_tokens,
+                )
+            locked.state = State.COMPLETED
+        else:
+            if settings.FAIRGATE_BILLING:
+                hold_release(request_id=_ledger_key(line), reason="upstream_error")
+            locked.state = State.FAILED
+            locked.error = {"code": "upstream_error", "message": f"The backend answered {status}."}
+        locked.save()
+
+
+@shared_task(name="batches.run_line", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_line(line_pk: int) -> None:
+    line = BatchLine.objects.select_related("batch", "batch__tenant").filter(pk=line_pk).first()
+    if line is None or line.state != State.SENT:
+        return  # ended already: a redelivered task
+    BatchLine.objects.filter(pk=line_pk).update(runs=F("runs") + 1)
+    backend = Backend.objects.filter(name=line.backend).first()
+    payload = _request(line)
+    timeout = httpx.Timeout(
+        settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS / 1000, connect=settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS / 1000
+    )
+    try:
+        if backend is None:
+            raise httpx.ConnectError(f"backend {line.backend!r} is no longer configured")
+        response = httpx.post(
+            f"{backend.url.rstrip('/')}{payload.upstream_path}",
+            content=upstream_body(payload),
+            headers={"Content-Type": "application/json", "X-Request-Id": public_id_of(line)},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as failed:
+        log.warning("batch line %s: the backend failed: %r", line_pk, failed)
+        _finish(line, status=502, body={"error": {"message": str(failed), "code": "upstream_error"}}, usage=None)
+        return
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {"error": {"message": response.text[:1000], "code": "upstream_error"}}
+    if not response.is_success:
+        _finish(line, status=response.status_code, body=answer, usage=None)
+        return
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):  # served without a count: charged for the estimated prompt, as over HTTP
+        usage = {"prompt_tokens": estimate(payload), "completion_tokens": 0}
+    _finish(line, status=response.status_code, body=answer, usage=usage)

@@ -1,0 +1,278 @@
+"""The Batch API end to end with the official openai SDK: upload, create, poll, download. The
+gateway feeds the lines to its engine, a real Celery worker process runs each granted line, and
+every line is charged once; a malformed file is refused whole, naming its line; a cancelled batch
+stops granting, lets its running lines finish and ends with their output."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from simbackend import SimConfig, start_in_thread
+from tests.support.livestack import REPO_ROOT, another_process, start_gateway, wait_for, wait_until
+from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
+
+pytestmark = pytest.mark.live
+
+KEYS = {"fin": ("fin", "BATCH")}
+SLOTS = 2
+CHARGES = """
+import json
+from billing.models import LedgerEntry
+rows = LedgerEntry.objects.filter(request_id__startswith={prefix!r}, kind="charge")
+print(json.dumps(sorted(rows.values_list("request_id", flat=True))))
+"""
+STATES = """
+from batches.models import BatchLine
+print(list(BatchLine.objects.filter(batch_id={batch_id!r}).values_list("number", "state", "owner", "error")))
+"""
+HOLDS_OPEN = """
+from billing.models import LedgerEntry
+entries = LedgerEntry.objects.filter(request_id__startswith={prefix!r})
+held = set(entries.filter(kind="hold").values_list("request_id", flat=True))
+ended = set(entries.filter(kind__in=("charge", "release")).values_list("request_id", flat=True))
+print(len(held - ended))
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    sim = start_in_thread(SimConfig(port=0, slots=SLOTS, ttft_ms=2, tokens_per_s=5000, seed=9))
+    yaml = scheduler_yaml(
+        classes=["INTERACTIVE", "BATCH", "RETRY"],
+        tenants=[tenant("fin", share=0.5)],
+        backends=[backend("b", f"{sim.url}/v1", models=("m", "e"), slots=SLOTS) | {"embedding_models": ["e"]}],
+    )
+    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
+    settings = {"CELERY_TASK_DEFAULT_QUEUE": f"batches-test-{uuid.uuid4().hex[:8]}", **broker}
+    var_dir = tmp_path_factory.mktemp("gw-batches")
+    gateway = start_gateway(var_dir, yaml, KEYS, **settings)
+    worker_log = var_dir / "worker.log"
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
+        + ["--concurrency", "4", "--loglevel", "INFO"],
+        cwd=REPO_ROOT,
+        env=gateway.env,
+        stdout=worker_log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    yield gateway, sim
+    worker.terminate()
+    worker.wait(timeout=20)
+    gateway.stop()
+    sim.stop()
+
+
+def jsonl(lines: list[dict]) -> io.BytesIO:
+    return io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+def chat_line(custom_id: str, text: str = "hello") -> dict:
+    body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 5}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def upload(sdk: openai.OpenAI, lines: list[dict]) -> str:
+    return sdk.files.create(file=("job.jsonl", jsonl(lines)), purpose="batch").id
+
+
+def ended(sdk: openai.OpenAI, batch_id: str, status: str = "completed", gateway=None):
+    try:
+        return wait_for(
+            lambda: sdk.batches.retrieve(batch_id),
+            lambda batch: batch.status == status,
+            what=f"batch {batch_id} {status}",
+            limit_s=90,
+            step_s=0.25,
+        )
+    except AssertionError:
+        if gateway is not None:
+            print(gateway.shell(STATES.format(batch_id=batch_id)))
+            print(gateway.log()[-3000:])
+        raise
+
+
+def output_of(sdk: openai.OpenAI, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in sdk.files.content(file_id).read().splitlines()]
+
+
+def test_a_batch_runs_every_line_once_and_charges_each_once(stack):
+    gateway, _ = stack
+    sdk = gateway.sdk("fin")
+    lines = [chat_line(f"q{i}", f"question {i}") for i in range(7)]
+    batch = sdk.batches.create(
+        input_file_id=upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status == "in_progress" and batch.request_counts.total == 7
+    done = ended(sdk, batch.id)
+    assert (done.request_counts.completed, done.request_counts.failed) == (7, 0)
+    assert done.error_file_id is None
+    out = output_of(sdk, done.output_file_id)
+    assert sorted(line["custom_id"] for line in out) == [f"q{i}" for i in range(7)]
+    assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in out)
+    assert all(line["response"]["body"]["choices"][0]["message"]["content"] for line in out)
+    charged = json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())
+    assert charged == sorted(f"fin/{batch.id}.{n}" for n in range(1, 8))  # one charge per line, its line number
+    assert gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0"
+    assert any(b.id == batch.id for b in sdk.batches.list())
+
+
+def test_an_embeddings_batch_runs_on_its_endpoint(stack):
+    gateway, _ = stack
+    sdk = gateway.sdk("fin")
+    lines = [
+        {"custom_id": f"d{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": "e", "input": f"doc {i}"}}
+        for i in range(3)
+    ]
+    batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/embeddings", completion_window="24h")
+    out = output_of(sdk, ended(sdk, batch.id).output_file_id)
+    assert sorted(line["custom_id"] for line in out) == ["d0", "d1", "d2"]
+    assert all(line["response"]["body"]["data"][0]["object"] == "embedding" for line in out)
+
+
+def test_a_malformed_file_is_refused_whole_naming_its_first_bad_line(stack):
+    gateway, _ = stack
+    sdk = gateway.sdk("fin")
+    before = {b.id for b in sdk.batches.list()}
+    for lines, fragment in (
+        ([chat_line("a"), chat_line("a")], "Line 2: custom_id 'a' is also line 1's"),
+        ([chat_line("a"), {**chat_line("b"), "body": {"model": "nope", "messages": []}}], "Line 2:"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.batches.create(
+                input_file_id=upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        assert fragment in refused.value.message
+    with pytest.raises(openai.BadRequestError):
+        sdk.batches.create(
+            input_file_id=upload(sdk, [chat_line("a")]), endpoint="/v1/embeddings", completion_window="24h"
+        )
+    with pytest.raises(openai.BadRequestError):
+        sdk.batches.create(
+            input_file_id=upload(sdk, [chat_line("a")]), endpoint="/v1/chat/completions", completion_window="1h"
+        )
+    with pytest.raises(openai.NotFoundError):
+        sdk.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    assert {b.id for b in sdk.batches.list()} == before
+
+
+def test_a_cancelled_batch_lets_its_running_lines_finish_and_ends_cancelled(stack):
+    gateway, sim = stack
+    sdk = gateway.sdk("fin")
+    httpx.post(f"{sim.url}/gate", json={"action": "close"}).raise_for_status()
+    try:
+        batch = sdk.batches.create(
+            input_file_id=upload(sdk, [chat_line(f"c{i}") for i in range(8)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        wait_until(
+            lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS,
+            limit_s=60,
+            what="the backend's slots taken by the batch",
+        )
+        assert sdk.batches.cancel(batch.id).status == "cancelling"
+    finally:
+        httpx.post(f"{sim.url}/gate", json={"action": "open"}).raise_for_status()
+    done = ended(sdk, batch.id, "cancelled", gateway)
+    assert (done.request_counts.completed, done.request_counts.failed) == (SLOTS, 8 - SLOTS)
+    assert len(output_of(sdk, done.output_file_id)) == SLOTS
+    errors = output_of(sdk, done.error_file_id)
+    assert len(errors) == 8 - SLOTS and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    charged = json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())
+    assert len(charged) == SLOTS
+    wait_until(
+        lambda: gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0",
+        limit_s=30,
+        step_s=0.5,
+        what="every hold of the cancelled lines released",
+    )
+
+
+LINE_STATES = """
+from collections import Counter
+from batches.models import BatchLine
+print(sorted(Counter(BatchLine.objects.filter(batch_id={batch_id!r}).values_list("state", flat=True)).items()))
+"""
+CHARGED_KEYS = """
+import json
+from billing.models import LedgerEntry
+charges = LedgerEntry.objects.filter(request_id__startswith={prefix!r}, kind="charge")
+print(json.dumps(list(charges.values_list("request_id", flat=True))))
+"""
+
+
+def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_once(tmp_path):
+    sim = start_in_thread(SimConfig(port=0, slots=SLOTS, ttft_ms=2, tokens_per_s=5000, seed=11))
+    httpx.post(f"{sim.url}/gate", json={"action": "close"}).raise_for_status()
+    yaml = scheduler_yaml(
+        classes=["INTERACTIVE", "BATCH", "RETRY"],
+        tenants=[tenant("fin", share=0.5)],
+        backends=[backend("b", f"{sim.url}/v1", slots=SLOTS)],
+    )
+    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
+    settings = {
+        "CELERY_TASK_DEFAULT_QUEUE": f"batches-kill-{uuid.uuid4().hex[:8]}",
+        "FAIRGATE_HEARTBEAT_S": "1",
+        "FAIRGATE_PROCESS_DEAD_AFTER_S": "3",
+        "FAIRGATE_ORPHAN_SWEEP_S": "1",
+        **broker,
+    }
+    first = start_gateway(tmp_path / "gw", yaml, KEYS, **settings)
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
+        + ["--concurrency", "4", "--loglevel", "INFO"],
+        cwd=REPO_ROOT,
+        env=first.env,
+        stdout=(tmp_path / "worker.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    second = None
+    try:
+        sdk = first.sdk("fin")
+        batch = sdk.batches.create(
+            input_file_id=upload(sdk, [chat_line(f"k{i}") for i in range(6)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        wait_until(
+            lambda: first.shell(LINE_STATES.format(batch_id=batch.id)).strip() == "[('claimed', 4), ('sent', 2)]",
+            limit_s=60,
+            step_s=0.25,
+            what="two lines running and four waiting in the first gateway's engine",
+        )
+        first.kill()  # SIGKILL: its engine, with four lines in it, is gone
+        second = another_process(first, "the gateway started again")
+        httpx.post(f"{sim.url}/gate", json={"action": "open"}).raise_for_status()
+        done = ended(second.sdk("fin"), batch.id, gateway=second)
+        assert (done.request_counts.completed, done.request_counts.failed) == (6, 0)
+        out = output_of(second.sdk("fin"), done.output_file_id)
+        assert sorted(line["custom_id"] for line in out) == [f"k{i}" for i in range(6)]  # each once
+        keys = json.loads(second.shell(CHARGED_KEYS.format(prefix=f"fin/{batch.id}.")).strip())
+        lines_charged = sorted(key.split("#")[0].split("~")[0] for key in keys)  # whichever feed ran it
+        assert lines_charged == sorted(f"fin/{batch.id}.{n}" for n in range(1, 7))
+        wait_until(
+            lambda: second.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0",
+            limit_s=30,
+            step_s=0.5,
+            what="no hold left open",
+        )
+    finally:
+        httpx.post(f"{sim.url}/gate", json={"action": "open"})
+        worker.terminate()
+        worker.wait(timeout=20)
+        if second is not None:
+            second.stop()
+        first.stop()
+        sim.stop()
