@@ -1,0 +1,83 @@
+"""Batch lines in the database: claimed in turn from every open batch and never twice, back to
+the batch when their process is gone, and a batch finalized once no line is left to run."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches import service
+from batches.models import Batch, BatchLine
+from billing.models import GatewayProcess
+from tenants.models import Tenant
+
+pytestmark = pytest.mark.django_db
+State = BatchLine.State
+
+
+def _batch(tenant: Tenant, lines: int, *, created_offset_s: int = 0) -> Batch:
+    now = timezone.now()
+    batch = Batch.objects.create(
+        id=service.batch_id_new(),
+        tenant=tenant,
+        key_prefix="k",
+        endpoint="/v1/chat/completions",
+        priority_class="BATCH",
+        created_at=now + timedelta(seconds=created_offset_s),
+        expires_at=now + timedelta(hours=24),
+    )
+    BatchLine.objects.bulk_create(
+        BatchLine(batch=batch, number=n, custom_id=f"c{n}", body={"model": "m"}) for n in range(1, lines + 1)
+    )
+    return batch
+
+
+@pytest.fixture
+def tenants():
+    return [Tenant.objects.create(slug=s, name=s, quota_share=0.3) for s in ("big", "small")]
+
+
+def test_lines_are_claimed_in_turn_from_every_open_batch_and_never_twice(tenants):
+    big, small = _batch(tenants[0], 50), _batch(tenants[1], 3)
+    first = service.lines_claim(owner="a", room=6)
+    assert sorted((line.batch_id, line.number) for line in first) == sorted(
+        [(big.id, n) for n in (1, 2, 3)] + [(small.id, n) for n in (1, 2, 3)]
+    )  # the small department's batch is not buried under the big one's
+    second = service.lines_claim(owner="b", room=6)
+    assert {line.pk for line in first}.isdisjoint(line.pk for line in second)
+    assert [line.number for line in second] == [4, 5, 6, 7, 8, 9] and {line.batch_id for line in second} == {big.id}
+    assert all(line.feeds == 1 for line in (*first, *second))
+
+
+def test_a_line_sent_of_a_cancelled_batch_is_refused_and_pending_ones_end(tenants):
+    batch = _batch(tenants[0], 4)
+    claimed = service.lines_claim(owner="a", room=2)
+    service.batch_cancel(tenant_id=tenants[0].pk, batch_id=batch.id)
+    assert not service.line_sent(claimed[0].pk, "b", "key")  # a cancelled batch grants no more
+    assert set(batch.lines.filter(state=State.CANCELLED).values_list("number", flat=True)) == {3, 4}
+    for line in claimed:
+        service.line_end(line.pk, State.CANCELLED, service.CANCELLED_ERROR)
+    assert service.batches_finalize() == 1
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.CANCELLED and batch.output_file is None and batch.error_file is not None
+    assert batch.error_file.lines == 4
+
+
+def test_lines_of_a_gone_process_go_back_once_billing_released_its_holds(tenants):
+    batch = _batch(tenants[0], 3)
+    service.lines_claim(owner="dead", room=2)
+    now = timezone.now()
+    gone = GatewayProcess.objects.create(owner="dead", host="h", pid=1, started_at=now, beat_at=now)
+    assert service.lines_of_the_gone_back() == 0  # holds not released yet: still its
+    gone.released_at = now
+    gone.save()
+    assert service.lines_of_the_gone_back() == 2
+    again = service.lines_claim(owner="alive", room=3)
+    assert sorted(line.number for line in again) == [1, 2, 3]
+    assert {line.number: service.public_id_of(line) for line in again} == {
+        1: f"{batch.id}.1~2",
+        2: f"{batch.id}.2~2",
+        3: f"{batch.id}.3",
+    }  # fed again under new ids: the old ones may still be live in a shared engine
