@@ -43,6 +43,7 @@ from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
 FEED_S = 0.2
+IDLE_FEED_S = 1.0  # while no batch has lines to feed: a query a second, not five
 FINALIZE_S = 1.0
 FULL_PAUSE_S = 1.0  # after the engine refused a line for room
 State = BatchLine.State
@@ -65,10 +66,11 @@ class Feeder:
         self.waiting: dict[int, asyncio.Future] = {}  # sent lines: pk -> the worker's end
         self.paused_until_s = 0.0
         self.finalized_at_s = 0.0
+        self.idle = False  # the last claim found nothing, and nothing is here
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(FEED_S)
+            await asyncio.sleep(IDLE_FEED_S if self.idle else FEED_S)
             try:
                 await self.tick()
             except Exception:
@@ -78,10 +80,12 @@ class Feeder:
         now_s = time.monotonic()
         room = settings.FAIRGATE_BATCH_LINES_PER_PROCESS - len(self.lines)
         if room > 0 and now_s >= self.paused_until_s:
-            for line in await db_call(service.lines_claim)(owner=process_owner(), room=room):
+            claimed = await db_call(service.lines_claim)(owner=process_owner(), room=room)
+            for line in claimed:
                 task = spawn(self._line(line))
                 self.lines[line.pk] = task
                 task.add_done_callback(functools.partial(self._gone, line.pk))
+            self.idle = not claimed and not self.lines
         if self.waiting:
             for pk, (state, prompt_tokens, output_tokens) in (await db_call(service.lines_ended)(self.waiting)).items():
                 waiter = self.waiting.pop(pk)
