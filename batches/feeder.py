@@ -10,9 +10,13 @@ pending and the feeder pauses. On its grant the line is marked sent and handed t
 the feeder only waits for the worker's end to free the slot with the tokens used. A cancelled or
 expired batch's lines that were not sent leave the engine and their holds are released.
 
-Known gap (next step): a process killed between marking a line sent and handing it to Celery
-leaves that line sent with no task; a process killed with lines claimed leaves them claimed.
-Both need the sweep by heartbeat that holds already have.
+A process that dies with lines claimed loses none: once billing has released its holds (its
+heartbeat), they go back to their batch (batches.service.lines_of_the_gone_back) and are fed
+again under new request ids. Known gaps (next steps): a process killed between marking a line
+sent and handing it to Celery leaves it sent with no task; a worker killed mid-line leaves it to
+the broker's redelivery (with the file broker: lost; with Redis: after its visibility timeout),
+and the slot it held is freed after the longest run a line can take (`_longest_run_s`), so the
+workers must number at least the backends' slots, or lines wait in the broker past that.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from gateway.exchange import spawn
 from gateway.intake import Asked, classify
 from gateway.lifecycle import Outcome, PublicId
 from gateway.limits import output_limit, prompt_bound
-from gateway.payload import payload_estimate, payload_parse
+from gateway.payload import EMBED, payload_estimate, payload_parse
 from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
@@ -113,6 +117,7 @@ class Feeder:
         await payload_estimate(payload)
         payload.prompt_bound = prompt_bound(payload)
         d = await dispatcher_get()
+        d.check_model(payload.model, embeddings=payload.kind == EMBED)  # still served? (503: not now)
         cls, rule = classify(d, caller, batch.priority_class, payload, None)
         left_ms = int((batch.expires_at.timestamp() - time.time()) * 1000)
         return Asked(
@@ -124,11 +129,18 @@ class Feeder:
             asked = await self._asked(line)
             admitted = await admission.admit(asked, early=False)
         except GatewayError as refused:
-            if refused.status == 429:  # no room in the engine now: back to the batch, fed later
+            if refused.status in (429, 503):  # no room in the engine, or no backend, now: fed later
                 self.paused_until_s = time.monotonic() + FULL_PAUSE_S
                 await db_call(service.line_unclaim)(line.pk)
             else:
                 await _ended(line.pk, State.FAILED, refused.code, refused.message)
+            return
+        except asyncio.CancelledError:  # before its hold or admission: nothing of it is held now
+            spawn(db_call(service.line_drop)(line.pk))
+            raise
+        except Exception:
+            log_failure(log, "batch line %s could not be admitted; it goes back to its batch", line.pk)
+            spawn(db_call(service.line_drop)(line.pk))
             return
         d, entry, bill = asked.d, admitted.entry, admitted.bill
         try:
@@ -142,7 +154,7 @@ class Feeder:
         except asyncio.CancelledError:  # its batch was cancelled (or this process stops)
             d.end(entry, Outcome.CANCELLED)
             bill.end(Outcome.CANCELLED, served=False)
-            spawn(_ended(line.pk, State.CANCELLED, "batch_cancelled", "The batch was cancelled."))
+            spawn(db_call(service.line_drop)(line.pk))
             raise
         # Granted: from here on nothing may stop half-way (a cancel now is too late for this line).
         await asyncio.shield(spawn(self._granted(line.pk, d, entry, bill, grant.backend)))
@@ -158,7 +170,13 @@ class Feeder:
         waiter = asyncio.get_running_loop().create_future()
         self.waiting[pk] = waiter
         await _hand_to_worker(pk)
-        state, prompt_tokens, output_tokens = await waiter
+        try:
+            state, prompt_tokens, output_tokens = await asyncio.wait_for(waiter, _longest_run_s())
+        except TimeoutError:  # no worker ended it in the longest time a run can take: the slot is free
+            log.warning("batch line %s: no worker ended it in %.0f s; its slot is freed", pk, _longest_run_s())
+            self.waiting.pop(pk, None)
+            d.end(entry, ErrorCode.UPSTREAM_ERROR)
+            return
         served = state == State.COMPLETED
         d.end(
             entry,
@@ -167,6 +185,11 @@ class Feeder:
             output_tokens=output_tokens,
             served=served,
         )
+
+
+def _longest_run_s() -> float:
+    """Past this a worker's run of a line has ended for sure (its call's timeouts, twice)."""
+    return 2 * (settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS + settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS) / 1000
 
 
 async def _ended(pk: int, state: str, code: str, message: str) -> None:

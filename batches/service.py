@@ -213,6 +213,18 @@ def line_unclaim(pk: int) -> None:
     BatchLine.objects.filter(pk=pk, state=State.CLAIMED).update(state=State.PENDING, owner="", feeds=F("feeds") - 1)
 
 
+def line_drop(pk: int) -> None:
+    """A claimed line leaves its process before its grant (its batch was cancelled, the process
+    stops, something failed): back to the batch while the batch runs, else cancelled."""
+    line = BatchLine.objects.select_related("batch").filter(pk=pk, state=State.CLAIMED).first()
+    if line is None:
+        return
+    if line.batch.status == Status.IN_PROGRESS:
+        line_unclaim(pk)
+    else:
+        line_end(pk, State.CANCELLED, CANCELLED_ERROR)
+
+
 def line_sent(pk: int, backend: str, ledger_key: str) -> bool:
     """Granted: the line is the worker's from now on. False if its batch was cancelled (or the
     line ended) meanwhile: a cancelled batch grants no more."""
