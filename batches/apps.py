@@ -6,8 +6,10 @@ class BatchesConfig(AppConfig):
     verbose_name = "Batches"
 
     def ready(self) -> None:
-        from batches import checks  # noqa: F401  (registers the start-up checks)
-        from batches.feeder import feed
-        from gateway import hooks
+        from batches import (
+            checks,  # noqa: F401  (registers the start-up checks)
+            feeder,
+        )
+        from gateway import live
 
-        hooks.on_serving(feed)  # every serving process feeds batch lines to its engine
+        live.register(on_serving=feeder.start, on_stopping=feeder.stop)  # every serving process feeds lines

@@ -196,11 +196,20 @@ async def _ended(pk: int, state: str, code: str, message: str) -> None:
     await db_call(service.line_end)(pk, state, {"code": str(code), "message": message})
 
 
-_feeder: Feeder | None = None
+_running: asyncio.Task | None = None
 
 
-async def feed() -> None:
-    """The serving process's feeder (gateway.hooks)."""
-    global _feeder
-    _feeder = Feeder()
-    await _feeder.run()
+def start() -> None:
+    """The serving process's feeder (gateway.live: beside the dispatcher)."""
+    global _running
+    _running = spawn(Feeder().run())
+
+
+async def stop() -> None:
+    """Before the dispatcher stops: no more ticks (lines claimed here go back once billing has
+    released this process's holds: batches.service.lines_of_the_gone_back)."""
+    global _running
+    running, _running = _running, None
+    if running is not None:
+        running.cancel()
+        await asyncio.wait([running])

@@ -10,8 +10,6 @@ and storage): the API views run them in a thread.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -21,6 +19,8 @@ from django.core.files.storage import Storage, storages
 from django.db import transaction
 
 from batches.models import BatchFile
+from gateway.errors import ErrorCode, GatewayError
+from gateway.lifecycle import ordered_id
 
 STORAGE_ALIAS = "batch_files"
 UPLOAD_PURPOSES = (BatchFile.Purpose.BATCH,)
@@ -28,13 +28,13 @@ READ_CHUNK_BYTES = 256 * 1024
 MAX_LIST = 10_000
 
 
-class FileRefused(Exception):
-    """An upload or a file call refused: ``status`` (400, 404, 413) and a message for the client."""
+class FileRefused(GatewayError):
+    """A file or batch call refused (400, 404, 413), answered to the client as any GatewayError."""
+
+    CODES = {404: ErrorCode.NOT_FOUND, 413: ErrorCode.REQUEST_TOO_LARGE}
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        super().__init__(status, self.CODES.get(status, ErrorCode.INVALID_REQUEST), message)
 
 
 def files_storage() -> Storage:
@@ -43,7 +43,7 @@ def files_storage() -> Storage:
 
 def file_id_new() -> str:
     """``file-`` + 24 hex digits: the time in ms, then 48 random bits (ids sort as they were made)."""
-    return f"file-{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+    return ordered_id("file-", 6)
 
 
 def _counted(upload: File, *, limited: bool = True) -> tuple[int, int]:

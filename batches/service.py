@@ -10,8 +10,6 @@ written in OpenAI's line format, its status completed, cancelled or expired.
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,8 +21,9 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from batches.files import FileRefused, file_chunks, file_get, file_record, file_store
-from batches.lines import ENDPOINTS, lines_parse
+from batches.lines import ENDPOINTS, LineRefused, lines_parse
 from batches.models import Batch, BatchFile, BatchLine
+from gateway.lifecycle import ordered_id
 
 WINDOWS = {"24h": timedelta(hours=24)}
 State = BatchLine.State
@@ -32,7 +31,7 @@ Status = Batch.Status
 
 
 def batch_id_new() -> str:
-    return f"batch_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+    return ordered_id("batch_", 6)
 
 
 def public_id_of(line: BatchLine) -> str:
@@ -67,8 +66,6 @@ def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
     found = file_get(tenant_id=asked.tenant_id, file_id=asked.input_file_id)
     if found.purpose != BatchFile.Purpose.BATCH:
         raise FileRefused(400, f"File '{found.id}' is not a batch input file (purpose {found.purpose}).")
-    from batches.lines import LineRefused
-
     try:
         lines = lines_parse(file_chunks(found), endpoint=asked.endpoint, served=served)
     except LineRefused as refused:

@@ -15,14 +15,9 @@ from batches import files, service
 from batches.models import BatchFile
 from gateway.auth import authenticate
 from gateway.db import db_call
-from gateway.errors import ErrorCode, GatewayError, invalid_request
+from gateway.errors import invalid_request
 from gateway.runtime import dispatcher_get
 from gateway.views import api_view, json_response
-
-
-def _refused(refused: files.FileRefused) -> GatewayError:
-    code = {404: ErrorCode.NOT_FOUND, 413: ErrorCode.REQUEST_TOO_LARGE}.get(refused.status, ErrorCode.INVALID_REQUEST)
-    return GatewayError(refused.status, code, refused.message)
 
 
 async def _upload(request: HttpRequest) -> HttpResponse:
@@ -33,16 +28,19 @@ async def _upload(request: HttpRequest) -> HttpResponse:
     upload = uploaded.get("file")
     if upload is None:
         raise invalid_request("The upload has no 'file' field.")
-    try:
-        stored = await asyncio.to_thread(
-            files.file_store, tenant_slug=caller.tenant, purpose=form.get("purpose", ""), upload=upload
-        )
-        record = await db_call(files.file_record)(
-            stored=stored, tenant_id=caller.tenant_id, key_prefix=caller.key_prefix, purpose=form.get("purpose", "")
-        )
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
+    stored = await asyncio.to_thread(
+        files.file_store, tenant_slug=caller.tenant, purpose=form.get("purpose", ""), upload=upload
+    )
+    record = await db_call(files.file_record)(
+        stored=stored, tenant_id=caller.tenant_id, key_prefix=caller.key_prefix, purpose=form.get("purpose", "")
+    )
     return json_response(files.file_object(record))
+
+
+def _page(data: list[dict], *, has_more: bool) -> HttpResponse:
+    """A list in OpenAI's cursor shape (the SDK pages with ``after=last_id``)."""
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return json_response({"object": "list", "data": data, "has_more": has_more, "first_id": first, "last_id": last})
 
 
 def _int_param(request: HttpRequest, name: str, default: int) -> int:
@@ -60,26 +58,15 @@ async def _listing(request: HttpRequest) -> HttpResponse:
     order = request.GET.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid_request("'order' must be 'asc' or 'desc'.")
-    try:
-        page = await db_call(files.files_list)(
-            tenant_id=caller.tenant_id,
-            purpose=request.GET.get("purpose") or None,
-            after=request.GET.get("after") or None,
-            limit=_int_param(request, "limit", 100),
-            ascending=order == "asc",
-        )
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
-    data = [files.file_object(f) for f in page.files]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "has_more": page.has_more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-        }
+    page = await db_call(files.files_list)(
+        tenant_id=caller.tenant_id,
+        purpose=request.GET.get("purpose") or None,
+        after=request.GET.get("after") or None,
+        limit=_int_param(request, "limit", 100),
+        ascending=order == "asc",
     )
+    data = [files.file_object(f) for f in page.files]
+    return _page(data, has_more=page.has_more)
 
 
 @api_view("GET", "POST")
@@ -89,10 +76,7 @@ async def files_view(request: HttpRequest) -> HttpResponse:
 
 async def _found(request: HttpRequest, file_id: str) -> BatchFile:
     caller = await authenticate(request.headers.get("Authorization"))
-    try:
-        return await db_call(files.file_get)(tenant_id=caller.tenant_id, file_id=file_id)
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
+    return await db_call(files.file_get)(tenant_id=caller.tenant_id, file_id=file_id)
 
 
 @api_view("GET", "DELETE")
@@ -171,31 +155,17 @@ async def _batch_create(request: HttpRequest) -> HttpResponse:
         priority_class=_priority_class(d, caller, metadata),
         metadata=metadata,
     )
-    try:
-        batch = await db_call(service.batch_create)(asked, served=served)
-        return json_response(await db_call(service.batch_object)(batch))
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
+    batch = await db_call(service.batch_create)(asked, served=served)
+    return json_response(await db_call(service.batch_object)(batch))
 
 
 async def _batches_listing(request: HttpRequest) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
-    try:
-        found, more = await db_call(service.batches_list)(
-            tenant_id=caller.tenant_id, after=request.GET.get("after") or None, limit=_int_param(request, "limit", 20)
-        )
-        data = [await db_call(service.batch_object)(b) for b in found]
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "has_more": more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-        }
+    found, more = await db_call(service.batches_list)(
+        tenant_id=caller.tenant_id, after=request.GET.get("after") or None, limit=_int_param(request, "limit", 20)
     )
+    data = await db_call(lambda: [service.batch_object(b) for b in found])()
+    return _page(data, has_more=more)
 
 
 @api_view("GET", "POST")
@@ -206,18 +176,12 @@ async def batches_view(request: HttpRequest) -> HttpResponse:
 @api_view("GET")
 async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
-    try:
-        batch = await db_call(service.batch_get)(tenant_id=caller.tenant_id, batch_id=batch_id)
-        return json_response(await db_call(service.batch_object)(batch))
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
+    batch = await db_call(service.batch_get)(tenant_id=caller.tenant_id, batch_id=batch_id)
+    return json_response(await db_call(service.batch_object)(batch))
 
 
 @api_view("POST")
 async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
-    try:
-        batch = await db_call(service.batch_cancel)(tenant_id=caller.tenant_id, batch_id=batch_id)
-        return json_response(await db_call(service.batch_object)(batch))
-    except files.FileRefused as refused:
-        raise _refused(refused) from None
+    batch = await db_call(service.batch_cancel)(tenant_id=caller.tenant_id, batch_id=batch_id)
+    return json_response(await db_call(service.batch_object)(batch))

@@ -21,7 +21,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse, HttpResponseBase
 from django.urls import resolve
 
-from gateway import hooks, live
+from gateway import live
 from gateway.errors import ErrorCode, GatewayError
 
 log = logging.getLogger(__name__)
@@ -170,8 +170,7 @@ class Lifespan:
                     await dispatcher_get()
                     await charging.start()  # the billing worker process
                     resolve("/v1/models")  # import the URLconf and views now, not on the first request
-                    live.serving()  # the console's live pushes start, beside the dispatcher; end with it
-                    hooks.start()  # the apps' serving work (the Batch API's feeder)
+                    live.serving()  # the console's live pushes and the batch feeder start, beside the dispatcher
                     # Everything loaded so far (Django, the app, the tokenizer) lives as long as the
                     # process: move it out of the collector's way, so full collections stay short.
                     gc.collect()
@@ -183,7 +182,7 @@ class Lifespan:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 try:
-                    await hooks.stop()
+                    await live.stopping()
                     await dispatcher_stop()
                     await charging.stop()
                 finally:

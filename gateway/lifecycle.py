@@ -8,6 +8,8 @@ serialise as, the strings the console, the terminal log and the metrics have alw
 
 from __future__ import annotations
 
+import secrets
+import time
 from enum import StrEnum
 from typing import NewType
 
@@ -29,6 +31,13 @@ class Outcome(StrEnum):
 PublicId = NewType("PublicId", str)
 """A request's id as its client knows it: its ``X-Request-Id``, or one made for it (``req_...``).
 Unique only within its tenant; the engine and the ledger key a request by `engine_id`."""
+
+
+def ordered_id(prefix: str, random_bytes: int) -> str:
+    """``prefix`` + the time in ms (12 hex digits) + ``random_bytes`` random bytes in hex: ids made
+    in time order keep an index on them appending at its end instead of writing all over it (and a
+    listing by id is a listing by age)."""
+    return f"{prefix}{time.time_ns() // 1_000_000:012x}{secrets.token_hex(random_bytes)}"
 
 
 def engine_id(tenant: str, public_id: PublicId) -> RequestId:

@@ -337,10 +337,10 @@ def test_concurrent_lookups_of_an_expired_key_share_one_database_query(monkeypat
 def test_generated_request_ids_are_unique_and_in_time_order(monkeypatch):
     import re
 
-    from gateway import intake
+    from gateway import intake, lifecycle
 
     now_ns = [1_700_000_000_000_000_000]
-    monkeypatch.setattr(intake.time, "time_ns", lambda: now_ns[0])
+    monkeypatch.setattr(lifecycle.time, "time_ns", lambda: now_ns[0])
     first = [intake.new_request_id() for _ in range(100)]
     now_ns[0] += 1_000_000  # one ms later
     later = intake.new_request_id()
