@@ -5,7 +5,8 @@ Per round (its requests share the X-Request-Id prefix ``tag-``; the ledger keys 
 
 * tried, ended cleanly, served: from the clients' outcomes (bench.fault_load);
 * charged exactly once: served requests with exactly one ``charge`` row (over all attempts);
-* left held: ``hold`` rows of the round without a ``release`` row, when counted (60 s after the fault);
+* left held: ``hold`` rows of the round without a ``release`` row, when counted (as soon as nothing of the
+  round is held and every served request is charged, or at the limit: 60 s after the fault by default);
 * overspent: ``billing_budget`` rows with a limit and ``spent + held > limit`` (every budget);
 * served-but-uncharged: served requests with no ``charge`` row;
 * ``manage.py ledger verify``'s verdict.
@@ -128,6 +129,14 @@ def ledger_count(stack, count: Count, tag: str, served: set[str]) -> None:
     )
 
 
+def settled(stack, tag: str, served: set[str]) -> bool:
+    """Nothing of the round is held and every served request has its charge (the state a round is
+    counted in; a round that never reaches it is counted at the bench's limit, and fails)."""
+    probe = Count("probe")
+    ledger_count(stack, probe, tag, served)
+    return probe.left_held == 0 and probe.uncharged == 0
+
+
 def round_count(stack, fault: str, tag: str, outcomes: list) -> Count:
     count = Count(
         fault,
@@ -203,7 +212,7 @@ def report(counts: list[Count], *, command: str, date: str, settings: str, about
         "",
         f"Set-up: {settings}",
         "",
-        "Targets, counted 60 s after each fault: 0 left held, 0 overspent, 0 served-but-uncharged, every served "
+        "Targets, counted once the round's ledger settled (at most 60 s after each fault): 0 left held, 0 overspent, 0 served-but-uncharged, every served "
         'request charged exactly once, `manage.py ledger verify` ok. "Ended cleanly": the client got a whole '
         'answer or an OpenAI-shaped error; "served": the whole body, or `[DONE]` for a stream.',
         "",

@@ -9,8 +9,9 @@ REDIS_URL, SECRET_KEY, default heartbeat (5 s), dead-after (30 s) and sweep (15 
 
 Each round: ``--requests`` requests over ``--duration-s`` from ``--clients`` openai SDK clients
 (bench.fault_load: streamed and not, three tenants with large budgets and one near its limit), the
-fault in the middle; ``--settle-s`` (60 s) after the fault the round is counted against the ledger
-and ``manage.py ledger verify`` runs (bench.fault_count). Faults:
+fault in the middle; the round is counted against the ledger as soon as it has settled (nothing
+held, every served request charged), at the latest ``--settle-s`` (60 s) after the fault, and
+``manage.py ledger verify`` runs (bench.fault_count). Faults:
 
 * kill-gateway: SIGKILL to `web`, then started again on the same port (as a supervisor would);
 * kill-worker: SIGKILL to the gateway's billing worker (its spawned child);
@@ -38,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.fault_count import Count, client_line, finance_line, log_digest, report, round_count, table
+from bench.fault_count import Count, client_line, finance_line, log_digest, report, round_count, settled, table
 from bench.fault_load import Load, plan
 from bench.fault_stack import Stack, redis_server, stack_start
 
@@ -279,9 +280,16 @@ def fault_round(stack: Stack, fault: str, index: int, opts) -> Count:
     _log(f"[{tag}] {note}")
     outcomes = load.join()
     gone = stack.supervise()
-    time.sleep(max(0.0, fault_s + opts.settle_s - time.monotonic()))
+    served = {o.ask.rid for o in outcomes if o.served}
+    in_time = _until(lambda: settled(stack, tag, served), fault_s + opts.settle_s - time.monotonic(), step_s=0.5)
+    after_s = time.monotonic() - fault_s
     count = round_count(stack, fault, tag, outcomes)
     count.notes.insert(0, f"Round {index}: {note}.")
+    count.notes.append(
+        f"Round {index}: the ledger settled {after_s:.1f} s after the fault."
+        if in_time
+        else f"Round {index}: the ledger had not settled {after_s:.1f} s after the fault (the limit): counted then."
+    )
     if gone:
         count.notes.append(
             f"Round {index}: {', '.join(gone)} had exited after the fault; the bench started "
@@ -346,7 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--requests", type=int, default=240, help="requests per round (default %(default)s)")
     add("--duration-s", type=float, default=15.0, help="a round's load spreads over this (default %(default)s)")
     add("--clients", type=int, default=24, help="client threads (default %(default)s)")
-    add("--settle-s", type=float, default=60.0, help="count this long after the fault (default %(default)s)")
+    add("--settle-s", type=float, default=60.0, help="count once the ledger settled, at most this long after the fault (default %(default)s)")
     add("--only", default=",".join(FAULT_NAMES), help="comma-separated faults (default: all)")
     add(
         "--db-fault",
@@ -374,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{opts.requests} requests per round over {opts.duration_s:.0f} s from {opts.clients} openai "
             f"SDK clients (about half streamed; tenants acme/globex/initech with large budgets, one tenant "
             f"with a budget of {NEAR_BUDGET} near its limit); {opts.rounds} round(s) per fault; counted "
-            f"{opts.settle_s:.0f} s after the fault; db fault: {opts.db_fault}; one simulated backend, "
+            f"once the ledger settled, at most {opts.settle_s:.0f} s after the fault; db fault: {opts.db_fault}; one simulated backend, "
             f"{SIM['slots']} slots, {SIM['ttft_ms']} ms to the first token, {SIM['tokens_per_s']} tokens/s, "
             "16-64 tokens per answer; production defaults otherwise (heartbeat 5 s, dead after 30 s, "
             "sweep every 15 s, circuit cooldown 30 s)."
