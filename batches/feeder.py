@@ -12,11 +12,9 @@ expired batch's lines that were not sent leave the engine and their holds are re
 
 A process that dies with lines claimed loses none: once billing has released its holds (its
 heartbeat), they go back to their batch (batches.service.lines_of_the_gone_back) and are fed
-again under new request ids. Known gaps (next steps): a process killed between marking a line
-sent and handing it to Celery leaves it sent with no task; a worker killed mid-line leaves it to
-the broker's redelivery (with the file broker: lost; with Redis: after its visibility timeout),
-and the slot it held is freed after the longest run a line can take (`_longest_run_s`), so the
-workers must number at least the backends' slots, or lines wait in the broker past that.
+again under new request ids. A sent line is leased (batches.leases): the feeder keeps its slot
+until the line ends, and sends it again when its worker died (its lease lapsed); a dead
+process's sent lines no worker runs go back to their batch like its claimed ones.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 
-from batches import service, tasks
+from batches import leases, service, tasks
 from batches.lines import ENDPOINTS
 from batches.models import BatchLine
 from billing.heartbeats import process_owner
@@ -54,14 +52,18 @@ State = BatchLine.State
 _sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-send")  # one kombu producer at a time
 
 
-async def _hand_to_worker(line_pk: int) -> None:
-    """Sends the line's task to the broker, off the event loop. In eager mode (no broker) the task
-    runs right there, in a thread of its own."""
-    send = tasks.run_line.apply_async
-    if tasks.run_line.app.conf.task_always_eager:
-        await asyncio.to_thread(send, args=[line_pk])
-    else:
-        await asyncio.get_running_loop().run_in_executor(_sender, lambda: send(args=[line_pk]))
+async def _hand_to_worker(line_pk: int, send: int) -> None:
+    """Sends the line's task (send ``send`` of it) to the broker, off the event loop. In eager mode
+    (no broker) the task runs right there, in a thread of its own. A broker that refuses is logged:
+    the line's lease lapses, and it is sent again."""
+    apply = functools.partial(tasks.run_line.apply_async, args=[line_pk, send])
+    try:
+        if tasks.run_line.app.conf.task_always_eager:
+            await asyncio.to_thread(apply)
+        else:
+            await asyncio.get_running_loop().run_in_executor(_sender, apply)
+    except Exception:
+        log_failure(log, "batch line %s could not be handed to the workers; it is sent again later", line_pk)
 
 
 class Feeder:
@@ -91,10 +93,13 @@ class Feeder:
                 task.add_done_callback(functools.partial(self._gone, line.pk))
             self.idle = not claimed and not self.lines
         if self.waiting:
-            for pk, (state, prompt_tokens, output_tokens) in (await db_call(service.lines_ended)(self.waiting)).items():
+            ended, again = await db_call(leases.lines_watch)(list(self.waiting))
+            for pk, end in ended.items():
                 waiter = self.waiting.pop(pk)
                 if not waiter.done():
-                    waiter.set_result((state, prompt_tokens, output_tokens))
+                    waiter.set_result(end)
+            for pk, send in again:
+                await _hand_to_worker(pk, send)
         queued = [pk for pk in self.lines if pk not in self.waiting]
         if queued:
             for pk in await db_call(service.batches_cancelled)(queued):
@@ -161,7 +166,8 @@ class Feeder:
 
     async def _granted(self, pk: int, d, entry, bill: admission.Bill, backend: str) -> None:
         assert isinstance(bill.held, charging.Hold)  # admitted with early=False: booked
-        if not await db_call(service.line_sent)(pk, backend, bill.held.request_id):  # its batch was cancelled
+        send = await db_call(leases.line_sent)(pk, backend, bill.held.request_id)
+        if not send:  # its batch was cancelled
             d.end(entry, Outcome.CANCELLED)
             bill.end(Outcome.CANCELLED, served=False)
             await _ended(pk, State.CANCELLED, "batch_cancelled", "The batch was cancelled.")
@@ -169,14 +175,8 @@ class Feeder:
         bill.end_elsewhere()  # the worker settles or releases it
         waiter = asyncio.get_running_loop().create_future()
         self.waiting[pk] = waiter
-        await _hand_to_worker(pk)
-        try:
-            state, prompt_tokens, output_tokens = await asyncio.wait_for(waiter, _longest_run_s())
-        except TimeoutError:  # no worker ended it in the longest time a run can take: the slot is free
-            log.warning("batch line %s: no worker ended it in %.0f s; its slot is freed", pk, _longest_run_s())
-            self.waiting.pop(pk, None)
-            d.end(entry, ErrorCode.UPSTREAM_ERROR)
-            return
+        await _hand_to_worker(pk, send)
+        state, prompt_tokens, output_tokens = await waiter  # the slot is the line's until it ends (its lease)
         served = state == State.COMPLETED
         d.end(
             entry,
@@ -185,11 +185,6 @@ class Feeder:
             output_tokens=output_tokens,
             served=served,
         )
-
-
-def _longest_run_s() -> float:
-    """Past this a worker's run of a line has ended for sure (its call's timeouts, twice)."""
-    return 2 * (settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS + settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS) / 1000
 
 
 async def _ended(pk: int, state: str, code: str, message: str) -> None:

@@ -94,6 +94,9 @@ class BatchLine(models.Model):
     backend = models.CharField(max_length=64, blank=True)  # granted
     ledger_key = models.CharField(max_length=200, blank=True)  # its hold's (an attempt's: billing.booking)
     runs = models.PositiveSmallIntegerField(default=0)  # times a worker started it
+    sends = models.PositiveSmallIntegerField(default=0)  # times it was handed to the workers (batches.leases)
+    started_send = models.PositiveSmallIntegerField(default=0)  # the send a worker started last
+    lease_until = models.DateTimeField(null=True, blank=True)  # sent: its worker (or the hand-off) has it till then
     feeds = models.PositiveSmallIntegerField(default=0)  # times a gateway claimed it (again after one died)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     response = models.JSONField(null=True, blank=True)  # the backend's answer's body

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from batches import leases
 from batches.files import FileRefused, file_chunks, file_get, file_record, file_store
 from batches.lines import ENDPOINTS, LineRefused, lines_parse
 from batches.models import Batch, BatchFile, BatchLine
@@ -112,7 +113,7 @@ def batches_list(*, tenant_id: int, after: str | None, limit: int) -> tuple[list
 
 
 CANCELLED_ERROR = {"code": "batch_cancelled", "message": "The batch was cancelled."}
-EXPIRED_ERROR = {"code": "batch_expired", "message": "The batch's completion window ended first."}
+EXPIRED_ERROR = leases.EXPIRED
 
 
 def batch_cancel(*, tenant_id: int, batch_id: str) -> Batch:
@@ -222,21 +223,16 @@ def line_drop(pk: int) -> None:
         line_end(pk, State.CANCELLED, CANCELLED_ERROR)
 
 
-def line_sent(pk: int, backend: str, ledger_key: str) -> bool:
-    """Granted: the line is the worker's from now on. False if its batch was cancelled (or the
-    line ended) meanwhile: a cancelled batch grants no more."""
-    claimed = BatchLine.objects.filter(pk=pk, state=State.CLAIMED, batch__status=Status.IN_PROGRESS)
-    return bool(claimed.update(state=State.SENT, backend=backend, ledger_key=ledger_key))
-
-
 def lines_of_the_gone_back() -> int:
     """Claimed lines of gateway processes that are gone (dead for billing, or stopped) and whose
     holds billing has released go back to pending, to be claimed again by a live process (their
-    new holds book under the next attempt's key). Sent lines are the workers'."""
+    new holds book under the next attempt's key); so do their sent lines no worker runs
+    (batches.leases)."""
     from billing.models import GatewayProcess
 
     released = GatewayProcess.objects.filter(released_at__isnull=False).values("owner")
-    return BatchLine.objects.filter(state=State.CLAIMED, owner__in=released).update(state=State.PENDING, owner="")
+    back = BatchLine.objects.filter(state=State.CLAIMED, owner__in=released).update(state=State.PENDING, owner="")
+    return back + leases.lines_of_the_gone_sent(released)
 
 
 def line_end(pk: int, state: str, error: dict) -> bool:
@@ -246,14 +242,6 @@ def line_end(pk: int, state: str, error: dict) -> bool:
             state=state, error=error, ended_at=timezone.now()
         )
     )
-
-
-def lines_ended(pks: Iterable[int]) -> dict[int, tuple[str, int, int]]:
-    """Of ``pks``, the lines a worker ended: pk -> (state, prompt tokens, completion tokens)."""
-    ended = BatchLine.objects.filter(pk__in=list(pks), state__in=BatchLine.ENDED)
-    return {
-        pk: (state, p, c) for pk, state, p, c in ended.values_list("pk", "state", "prompt_tokens", "completion_tokens")
-    }
 
 
 def batches_cancelled(pks: Iterable[int]) -> set[int]:

@@ -1,13 +1,12 @@
 """The Celery side of batches: a worker runs a line the engine granted (batches.feeder sent it).
 
-`run_line` calls the backend the line was granted, then, in one transaction, books the line's
-charge (its hold, made by the gateway that fed it, settled at the class's price; at most the hold)
-and writes its result — or, if the backend failed, releases the hold and writes the failure. A
-line runs only while it is ``sent``, and its result is written only if it still is: a redelivered
-task (``acks_late``, ``reject_on_worker_lost``: the broker hands a task whose worker died to
-another) finds the line ended and does nothing, so a line appears once in the output and once in
-the ledger. A worker that dies after calling the backend but before its commit leaves the line
-sent: the redelivery calls the backend once more (at most once more per loss), and books once.
+`run_line` starts the send it was given of a line (batches.leases: once per send, only the line's
+latest), keeps the line's lease while it calls the backend the line was granted, then, in one
+transaction, books the line's charge (its hold, made by the gateway that fed it, settled at the
+class's price; at most the hold) and writes its result — or, if the backend failed, releases the
+hold and writes the failure. The result is written only while the line is still ``sent``: a line
+run again because its first worker looked dead (its lease lapsed) is written and charged by
+whichever run ends first, once; so a line appears once in the output and once in the ledger.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ import httpx
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
+from batches.leases import line_start, renewer
 from batches.lines import ENDPOINTS
 from batches.models import BatchLine
 from batches.service import public_id_of
@@ -74,11 +73,18 @@ def _finish(line: BatchLine, *, status: int, body: object, usage: dict | None) -
 
 
 @shared_task(name="batches.run_line", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def run_line(line_pk: int) -> None:
+def run_line(line_pk: int, send: int = 0) -> None:
     line = BatchLine.objects.select_related("batch", "batch__tenant").filter(pk=line_pk).first()
     if line is None or line.state != State.SENT:
         return  # ended already: a redelivered task
-    BatchLine.objects.filter(pk=line_pk).update(runs=F("runs") + 1)
+    if not line_start(line_pk, send or line.sends):
+        log.info("batch line %s: send %s is not the line's to run (another run has it)", line_pk, send)
+        return
+    with renewer.holding(line_pk, send or line.sends):
+        _run(line)
+
+
+def _run(line: BatchLine) -> None:
     backend = Backend.objects.filter(name=line.backend).first()
     payload = _request(line)
     timeout = httpx.Timeout(
@@ -94,7 +100,7 @@ def run_line(line_pk: int) -> None:
             timeout=timeout,
         )
     except httpx.HTTPError as failed:
-        log.warning("batch line %s: the backend failed: %r", line_pk, failed)
+        log.warning("batch line %s: the backend failed: %r", line.pk, failed)
         _finish(line, status=502, body={"error": {"message": str(failed), "code": "upstream_error"}}, usage=None)
         return
     try:

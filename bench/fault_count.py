@@ -212,7 +212,8 @@ def report(counts: list[Count], *, command: str, date: str, settings: str, about
         "",
         f"Set-up: {settings}",
         "",
-        "Targets, counted once the round's ledger settled (at most 60 s after each fault): 0 left held, 0 overspent, 0 served-but-uncharged, every served "
+        "Targets, counted once the round's ledger settled (at most 60 s after each fault): 0 left held, "
+        "0 overspent, 0 served-but-uncharged, every served "
         'request charged exactly once, `manage.py ledger verify` ok. "Ended cleanly": the client got a whole '
         'answer or an OpenAI-shaped error; "served": the whole body, or `[DONE]` for a stream.',
         "",

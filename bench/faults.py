@@ -354,7 +354,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--requests", type=int, default=240, help="requests per round (default %(default)s)")
     add("--duration-s", type=float, default=15.0, help="a round's load spreads over this (default %(default)s)")
     add("--clients", type=int, default=24, help="client threads (default %(default)s)")
-    add("--settle-s", type=float, default=60.0, help="count once the ledger settled, at most this long after the fault (default %(default)s)")
+    add(
+        "--settle-s",
+        type=float,
+        default=60.0,
+        help="count once the ledger settled, at most this long after the fault (default %(default)s)",
+    )
     add("--only", default=",".join(FAULT_NAMES), help="comma-separated faults (default: all)")
     add(
         "--db-fault",
@@ -382,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{opts.requests} requests per round over {opts.duration_s:.0f} s from {opts.clients} openai "
             f"SDK clients (about half streamed; tenants acme/globex/initech with large budgets, one tenant "
             f"with a budget of {NEAR_BUDGET} near its limit); {opts.rounds} round(s) per fault; counted "
-            f"once the ledger settled, at most {opts.settle_s:.0f} s after the fault; db fault: {opts.db_fault}; one simulated backend, "
+            f"once the ledger settled, at most {opts.settle_s:.0f} s after the fault; db fault: {opts.db_fault}; "
+            "one simulated backend, "
             f"{SIM['slots']} slots, {SIM['ttft_ms']} ms to the first token, {SIM['tokens_per_s']} tokens/s, "
             "16-64 tokens per answer; production defaults otherwise (heartbeat 5 s, dead after 30 s, "
             "sweep every 15 s, circuit cooldown 30 s)."

@@ -223,6 +223,11 @@ FAIRGATE_BATCH_MAX_LINES = env_int("FAIRGATE_BATCH_MAX_LINES", 50_000, minimum=1
 # Batch lines one serving process keeps in the engine at most (batches.feeder); the engine's own
 # admission (queue depth) may take fewer.
 FAIRGATE_BATCH_LINES_PER_PROCESS = env_int("FAIRGATE_BATCH_LINES_PER_PROCESS", 64, minimum=1)
+# A line's lease (batches.leases): a worker running a line renews it every quarter of
+# FAIRGATE_BATCH_LEASE_MS; a line whose worker died is sent again (at most once more) once it lapses.
+# A line sent but not yet started by any worker is sent again after FAIRGATE_BATCH_HANDOFF_MS.
+FAIRGATE_BATCH_LEASE_MS = env_int("FAIRGATE_BATCH_LEASE_MS", 20_000, minimum=100)
+FAIRGATE_BATCH_HANDOFF_MS = env_int("FAIRGATE_BATCH_HANDOFF_MS", 60_000, minimum=100)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],

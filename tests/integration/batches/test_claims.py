@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import service
+from batches import leases, service
 from batches.models import Batch, BatchLine
 from billing.models import GatewayProcess
 from tenants.models import Tenant
@@ -55,7 +55,7 @@ def test_a_line_sent_of_a_cancelled_batch_is_refused_and_pending_ones_end(tenant
     batch = _batch(tenants[0], 4)
     claimed = service.lines_claim(owner="a", room=2)
     service.batch_cancel(tenant_id=tenants[0].pk, batch_id=batch.id)
-    assert not service.line_sent(claimed[0].pk, "b", "key")  # a cancelled batch grants no more
+    assert not leases.line_sent(claimed[0].pk, "b", "key")  # a cancelled batch grants no more
     assert set(batch.lines.filter(state=State.CANCELLED).values_list("number", flat=True)) == {3, 4}
     for line in claimed:
         service.line_end(line.pk, State.CANCELLED, service.CANCELLED_ERROR)

@@ -44,6 +44,18 @@ print(len(held - ended))
 """
 
 
+def celery_worker(env: dict[str, str], log_path: Path, concurrency: int = 4) -> subprocess.Popen:
+    """A real Celery worker process on the gateway's broker and queue."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
+        + ["--concurrency", str(concurrency), "--loglevel", "INFO"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=SLOTS, ttft_ms=2, tokens_per_s=5000, seed=9))
@@ -56,15 +68,7 @@ def stack(tmp_path_factory):
     settings = {"CELERY_TASK_DEFAULT_QUEUE": f"batches-test-{uuid.uuid4().hex[:8]}", **broker}
     var_dir = tmp_path_factory.mktemp("gw-batches")
     gateway = start_gateway(var_dir, yaml, KEYS, **settings)
-    worker_log = var_dir / "worker.log"
-    worker = subprocess.Popen(
-        [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
-        + ["--concurrency", "4", "--loglevel", "INFO"],
-        cwd=REPO_ROOT,
-        env=gateway.env,
-        stdout=worker_log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    worker = celery_worker(gateway.env, var_dir / "worker.log")
     yield gateway, sim
     worker.terminate()
     worker.wait(timeout=20)
@@ -230,14 +234,7 @@ def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_o
         **broker,
     }
     first = start_gateway(tmp_path / "gw", yaml, KEYS, **settings)
-    worker = subprocess.Popen(
-        [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
-        + ["--concurrency", "4", "--loglevel", "INFO"],
-        cwd=REPO_ROOT,
-        env=first.env,
-        stdout=(tmp_path / "worker.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    worker = celery_worker(first.env, tmp_path / "worker.log")
     second = None
     try:
         sdk = first.sdk("fin")
@@ -275,4 +272,63 @@ def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_o
         if second is not None:
             second.stop()
         first.stop()
+        sim.stop()
+
+
+RUNS = """
+import json
+from batches.models import BatchLine
+print(json.dumps(sorted(BatchLine.objects.filter(batch_id={batch_id!r}).values_list("number", "state", "runs"))))
+"""
+
+
+def test_a_worker_killed_mid_line_has_its_lines_run_once_more_by_another(tmp_path):
+    sim = start_in_thread(SimConfig(port=0, slots=SLOTS, ttft_ms=2, tokens_per_s=5000, seed=12))
+    httpx.post(f"{sim.url}/gate", json={"action": "close"}).raise_for_status()
+    yaml = scheduler_yaml(
+        classes=["INTERACTIVE", "BATCH", "RETRY"],
+        tenants=[tenant("fin", share=0.5)],
+        backends=[backend("b", f"{sim.url}/v1", slots=SLOTS)],
+    )
+    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
+    settings = {
+        "CELERY_TASK_DEFAULT_QUEUE": f"batches-lease-{uuid.uuid4().hex[:8]}",
+        "FAIRGATE_BATCH_LEASE_MS": "2000",  # a dead worker's lines are noticed within 2 s
+        **broker,
+    }
+    gateway = start_gateway(tmp_path / "gw", yaml, KEYS, **settings)
+    doomed = celery_worker(gateway.env, tmp_path / "doomed.log")
+    other = None
+    try:
+        sdk = gateway.sdk("fin")
+        batch = sdk.batches.create(
+            input_file_id=upload(sdk, [chat_line(f"w{i}") for i in range(4)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        wait_until(
+            lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS,
+            limit_s=60,
+            what="the only worker running two lines, held at the backend",
+        )
+        other = celery_worker(gateway.env, tmp_path / "other.log")
+        doomed.kill()  # SIGKILL mid-line: its two calls and their results die with it
+        doomed.wait(timeout=10)
+        httpx.post(f"{sim.url}/gate", json={"action": "open"}).raise_for_status()
+        done = ended(sdk, batch.id, gateway=gateway)
+        assert (done.request_counts.completed, done.request_counts.failed) == (4, 0)
+        out = output_of(sdk, done.output_file_id)
+        assert sorted(line["custom_id"] for line in out) == [f"w{i}" for i in range(4)]  # each once
+        runs = json.loads(gateway.shell(RUNS.format(batch_id=batch.id)).strip())  # [[number, state, runs]]
+        assert sorted(r for _, _, r in runs) == [1, 1, 2, 2], runs  # the killed two once more, the others once
+        charged = json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())
+        assert charged == sorted(f"fin/{batch.id}.{n}" for n in range(1, 5))  # each charged once
+        assert gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0"
+    finally:
+        httpx.post(f"{sim.url}/gate", json={"action": "open"})
+        for worker in (doomed, other):
+            if worker is not None and worker.poll() is None:
+                worker.terminate()
+                worker.wait(timeout=20)
+        gateway.stop()
         sim.stop()
