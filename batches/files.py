@@ -29,9 +29,9 @@ MAX_LIST = 10_000
 
 
 class FileRefused(GatewayError):
-    """A file or batch call refused (400, 404, 413), answered to the client as any GatewayError."""
+    """A file or batch call refused (400, 402, 404, 413), answered to the client as any GatewayError."""
 
-    CODES = {404: ErrorCode.NOT_FOUND, 413: ErrorCode.REQUEST_TOO_LARGE}
+    CODES = {402: ErrorCode.BUDGET_EXHAUSTED, 404: ErrorCode.NOT_FOUND, 413: ErrorCode.REQUEST_TOO_LARGE}
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(status, self.CODES.get(status, ErrorCode.INVALID_REQUEST), message)

@@ -53,6 +53,7 @@ class Batch(models.Model):
     completion_window = models.CharField(max_length=8, default="24h")
     priority_class = models.CharField(max_length=32)  # the class its lines declare
     metadata = models.JSONField(null=True, blank=True)
+    forecast = models.JSONField(null=True, blank=True)  # said at create (batches.forecast): cost bound, fit
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.IN_PROGRESS)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()

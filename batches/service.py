@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from batches import leases
 from batches.files import FileRefused, file_chunks, file_get, file_record, file_store
+from batches.forecast import Pool, forecast
 from batches.lines import ENDPOINTS, LineRefused, lines_parse
 from batches.models import Batch, BatchFile, BatchLine
 from gateway.lifecycle import ordered_id
@@ -48,17 +49,20 @@ class Asked:
     """What creating a batch asks for (checked by `batch_create`)."""
 
     tenant_id: int
+    tenant_slug: str
     key_prefix: str
     input_file_id: str
     endpoint: str
     completion_window: str
     priority_class: str
     metadata: dict | None
+    pool: Pool
 
 
 def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
     """The batch and all its lines, or FileRefused (400 naming the first bad line, 404 for a file
-    that is not the tenant's). ``served``: each configured model, and whether it embeds."""
+    that is not the tenant's, 402 for a budget that cannot hold any line). ``served``: each
+    configured model, and whether it embeds."""
     if asked.endpoint not in ENDPOINTS:
         raise FileRefused(400, f"'endpoint' must be one of {', '.join(ENDPOINTS)}; got '{asked.endpoint[:64]}'.")
     window = WINDOWS.get(asked.completion_window)
@@ -72,6 +76,14 @@ def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
     except LineRefused as refused:
         raise FileRefused(400, f"File '{found.id}': {refused.message}") from None
     now = timezone.now()
+    said = forecast(
+        tenant_slug=asked.tenant_slug,
+        class_name=asked.priority_class,
+        lines=lines,
+        pool=asked.pool,
+        created_at=now,
+        expires_at=now + window,
+    )
     with transaction.atomic():
         batch = Batch.objects.create(
             id=batch_id_new(),
@@ -82,6 +94,7 @@ def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
             completion_window=asked.completion_window,
             priority_class=asked.priority_class,
             metadata=asked.metadata,
+            forecast=said,
             created_at=now,
             expires_at=now + window,
         )
@@ -168,6 +181,7 @@ def batch_object(batch: Batch) -> dict:
         "cancelled_at": _ts(batch.cancelled_at),
         "request_counts": counts_of(batch),
         "metadata": batch.metadata,
+        "forecast": batch.forecast,  # Fairgate's (batches.forecast): not in OpenAI's object
     }
 
 

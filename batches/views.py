@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from batches import files, service
+from batches.forecast import Pool
 from batches.models import BatchFile
 from gateway.auth import authenticate
 from gateway.db import db_call
@@ -146,14 +147,23 @@ async def _batch_create(request: HttpRequest) -> HttpResponse:
             raise invalid_request(f"'{name}' is required (a string).")
     d = await dispatcher_get()
     served = {m: m in b.embedding_models for b in d.backend_specs.values() for m in b.models}
+    priority_class = _priority_class(d, caller, metadata)
+    pool = Pool(
+        backends=tuple(
+            (frozenset(b.models), max(0, b.slots - b.reserved_slots)) for b in d.backend_specs.values() if b.enabled
+        ),
+        service_ms=d.sched.service_ms(priority_class),
+    )
     asked = service.Asked(
         tenant_id=caller.tenant_id,
+        tenant_slug=caller.tenant,
         key_prefix=caller.key_prefix,
         input_file_id=body["input_file_id"],
         endpoint=body["endpoint"],
         completion_window=body["completion_window"],
-        priority_class=_priority_class(d, caller, metadata),
+        priority_class=priority_class,
         metadata=metadata,
+        pool=pool,
     )
     batch = await db_call(service.batch_create)(asked, served=served)
     return json_response(await db_call(service.batch_object)(batch))

@@ -48,6 +48,12 @@ def fallback_classes(*, tenant_slug: str, class_name: str, at: datetime) -> list
     return [c.name for c in candidates]
 
 
+def _remaining(tenant_slug: str, at: datetime) -> list[Decimal]:
+    """What each of the tenant's limited budgets (year, month) has left now."""
+    budgets = budgets_for(tenant=tenant_get(tenant_slug=tenant_slug), at=at)
+    return [b.remaining for b in (budgets.year, budgets.month) if b is not None and b.remaining is not None]
+
+
 def budget_fallback_class(
     *,
     tenant_slug: str,
@@ -64,13 +70,28 @@ def budget_fallback_class(
     if not names:
         return None
     base = upper_bound_base_cost(model=model, prompt_tokens=prompt_tokens, completion_tokens=max_output_tokens)
-    budgets = budgets_for(tenant=tenant_get(tenant_slug=tenant_slug), at=at)
-    remaining = [b.remaining for b in (budgets.year, budgets.month) if b is not None and b.remaining is not None]
+    remaining = _remaining(tenant_slug, at)
     for name in names:
         amount = charge_of(base_cost=base, factor=price_version_at(class_name=name, at=at).price_factor)
         if all(r >= amount for r in remaining):
             return name
     return None
+
+
+def hold_terms(
+    *, tenant_slug: str, class_name: str, at: datetime | None = None
+) -> tuple[Decimal | None, Decimal, Decimal]:
+    """For a forecast of holds, read without locks: the tenant's smallest remaining budget (None:
+    no limit), the class's price factor, and the lowest factor its holds may fall back to (the
+    class's own when the tenant does not fall back)."""
+    at = at or timezone.now()
+    remaining = _remaining(tenant_slug, at)
+    factor = price_version_at(class_name=class_name, at=at).price_factor
+    lower = [
+        price_version_at(class_name=name, at=at).price_factor
+        for name in fallback_classes(tenant_slug=tenant_slug, class_name=class_name, at=at)
+    ]
+    return (min(remaining) if remaining else None), factor, min([factor, *lower])
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,10 @@ class Scheduler(DispatchMixin):
                 slots -= running
         return max(slots, 0)
 
+    def service_ms(self, cls: str) -> float:
+        """The class's mean service time (dispatch to completion): measured, else the configured prior."""
+        return self._service(self._cls_service, cls)
+
     def _service(self, table: dict[str, adm.ServiceMean], key: str) -> float:
         mean = table.get(key)
         return mean.value(self._config.queue.service_ms_prior) if mean else float(self._config.queue.service_ms_prior)

@@ -23,7 +23,7 @@ from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
 
-KEYS = {"fin": ("fin", "BATCH")}
+KEYS = {"fin": ("fin", "BATCH"), "thin": ("thin", "BATCH"), "poor": ("poor", "BATCH")}
 SLOTS = 2
 CHARGES = """
 import json
@@ -61,7 +61,7 @@ def stack(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=SLOTS, ttft_ms=2, tokens_per_s=5000, seed=9))
     yaml = scheduler_yaml(
         classes=["INTERACTIVE", "BATCH", "RETRY"],
-        tenants=[tenant("fin", share=0.5)],
+        tenants=[tenant("fin", share=0.5), tenant("thin", budget=1), tenant("poor", budget=0.01)],
         backends=[backend("b", f"{sim.url}/v1", models=("m", "e"), slots=SLOTS) | {"embedding_models": ["e"]}],
     )
     broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
@@ -169,6 +169,31 @@ def test_a_malformed_file_is_refused_whole_naming_its_first_bad_line(stack):
     with pytest.raises(openai.NotFoundError):
         sdk.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
     assert {b.id for b in sdk.batches.list()} == before
+
+
+def test_a_budget_that_cannot_hold_one_line_refuses_the_batch_and_a_line_past_the_budget_fails(stack):
+    gateway, _ = stack
+    poor = gateway.sdk("poor")
+    with pytest.raises(openai.APIStatusError) as refused:
+        poor.batches.create(
+            input_file_id=upload(poor, [chat_line("p0")]), endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert refused.value.status_code == 402 and "no line could run" in refused.value.message
+    assert list(poor.batches.list()) == []
+    thin = gateway.sdk("thin")  # a budget of 1: a line of 1000 output tokens holds 1.4 (0.7 x 2 per 1k)
+    dear = {**chat_line("dear"), "body": {**chat_line("dear")["body"], "max_tokens": 1000}}
+    batch = thin.batches.create(
+        input_file_id=upload(thin, [chat_line("t0"), dear, chat_line("t1")]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    said = batch.model_extra["forecast"]
+    assert said["budget_covers"] is False and float(said["cost_bound"]) > 1 and said["fits_window"] is True
+    done = ended(thin, batch.id, gateway=gateway)
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    assert sorted(line["custom_id"] for line in output_of(thin, done.output_file_id)) == ["t0", "t1"]
+    (error,) = output_of(thin, done.error_file_id)
+    assert error["custom_id"] == "dear" and error["error"]["code"] == "budget_exhausted"
 
 
 def test_a_cancelled_batch_lets_its_running_lines_finish_and_ends_cancelled(stack):

@@ -1,0 +1,103 @@
+"""What a batch can expect, said when it is created: whether its budget can hold any of its lines
+(if not, the create is refused with 402), what it can cost at most, and whether it can finish
+within its completion window.
+
+* Money: each line's hold is computed as the gateway would compute it (the prompt's upper bound,
+  its output limit, the dearest enabled backend for its model, the class's price factor; the
+  cheapest class the tenant may fall back to, for the 402). The batch's cost bound is the sum of
+  its lines' holds: what it cannot exceed; a budget with less left than that may end lines with
+  ``budget_exhausted``.
+* Time: the batch work still to do (this batch's lines and those of the batches running before
+  it) at the class's mean service time (measured by the engine, else its prior), on every slot
+  the lines' models have outside those reserved for the top class. HTTP traffic of higher classes
+  takes slots too, so this is the earliest the batch can be done: if even that is past the end of
+  the window, the batch cannot fit, and the forecast says so (the batch is still created: its
+  lines run until the window ends, and those left then expire).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+
+from batches.files import FileRefused
+from batches.lines import Line
+from batches.models import Batch, BatchLine
+from billing.errors import UnknownModel
+from billing.pricing import charge_of, upper_bound_base_cost
+from billing.selectors import hold_terms
+from gateway.limits import prompt_bound
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What the lines run on, as the dispatcher sees it when the batch is created."""
+
+    backends: tuple[tuple[frozenset[str], int], ...]  # each enabled backend: its models, its slots outside the reserve
+    service_ms: float  # the batch's class's mean service time
+
+    def slots_for(self, models: set[str]) -> int:
+        return sum(slots for served, slots in self.backends if served & models)
+
+
+def _holds(lines: Sequence[Line]) -> list[Decimal]:
+    """Each line's base cost at its hold (before the class's factor)."""
+    bases = []
+    for line in lines:
+        payload = line.payload
+        try:
+            bases.append(
+                upper_bound_base_cost(
+                    model=payload.model, prompt_tokens=prompt_bound(payload), completion_tokens=payload.output_limit
+                )
+            )
+        except UnknownModel:
+            raise FileRefused(400, f"Line {line.number}: no enabled backend serves model '{payload.model}'.") from None
+    return bases
+
+
+def _money(tenant_slug: str, class_name: str, lines: Sequence[Line], at: datetime) -> dict:
+    """The batch's cost bound and its budget's room; FileRefused(402) if no line could be held."""
+    bases = _holds(lines)
+    remaining, factor, cheapest = hold_terms(tenant_slug=tenant_slug, class_name=class_name, at=at)
+    least = charge_of(base_cost=min(bases), factor=cheapest)
+    if remaining is not None and least > remaining:
+        raise FileRefused(
+            402,
+            f"The budget has {remaining} left, and the cheapest line of this batch holds {least}: no line could run.",
+        )
+    bound = sum((charge_of(base_cost=base, factor=factor) for base in bases), Decimal(0))
+    return {
+        "cost_bound": str(bound),
+        "budget_remaining": None if remaining is None else str(remaining),
+        "budget_covers": remaining is None or bound <= remaining,
+    }
+
+
+def _time(lines: Sequence[Line], pool: Pool, created_at: datetime, expires_at: datetime) -> dict:
+    ahead = BatchLine.objects.filter(batch__status=Batch.Status.IN_PROGRESS).exclude(state__in=BatchLine.ENDED).count()
+    slots = pool.slots_for({line.payload.model for line in lines})
+    if slots <= 0:
+        return {"lines_ahead": ahead, "slots": 0, "done_in_s": None, "fits_window": False}
+    done_in_s = math.ceil((ahead + len(lines)) * pool.service_ms / slots / 1000)
+    return {
+        "lines_ahead": ahead,
+        "slots": slots,
+        "service_ms": round(pool.service_ms),
+        "done_in_s": done_in_s,
+        "fits_window": created_at + timedelta(seconds=done_in_s) <= expires_at,
+    }
+
+
+def forecast(
+    *, tenant_slug: str, class_name: str, lines: Sequence[Line], pool: Pool, created_at: datetime, expires_at: datetime
+) -> dict:
+    """The batch's forecast (stored with it, shown in its object and the console), or
+    FileRefused(402) when its budget cannot hold even its cheapest line."""
+    money = _money(tenant_slug, class_name, lines, created_at) if settings.FAIRGATE_BILLING else {}
+    return {**money, **_time(lines, pool, created_at, expires_at)}

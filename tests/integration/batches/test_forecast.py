@@ -1,0 +1,117 @@
+"""The forecast said at a batch's create (batches.forecast): each line priced exactly as its hold
+will book it, a 402 when the budget cannot hold even the cheapest line, and whether the batch's
+work can be done within its window."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from batches.files import FileRefused
+from batches.forecast import Pool, forecast
+from batches.lines import lines_parse
+from billing.services import budget_hold
+from gateway.errors import ErrorCode
+from gateway.limits import prompt_bound
+from tenants.models import Tenant
+from tests.integration.batches.test_claims import _batch
+from tests.integration.billing.conftest import make_world
+from tests.integration.billing.helpers import year_budget
+
+pytestmark = pytest.mark.django_db
+DAY = timedelta(hours=24)
+
+
+@pytest.fixture
+def world():
+    return make_world()
+
+
+def _lines(count: int, *, words: int = 20, max_tokens: int = 64):
+    raw = b"".join(
+        json.dumps(
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": " ".join(["word"] * (words + i))}],
+                    "max_tokens": max_tokens,
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i in range(count)
+    )
+    return lines_parse([raw], endpoint="/v1/chat/completions", served={"m": False})
+
+
+def _said(lines, *, slots: int = 4, service_ms: float = 1000.0, tenant: str = "alpha"):
+    now = timezone.now()
+    pool = Pool(backends=((frozenset({"m"}), slots),), service_ms=service_ms)
+    return forecast(
+        tenant_slug=tenant, class_name="BATCH", lines=lines, pool=pool, created_at=now, expires_at=now + DAY
+    )
+
+
+def test_the_cost_bound_is_the_sum_of_the_holds_the_lines_will_book(world):
+    lines = _lines(5)
+    said = _said(lines)
+    held = [
+        budget_hold(
+            tenant_slug="alpha",
+            request_id=f"h{line.number}",
+            class_name="BATCH",
+            model="m",
+            prompt_tokens=prompt_bound(line.payload),
+            max_output_tokens=line.payload.output_limit,
+        ).amount
+        for line in lines
+    ]
+    assert Decimal(said["cost_bound"]) == sum(held) > 0
+    assert said["budget_covers"] is True and Decimal(said["budget_remaining"]) == year_budget("alpha").remaining + sum(
+        held
+    )  # read before the holds above
+
+
+def test_a_budget_that_cannot_hold_the_cheapest_line_refuses_the_batch_with_402(world):
+    lines = _lines(3)
+    cheapest = min(
+        budget_hold(
+            tenant_slug="beta",
+            request_id=f"p{line.number}",
+            class_name="BATCH",
+            model="m",
+            prompt_tokens=prompt_bound(line.payload),
+            max_output_tokens=line.payload.output_limit,
+        ).amount
+        for line in lines
+    )
+    assert _said(lines)["budget_covers"] is True  # a large budget (and its rows made)
+    budget = year_budget("alpha")
+    Tenant.objects.filter(slug="alpha").update(annual_budget=budget.spent + budget.held + cheapest / 2)
+    with pytest.raises(FileRefused) as refused:
+        _said(lines)
+    assert refused.value.status == 402 and refused.value.code == ErrorCode.BUDGET_EXHAUSTED
+    assert "no line could run" in refused.value.message
+    room_for_one = budget.spent + budget.held + cheapest  # room for exactly one line: accepted, said short
+    Tenant.objects.filter(slug="alpha").update(annual_budget=room_for_one)
+    said = _said(lines)
+    assert said["budget_covers"] is False and Decimal(said["budget_remaining"]) == cheapest
+
+
+def test_a_batch_whose_work_cannot_drain_in_its_window_is_said_not_to_fit(world):
+    lines = _lines(100)
+    fits = _said(lines, slots=4, service_ms=1000.0)
+    assert fits["fits_window"] is True and fits["done_in_s"] == 25 and fits["lines_ahead"] == 0
+    slow = _said(lines, slots=1, service_ms=DAY.total_seconds() * 1000 / 50)  # 50 lines a day on one slot
+    assert slow["fits_window"] is False and slow["done_in_s"] == 2 * DAY.total_seconds()
+    _batch(world["alpha"], 300)  # another batch's 300 lines run before it
+    behind = _said(lines, slots=4, service_ms=1000.0)
+    assert behind["lines_ahead"] == 300 and behind["done_in_s"] == 100
+    assert _said(lines, slots=0)["fits_window"] is False  # no slot serves its model
