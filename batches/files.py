@@ -10,13 +10,16 @@ and storage): the API views run them in a thread.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import Storage, storages
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from batches.models import BatchFile
 from gateway.errors import ErrorCode, GatewayError
@@ -96,8 +99,31 @@ def file_store(*, tenant_slug: str, purpose: str, upload: File, checked: bool = 
     return Stored(file_id, stored, (upload.name or "upload.jsonl")[-255:], size, lines)
 
 
-def file_record(*, stored: Stored, tenant_id: int, key_prefix: str, purpose: str) -> BatchFile:
-    """The row of a stored upload; if it cannot be written, the bytes are removed again."""
+EXPIRES_AFTER_S = (3600, 30 * 24 * 3600)  # what an upload's expires_after may ask (OpenAI's range)
+
+
+def expiry_of(form: Mapping[str, str]) -> int:
+    """Seconds from now an upload is kept: its ``expires_after`` (``anchor`` created_at, ``seconds``
+    in OpenAI's range) or ``FAIRGATE_FILE_TTL_S``."""
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return settings.FAIRGATE_FILE_TTL_S
+    low, high = EXPIRES_AFTER_S
+    if anchor != "created_at" or not (seconds or "").isdigit() or not low <= int(seconds or 0) <= high:
+        raise FileRefused(
+            400,
+            f"'expires_after' is {{'anchor': 'created_at', 'seconds': {low} to {high}}}; got {anchor!r}, {seconds!r}.",
+        )
+    return int(seconds or 0)
+
+
+def file_record(
+    *, stored: Stored, tenant_id: int, key_prefix: str, purpose: str, keep_s: int | None = None
+) -> BatchFile:
+    """The row of a stored file, kept ``keep_s`` (default ``FAIRGATE_FILE_TTL_S``); if it cannot be
+    written, the bytes are removed again."""
+    now = timezone.now()
+    keep = timedelta(seconds=settings.FAIRGATE_FILE_TTL_S if keep_s is None else keep_s)
     try:
         return BatchFile.objects.create(
             id=stored.file_id,
@@ -108,15 +134,31 @@ def file_record(*, stored: Stored, tenant_id: int, key_prefix: str, purpose: str
             lines=stored.lines,
             storage_name=stored.storage_name,
             key_prefix=key_prefix,
+            created_at=now,
+            expires_at=now + keep,
         )
     except BaseException:
         files_storage().delete(stored.storage_name)
         raise
 
 
+def _kept():
+    """Files not expired (one past its time is gone for the API before beat deletes it)."""
+    return BatchFile.objects.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+
+
+def files_expire() -> int:
+    """Deletes every file past its time, row and bytes (beat: batches.sweep); returns how many."""
+    gone = list(BatchFile.objects.filter(expires_at__lte=timezone.now()).values_list("pk", "storage_name"))
+    for pk, storage_name in gone:
+        BatchFile.objects.filter(pk=pk).delete()  # batches keep their other fields (the file ids become null)
+        files_storage().delete(storage_name)
+    return len(gone)
+
+
 def file_get(*, tenant_id: int, file_id: str) -> BatchFile:
     """The tenant's file, or 404 (another tenant's file is not found either)."""
-    found = BatchFile.objects.filter(tenant_id=tenant_id, id=file_id).first()
+    found = _kept().filter(tenant_id=tenant_id, id=file_id).first()
     if found is None:
         raise FileRefused(404, f"No file '{file_id[:64]}' of yours.")
     return found
@@ -131,7 +173,7 @@ class Page:
 def files_list(*, tenant_id: int, purpose: str | None, after: str | None, limit: int, ascending: bool) -> Page:
     if not 1 <= limit <= MAX_LIST:
         raise FileRefused(400, f"'limit' must be from 1 to {MAX_LIST}.")
-    rows = BatchFile.objects.filter(tenant_id=tenant_id)
+    rows = _kept().filter(tenant_id=tenant_id)
     if purpose:
         rows = rows.filter(purpose=purpose)
     if after:
@@ -165,5 +207,5 @@ def file_object(found: BatchFile) -> dict:
         "purpose": found.purpose,
         "status": "processed",
         "status_details": None,
-        "expires_at": None,
+        "expires_at": None if found.expires_at is None else int(found.expires_at.timestamp()),
     }

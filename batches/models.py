@@ -22,6 +22,7 @@ class BatchFile(models.Model):
     lines = models.PositiveIntegerField()
     storage_name = models.CharField(max_length=400)
     created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)  # deleted then by beat (batches.sweep); None: kept
     key_prefix = models.CharField(max_length=32, blank=True)  # the API key that uploaded it
 
     class Meta:

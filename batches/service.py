@@ -259,12 +259,10 @@ def line_end(pk: int, state: str, error: dict) -> bool:
 
 
 def batches_cancelled(pks: Iterable[int]) -> set[int]:
-    """Of claimed lines ``pks``, those whose batch is no longer in progress (cancelled, expired)."""
-    return set(
-        BatchLine.objects.filter(pk__in=list(pks), state=State.CLAIMED)
-        .exclude(batch__status=Status.IN_PROGRESS)
-        .values_list("pk", flat=True)
-    )
+    """Of claimed lines ``pks``, those whose batch is no longer in progress (cancelled, expired) or
+    whose window has ended (they leave the engine: back to pending, where beat expires them)."""
+    over = ~Q(batch__status=Status.IN_PROGRESS) | Q(batch__expires_at__lte=timezone.now())
+    return set(BatchLine.objects.filter(over, pk__in=list(pks), state=State.CLAIMED).values_list("pk", flat=True))
 
 
 # --- ending batches -------------------------------------------------------------------------
@@ -292,17 +290,23 @@ def _write_file(batch: Batch, lines: list[BatchLine], name: str) -> BatchFile | 
     )
 
 
+def batches_expire() -> int:
+    """Beat's (batches.sweep): the pending lines of batches past their window end expired (lines
+    waiting in an engine leave it at their deadline, the window's end, and come back here; running
+    lines finish). Returns how many lines expired."""
+    return BatchLine.objects.filter(
+        batch__status=Status.IN_PROGRESS, batch__expires_at__lte=timezone.now(), state=State.PENDING
+    ).update(state=State.EXPIRED, ended_at=timezone.now(), error=EXPIRED_ERROR)
+
+
 def batches_finalize() -> int:
-    """Expires the lines of batches past their window that were not sent; finalizes every batch
-    with no line left to run (files written, status set). Returns how many were finalized."""
+    """Finalizes every batch with no line left to run (files written, status set: completed,
+    cancelled, or expired if a line expired). Returns how many were finalized."""
     now = timezone.now()
     lines_of_the_gone_back()
     BatchLine.objects.filter(  # went back to pending (no room in the engine) after the cancel
         batch__status=Status.CANCELLING, state=State.PENDING
     ).update(state=State.CANCELLED, ended_at=now, error=CANCELLED_ERROR)
-    BatchLine.objects.filter(batch__status=Status.IN_PROGRESS, batch__expires_at__lte=now, state=State.PENDING).update(
-        state=State.EXPIRED, ended_at=now, error=EXPIRED_ERROR
-    )
     done = 0
     candidates = Batch.objects.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING)).exclude(
         lines__state__in=(State.PENDING, State.CLAIMED, State.SENT)

@@ -20,10 +20,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from batches import files, service
 from batches.leases import line_start, renewer
 from batches.lines import ENDPOINTS
 from batches.models import BatchLine
-from batches.service import public_id_of
 from billing.services import charge_settle, hold_release
 from gateway.lifecycle import PublicId, engine_id
 from gateway.limits import output_limit
@@ -43,7 +43,7 @@ def _request(line: BatchLine) -> Payload:
 
 def _ledger_key(line: BatchLine) -> str:
     """Its hold's key (the attempt's, if the line was fed again after its first gateway died)."""
-    return line.ledger_key or engine_id(line.batch.tenant.slug, PublicId(public_id_of(line)))
+    return line.ledger_key or engine_id(line.batch.tenant.slug, PublicId(service.public_id_of(line)))
 
 
 def _finish(line: BatchLine, *, status: int, body: object, usage: dict | None) -> None:
@@ -96,7 +96,7 @@ def _run(line: BatchLine) -> None:
         response = httpx.post(
             f"{backend.url.rstrip('/')}{payload.upstream_path}",
             content=upstream_body(payload),
-            headers={"Content-Type": "application/json", "X-Request-Id": public_id_of(line)},
+            headers={"Content-Type": "application/json", "X-Request-Id": service.public_id_of(line)},
             timeout=timeout,
         )
     except httpx.HTTPError as failed:
@@ -114,3 +114,15 @@ def _run(line: BatchLine) -> None:
     if not isinstance(usage, dict):  # served without a count: charged for the estimated prompt, as over HTTP
         usage = {"prompt_tokens": estimate(payload), "completion_tokens": 0}
     _finish(line, status=response.status_code, body=answer, usage=usage)
+
+
+@shared_task(name="batches.sweep", ignore_result=True)
+def sweep() -> dict[str, int]:
+    """Beat's, every ``FAIRGATE_BATCH_SWEEP_S``: lines of batches past their window expire, batches
+    with no line left are finalized (every serving process finalizes too, each second), files past
+    their time are deleted."""
+    return {
+        "lines_expired": service.batches_expire(),
+        "batches_finalized": service.batches_finalize(),
+        "files_deleted": files.files_expire(),
+    }

@@ -29,11 +29,16 @@ async def _upload(request: HttpRequest) -> HttpResponse:
     upload = uploaded.get("file")
     if upload is None:
         raise invalid_request("The upload has no 'file' field.")
+    keep_s = files.expiry_of(form)
     stored = await asyncio.to_thread(
         files.file_store, tenant_slug=caller.tenant, purpose=form.get("purpose", ""), upload=upload
     )
     record = await db_call(files.file_record)(
-        stored=stored, tenant_id=caller.tenant_id, key_prefix=caller.key_prefix, purpose=form.get("purpose", "")
+        stored=stored,
+        tenant_id=caller.tenant_id,
+        key_prefix=caller.key_prefix,
+        purpose=form.get("purpose", ""),
+        keep_s=keep_s,
     )
     return json_response(files.file_object(record))
 

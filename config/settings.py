@@ -187,12 +187,18 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "") or ""
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or ""
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "fairgate@localhost") or "fairgate@localhost"
+# Files expire (deleted by beat's batches.sweep, every FAIRGATE_BATCH_SWEEP_S, which also expires
+# batches past their window) this long after they were made, unless an upload's expires_after says
+# otherwise.
+FAIRGATE_FILE_TTL_S = env_int("FAIRGATE_FILE_TTL_S", 30 * 24 * 3600, minimum=3600)
+FAIRGATE_BATCH_SWEEP_S = env_int("FAIRGATE_BATCH_SWEEP_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0},
     "billing-holds-release-orphaned": {
         "task": "billing.holds_release_orphaned",
         "schedule": float(FAIRGATE_ORPHAN_SWEEP_S),
     },
+    "batches-sweep": {"task": "batches.sweep", "schedule": float(FAIRGATE_BATCH_SWEEP_S)},
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -81,3 +81,18 @@ def test_lines_of_a_gone_process_go_back_once_billing_released_its_holds(tenants
         2: f"{batch.id}.2~2",
         3: f"{batch.id}.3",
     }  # fed again under new ids: the old ones may still be live in a shared engine
+
+
+def test_beat_expires_the_pending_lines_of_a_batch_past_its_window_and_it_ends_expired(tenants):
+    batch = _batch(tenants[0], 4)
+    claimed = service.lines_claim(owner="a", room=1)  # one waits in an engine
+    assert service.batches_expire() == 0  # its window is open
+    Batch.objects.filter(pk=batch.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert service.batches_cancelled([claimed[0].pk]) == {claimed[0].pk}  # the feeder takes it out of its engine
+    service.line_drop(claimed[0].pk)  # ... and it goes back to pending (its batch still runs)
+    assert service.batches_expire() == 4
+    assert service.batches_finalize() == 1
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.EXPIRED and batch.expired_at is not None and batch.output_file is None
+    assert batch.error_file.lines == 4
+    assert set(batch.lines.values_list("error__code", flat=True)) == {"batch_expired"}

@@ -23,7 +23,8 @@ from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
 
-KEYS = {"fin": ("fin", "BATCH"), "thin": ("thin", "BATCH"), "poor": ("poor", "BATCH")}
+FIN_KEY = {"fin": ("fin", "BATCH")}
+KEYS = {**FIN_KEY, "thin": ("thin", "BATCH"), "poor": ("poor", "BATCH")}
 SLOTS = 2
 CHARGES = """
 import json
@@ -65,13 +66,26 @@ def stack(tmp_path_factory):
         backends=[backend("b", f"{sim.url}/v1", models=("m", "e"), slots=SLOTS) | {"embedding_models": ["e"]}],
     )
     broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
-    settings = {"CELERY_TASK_DEFAULT_QUEUE": f"batches-test-{uuid.uuid4().hex[:8]}", **broker}
+    settings = {
+        "CELERY_TASK_DEFAULT_QUEUE": f"batches-test-{uuid.uuid4().hex[:8]}",
+        "FAIRGATE_BATCH_SWEEP_S": "1",  # beat's batches.sweep: expiry
+        **broker,
+    }
     var_dir = tmp_path_factory.mktemp("gw-batches")
     gateway = start_gateway(var_dir, yaml, KEYS, **settings)
     worker = celery_worker(gateway.env, var_dir / "worker.log")
+    beat = subprocess.Popen(
+        [str(Path(sys.executable).with_name("celery")), "-A", "config", "beat", "--loglevel", "INFO"]
+        + ["--schedule", str(var_dir / "celerybeat-schedule")],
+        cwd=REPO_ROOT,
+        env=gateway.env,
+        stdout=(var_dir / "beat.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     yield gateway, sim
-    worker.terminate()
-    worker.wait(timeout=20)
+    for process in (beat, worker):
+        process.terminate()
+        process.wait(timeout=20)
     gateway.stop()
     sim.stop()
 
@@ -229,6 +243,53 @@ def test_a_cancelled_batch_lets_its_running_lines_finish_and_ends_cancelled(stac
     )
 
 
+WINDOW_ENDS = """
+from datetime import timedelta
+from django.utils import timezone
+from batches.models import Batch
+Batch.objects.filter(id={batch_id!r}).update(expires_at=timezone.now() - timedelta(seconds=1))
+"""
+
+
+def test_a_batch_whose_window_ends_expires_its_waiting_lines_and_keeps_what_ran(stack):
+    gateway, sim = stack
+    sdk = gateway.sdk("fin")
+    httpx.post(f"{sim.url}/gate", json={"action": "close"}).raise_for_status()
+    try:
+        batch = sdk.batches.create(
+            input_file_id=upload(sdk, [chat_line(f"x{i}") for i in range(6)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        wait_until(
+            lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS,
+            limit_s=60,
+            what="two lines running, the others waiting",
+        )
+        gateway.shell(WINDOW_ENDS.format(batch_id=batch.id))  # as if 24 h had passed
+        wait_until(
+            lambda: sdk.batches.retrieve(batch.id).request_counts.failed == 6 - SLOTS,
+            limit_s=60,
+            step_s=0.25,
+            what="the waiting lines expired (by beat)",
+        )
+    finally:
+        httpx.post(f"{sim.url}/gate", json={"action": "open"}).raise_for_status()
+    done = ended(sdk, batch.id, "expired", gateway)
+    assert (done.request_counts.completed, done.request_counts.failed) == (SLOTS, 6 - SLOTS)
+    assert done.expired_at is not None
+    assert len(output_of(sdk, done.output_file_id)) == SLOTS  # what was running when the window ended
+    errors = output_of(sdk, done.error_file_id)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"} and len(errors) == 6 - SLOTS
+    assert len(json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())) == SLOTS
+    wait_until(
+        lambda: gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0",
+        limit_s=30,
+        step_s=0.5,
+        what="every hold of the expired lines released",
+    )
+
+
 LINE_STATES = """
 from collections import Counter
 from batches.models import BatchLine
@@ -258,7 +319,7 @@ def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_o
         "FAIRGATE_ORPHAN_SWEEP_S": "1",
         **broker,
     }
-    first = start_gateway(tmp_path / "gw", yaml, KEYS, **settings)
+    first = start_gateway(tmp_path / "gw", yaml, FIN_KEY, **settings)
     worker = celery_worker(first.env, tmp_path / "worker.log")
     second = None
     try:
@@ -321,7 +382,7 @@ def test_a_worker_killed_mid_line_has_its_lines_run_once_more_by_another(tmp_pat
         "FAIRGATE_BATCH_LEASE_MS": "2000",  # a dead worker's lines are noticed within 2 s
         **broker,
     }
-    gateway = start_gateway(tmp_path / "gw", yaml, KEYS, **settings)
+    gateway = start_gateway(tmp_path / "gw", yaml, FIN_KEY, **settings)
     doomed = celery_worker(gateway.env, tmp_path / "doomed.log")
     other = None
     try:

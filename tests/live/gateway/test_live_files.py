@@ -67,6 +67,25 @@ def test_upload_read_list_download_delete(gateway):
         sdk.files.content(created.id)
 
 
+def test_an_upload_expires_when_it_asks_and_else_after_the_ttl(gateway):
+    sdk = gateway.sdk("fin")
+    asked = sdk.files.create(
+        file=("short.jsonl", io.BytesIO(jsonl(1))),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    assert asked.expires_at == asked.created_at + 7200
+    kept = sdk.files.create(file=("kept.jsonl", io.BytesIO(jsonl(1))), purpose="batch")
+    assert kept.expires_at == kept.created_at + 30 * 24 * 3600  # FAIRGATE_FILE_TTL_S's default
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.files.create(
+            file=("x.jsonl", io.BytesIO(jsonl(1))),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 5},
+        )
+    assert "expires_after" in refused.value.message
+
+
 def test_the_list_pages_with_its_cursor_newest_first(gateway):
     sdk = gateway.sdk("ops")
     made = [sdk.files.create(file=(f"f{i}.jsonl", io.BytesIO(jsonl(1))), purpose="batch").id for i in range(5)]
