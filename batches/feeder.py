@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 
-from batches import leases, service, tasks
+from batches import leases, metrics, service, tasks
 from batches.lines import ENDPOINTS
 from batches.models import BatchLine
 from billing.heartbeats import process_owner
@@ -72,6 +72,7 @@ class Feeder:
         self.waiting: dict[int, asyncio.Future] = {}  # sent lines: pk -> the worker's end
         self.paused_until_s = 0.0
         self.finalized_at_s = 0.0
+        self.tallied_at_s = 0.0
         self.idle = False  # the last claim found nothing, and nothing is here
 
     async def run(self) -> None:
@@ -99,6 +100,7 @@ class Feeder:
                 if not waiter.done():
                     waiter.set_result(end)
             for pk, send in again:
+                metrics.RESENT.inc()
                 await _hand_to_worker(pk, send)
         queued = [pk for pk in self.lines if pk not in self.waiting]
         if queued:
@@ -108,6 +110,9 @@ class Feeder:
         if now_s - self.finalized_at_s >= FINALIZE_S:
             self.finalized_at_s = now_s
             await db_call(service.batches_finalize)()
+        if now_s - self.tallied_at_s >= metrics.TALLY_S:
+            self.tallied_at_s = now_s
+            await db_call(metrics.refresh)()
 
     def _gone(self, pk: int, _task: asyncio.Task) -> None:
         self.lines.pop(pk, None)

@@ -258,6 +258,13 @@ def line_end(pk: int, state: str, error: dict) -> bool:
     )
 
 
+def batches_tally() -> dict[str, dict[str, int]]:
+    """Batches by status and lines by state (batches.metrics)."""
+    by_status = Batch.objects.order_by().values_list("status").annotate(n=Count("id"))
+    by_state = BatchLine.objects.order_by().values_list("state").annotate(n=Count("id"))
+    return {"batches": dict(by_status), "lines": dict(by_state)}
+
+
 def batches_cancelled(pks: Iterable[int]) -> set[int]:
     """Of claimed lines ``pks``, those whose batch is no longer in progress (cancelled, expired) or
     whose window has ended (they leave the engine: back to pending, where beat expires them)."""

@@ -96,3 +96,15 @@ def test_beat_expires_the_pending_lines_of_a_batch_past_its_window_and_it_ends_e
     assert batch.status == Batch.Status.EXPIRED and batch.expired_at is not None and batch.output_file is None
     assert batch.error_file.lines == 4
     assert set(batch.lines.values_list("error__code", flat=True)) == {"batch_expired"}
+
+
+def test_the_tally_counts_batches_by_status_and_lines_by_state(tenants):
+    done, running = _batch(tenants[0], 2), _batch(tenants[1], 3)
+    Batch.objects.filter(pk=done.pk).update(status=Batch.Status.COMPLETED)
+    done.lines.update(state=State.COMPLETED)
+    service.lines_claim(owner="a", room=1)
+    assert service.batches_tally() == {
+        "batches": {"completed": 1, "in_progress": 1},
+        "lines": {"completed": 2, "claimed": 1, "pending": 2},
+    }
+    assert running.lines.filter(state=State.CLAIMED).count() == 1

@@ -146,6 +146,37 @@ def test_a_batch_runs_every_line_once_and_charges_each_once(stack):
     assert any(b.id == batch.id for b in sdk.batches.list())
 
 
+def _metric(gateway, name: str, label: str) -> float:
+    for line in httpx.get(f"{gateway.url}/metrics").text.splitlines():
+        if line.startswith(f"{name}{{{label}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def test_metrics_count_batches_by_status_and_lines_by_state(stack):
+    gateway, _ = stack
+    sdk = gateway.sdk("fin")
+    batch = sdk.batches.create(
+        input_file_id=upload(sdk, [chat_line(f"m{i}") for i in range(3)]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    ended(sdk, batch.id)
+    completed = sum(b.status == "completed" for b in sdk.batches.list())
+    lines_done = sum(b.request_counts.completed for b in sdk.batches.list() if b.status == "completed")
+    wait_until(
+        lambda: (
+            _metric(gateway, "fairgate_batches", 'status="completed"') >= completed
+            and _metric(gateway, "fairgate_batch_lines", 'state="completed"') >= lines_done
+        ),
+        limit_s=30,
+        step_s=0.5,
+        what="the finished batch and its lines counted in /metrics",
+    )
+    assert _metric(gateway, "fairgate_batch_lines", 'state="pending"') == 0  # every state is shown
+    assert "fairgate_batch_lines_resent_total 0.0" in httpx.get(f"{gateway.url}/metrics").text
+
+
 def test_an_embeddings_batch_runs_on_its_endpoint(stack):
     gateway, _ = stack
     sdk = gateway.sdk("fin")
