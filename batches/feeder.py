@@ -1,8 +1,8 @@
 """Batch lines into the engine: every ``serve`` process feeds lines as its engine takes them.
 
-Each tick (`FEED_S`) the feeder claims pending lines (batches.service.lines_claim: in turn from
-every open batch, at most ``FAIRGATE_BATCH_LINES_PER_PROCESS`` here at once) and admits each as
-the gateway admits an HTTP request — classified and downgrade-checked in the class its batch
+Each tick (`FEED_S`) the feeder claims pending lines (batches.service.lines_claim: shared out by
+tenant, then batch, in turn; at most ``FAIRGATE_BATCH_LINES_PER_PROCESS`` here at once) and admits
+each as the gateway admits an HTTP request — classified and downgrade-checked in the class its batch
 declares, held on its tenant's budget, queued in the engine with its batch's window end as its
 deadline. The engine's policy decides every grant; a line refused for room (429) goes back to
 pending and the feeder pauses. On its grant the line is marked sent and handed to a Celery worker
@@ -73,6 +73,7 @@ class Feeder:
         self.paused_until_s = 0.0
         self.finalized_at_s = 0.0
         self.tallied_at_s = 0.0
+        self.claimed_after = ""  # the last batch claimed from: the next claim starts after it
         self.idle = False  # the last claim found nothing, and nothing is here
 
     async def run(self) -> None:
@@ -87,7 +88,9 @@ class Feeder:
         now_s = time.monotonic()
         room = settings.FAIRGATE_BATCH_LINES_PER_PROCESS - len(self.lines)
         if room > 0 and now_s >= self.paused_until_s:
-            claimed = await db_call(service.lines_claim)(owner=process_owner(), room=room)
+            claimed = await db_call(service.lines_claim)(owner=process_owner(), room=room, after=self.claimed_after)
+            if claimed:
+                self.claimed_after = max(line.batch_id for line in claimed)
             for line in claimed:
                 task = spawn(self._line(line))
                 self.lines[line.pk] = task

@@ -188,28 +188,38 @@ def batch_object(batch: Batch) -> dict:
 # --- the feeder's side (batches.feeder) ------------------------------------------------------
 
 
-def lines_claim(*, owner: str, room: int) -> list[BatchLine]:
-    """Up to ``room`` pending lines of batches in progress, taken in turn from each batch (oldest
-    lines first within a batch), so every tenant's batch has lines in the engine and the engine's
-    fairness decides between them. Each is claimed for ``owner`` by a conditional UPDATE: a line
-    two processes reach at once goes to one of them."""
+def lines_claim(*, owner: str, room: int, after: str = "") -> list[BatchLine]:
+    """Up to ``room`` pending lines of batches in progress, shared out by tenant first (each tenant
+    with an open batch gets an equal part of ``room``, split between its batches; oldest lines first
+    within a batch), so every department's batch has lines in the engine and the engine's fairness
+    decides between them — a department with ten batches does not get ten parts. Batches are taken
+    in id order starting after ``after`` (the last batch the caller claimed from), so when there are
+    more tenants than ``room`` every one comes in turn. Each line is claimed for ``owner`` by a
+    conditional UPDATE: a line two processes reach at once goes to one of them."""
+    if room <= 0:
+        return []
     now = timezone.now()
     open_batches = list(
         Batch.objects.filter(status=Status.IN_PROGRESS, expires_at__gt=now, lines__state=State.PENDING)
-        .values_list("id", flat=True)
+        .values_list("id", "tenant_id")
         .distinct()
-        .order_by("id")[:room]
+        .order_by("id")
     )
-    if not open_batches or room <= 0:
-        return []
-    each = max(1, room // len(open_batches))
+    open_batches = [b for b in open_batches if b[0] > after] + [b for b in open_batches if b[0] <= after]
+    by_tenant: dict[int, list[str]] = {}
+    for batch_id, tenant_id in open_batches:
+        by_tenant.setdefault(tenant_id, []).append(batch_id)
+    share = max(1, room // max(1, len(by_tenant)))
     wanted: list[int] = []
-    for batch_id in open_batches:
-        wanted += (
-            BatchLine.objects.filter(batch_id=batch_id, state=State.PENDING)
-            .order_by("number")
-            .values_list("pk", flat=True)[:each]
-        )
+    for batch_ids in list(by_tenant.values())[:room]:
+        each = max(1, share // len(batch_ids))
+        got: list[int] = []
+        for batch_id in batch_ids:
+            if len(got) >= share:
+                break
+            pending = BatchLine.objects.filter(batch_id=batch_id, state=State.PENDING).order_by("number")
+            got += pending.values_list("pk", flat=True)[: min(each, share - len(got))]
+        wanted += got
     claimed: list[int] = []
     for pk in wanted[:room]:
         if BatchLine.objects.filter(pk=pk, state=State.PENDING).update(

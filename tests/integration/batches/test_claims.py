@@ -3,6 +3,7 @@ the batch when their process is gone, and a batch finalized once no line is left
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -108,3 +109,19 @@ def test_the_tally_counts_batches_by_status_and_lines_by_state(tenants):
         "lines": {"completed": 2, "claimed": 1, "pending": 2},
     }
     assert running.lines.filter(state=State.CLAIMED).count() == 1
+
+
+def test_claims_are_shared_by_tenant_not_by_batch_and_every_tenant_comes_in_turn(tenants):
+    many = [_batch(tenants[0], 5) for _ in range(3)]  # one department's three batches
+    one = _batch(tenants[1], 5)
+    claimed = service.lines_claim(owner="a", room=4)
+    by_tenant = Counter(line.batch.tenant_id for line in claimed)
+    assert by_tenant == {tenants[0].pk: 2, tenants[1].pk: 2}  # not 3 : 1
+    assert {line.batch_id for line in claimed} == {many[0].id, many[1].id, one.id}
+    third = Tenant.objects.create(slug="third", name="third", quota_share=0.1)
+    late = _batch(third, 5)
+    first = service.lines_claim(owner="a", room=2)  # more tenants than room: the first two by batch id
+    assert late.id not in {line.batch_id for line in first}
+    after = max(line.batch_id for line in first)
+    turn = service.lines_claim(owner="a", room=2, after=after)
+    assert late.id in {line.batch_id for line in turn}  # the next claim starts after them
