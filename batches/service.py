@@ -17,7 +17,7 @@ from io import BytesIO
 
 from django.core.files import File
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from batches import leases
@@ -152,6 +152,68 @@ def counts_of(batch: Batch) -> dict[str, int]:
         failed=Count("id", filter=~Q(state__in=(State.COMPLETED, State.PENDING, State.CLAIMED, State.SENT))),
     )
     return {"total": got["total"], "completed": got["completed"], "failed": got["failed"]}
+
+
+CARDS_ENDED_S = 3600  # ended batches stay on the console's cards this long
+CARDS_MAX = 20
+WAITING = (State.PENDING, State.CLAIMED)
+
+
+def batch_cards(tenant_ids: Iterable[int]) -> dict[int, list[dict]]:
+    """Each tenant's batches for the console (its open ones, then those ended within the last
+    hour; at most ``CARDS_MAX``): progress by line state, charges so far, its cost bound, and its
+    ETA to the last line at its own rate so far (before its first line ends: the forecast's)."""
+    now = timezone.now()
+    open_or_recent = Q(status__in=(Status.IN_PROGRESS, Status.CANCELLING)) | Q(
+        finalizing_at__gte=now - timedelta(seconds=CARDS_ENDED_S)
+    )
+    found = list(Batch.objects.filter(open_or_recent, tenant_id__in=list(tenant_ids)).order_by("-id"))
+    by_batch: dict[str, dict[str, int]] = {}
+    rows = BatchLine.objects.filter(batch__in=[b.id for b in found]).order_by().values_list("batch_id", "state")
+    for batch_id, state, n in rows.annotate(n=Count("id")):
+        by_batch.setdefault(batch_id, {})[state] = n
+    sums = BatchLine.objects.filter(batch__in=[b.id for b in found]).order_by().values_list("batch_id")
+    charged = dict(sums.annotate(total=Sum("charge")))
+    cards: dict[int, list[dict]] = {}
+    for batch in found:
+        states = by_batch.get(batch.id, {})
+        card = _card(batch, states, charged.get(batch.id), now)
+        if len(cards.setdefault(batch.tenant_id, [])) < CARDS_MAX:
+            cards[batch.tenant_id].append(card)
+    return cards
+
+
+def _card(batch: Batch, states: dict[str, int], charged, now) -> dict:
+    total = sum(states.values())
+    completed = states.get(State.COMPLETED, 0)
+    ended = sum(states.get(s, 0) for s in BatchLine.ENDED)
+    left = total - ended
+    forecast = batch.forecast or {}
+    eta_s: int | None = None
+    if batch.status in (Status.IN_PROGRESS, Status.CANCELLING) and left:
+        elapsed_s = max((now - batch.created_at).total_seconds(), 1.0)
+        if ended:
+            eta_s = round(left * elapsed_s / ended)
+        elif forecast.get("done_in_s") is not None:
+            eta_s = max(0, round(forecast["done_in_s"] - elapsed_s))
+    return {
+        "id": batch.id,
+        "status": batch.status,
+        "endpoint": batch.endpoint,
+        "class": batch.priority_class,
+        "created_at": _ts(batch.created_at),
+        "expires_at": _ts(batch.expires_at),
+        "total": total,
+        "completed": completed,
+        "failed": ended - completed,
+        "running": states.get(State.SENT, 0),
+        "waiting": sum(states.get(s, 0) for s in WAITING),
+        "charged": str(charged or 0),
+        "cost_bound": forecast.get("cost_bound"),
+        "eta_s": eta_s,
+        "fits_window": forecast.get("fits_window"),
+        "cancellable": batch.status == Status.IN_PROGRESS,
+    }
 
 
 def _ts(value) -> int | None:

@@ -1,4 +1,4 @@
-"""Console writes that are not policy: users and the tenant's own API keys.
+"""Console writes that are not policy: users, the tenant's own API keys, cancelling its batches.
 
 Policy edits live in ``console.policy``. Every function is keyword-only, runs in one
 transaction and raises ``ValidationError`` with a message a person can act on.
@@ -10,6 +10,8 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from batches.models import Batch
+from batches.service import batch_cancel
 from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
 from scheduling.selectors import tenant_spec
@@ -71,3 +73,14 @@ def tenant_key_revoke(*, tenant: Tenant, prefix: str, actor: str) -> ApiKey:
     if not ApiKey.objects.filter(prefix=prefix, tenant=tenant).exists():
         raise ValidationError(f"no API key with prefix {prefix!r} in your tenant")
     return apikey_revoke(prefix=prefix, actor=actor)
+
+
+@transaction.atomic
+def tenant_batch_cancel(*, tenant: Tenant, batch_id: str, actor: str) -> Batch:
+    """Cancels one of the tenant's batches (batches.service.batch_cancel: another tenant's is not
+    found, FileRefused 404), recorded in the audit log when it was running."""
+    was = Batch.objects.filter(tenant=tenant, id=batch_id).values_list("status", flat=True).first()
+    batch = batch_cancel(tenant_id=tenant.pk, batch_id=batch_id)
+    if was != batch.status:
+        audit_record(actor=actor, action="cancel", entity="batch", key=batch_id, old=was, new=batch.status)
+    return batch

@@ -18,6 +18,7 @@ urlpatterns = [
     path("queue/", views.queue_page, name="queue"),
     path("keys/create/", views.key_create, name="key-create"),
     path("keys/<str:prefix>/revoke/", views.key_revoke, name="key-revoke"),
+    path("batches/<str:batch_id>/cancel/", views.batch_cancel, name="batch-cancel"),
     path("api/queue/", views.api_queue, name="api-queue"),
     path("api/request/<str:request_id>/", views.api_request, name="api-request"),
     path("finance/", views_staff.finance_page, name="finance"),

@@ -15,6 +15,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from batches.files import FileRefused
+from batches.service import batch_cards
 from console import access, selectors, services
 from console.access import ADMIN, MEMBER, role_required
 from console.live.snapshot import request_card, tenant_queue
@@ -48,6 +50,7 @@ def queue_page(request: HttpRequest) -> HttpResponse:
         "downgrades": selectors.downgrades_recent(tenant=tenant),
         "alerts": selectors.alerts_recent(tenant=tenant),
         "keys": selectors.keys_of(tenant=tenant),
+        "batches": batch_cards([tenant.pk]).get(tenant.pk, []),
         "key_classes": services.key_classes(tenant),
         "ws_query": f"?tenant={tenant.slug}" if access.is_admin(request.user) else "",
     }
@@ -89,6 +92,18 @@ def key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
     return redirect(_queue_url(request, tenant))
 
 
+@require_POST
+@role_required(*QUEUE_ROLES)
+def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
+    tenant = _tenant_or_403(request)
+    try:
+        batch = services.tenant_batch_cancel(tenant=tenant, batch_id=batch_id, actor=_actor(request))
+    except FileRefused:
+        raise Http404("No such batch in your tenant.") from None
+    messages.success(request, f"Batch {batch.id} is {batch.status}: no more of its lines start; running ones finish.")
+    return redirect(_queue_url(request, tenant))
+
+
 def _queue_url(request: HttpRequest, tenant) -> str:
     return f"/console/queue/?tenant={tenant.slug}" if access.is_admin(request.user) else "/console/queue/"
 
@@ -116,7 +131,8 @@ async def api_queue(request: HttpRequest) -> HttpResponse:
 
     d = current()
     queue = tenant_queue(d, tenant.slug, d.now_ms()) if d is not None else {"total": 0, "counts": {}, "rows": []}
-    return JsonResponse({"tenant": tenant.slug, **queue})
+    cards = await sync_to_async(batch_cards)([tenant.pk])
+    return JsonResponse({"tenant": tenant.slug, **queue, "batches": cards.get(tenant.pk, [])})
 
 
 async def api_request(request: HttpRequest, request_id: str) -> HttpResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from batches.service import batch_cards
 from console import selectors
 from gateway.models import DowngradeEvent
 from tenants.models import Tenant
@@ -32,3 +33,8 @@ def downgrades_after(cursor: int | None) -> tuple[int | None, list[tuple[int, di
     if not rows:
         return cursor, []
     return rows[-1].pk, [(e.tenant_id, selectors.downgrade_row(e)) for e in rows]
+
+
+def batches_for(tenant_ids_: list[int]) -> dict[int, list[dict]]:
+    """Each tenant's batch cards (batches.service.batch_cards)."""
+    return batch_cards(tenant_ids_)

@@ -4,7 +4,8 @@ Every ``tick_ms`` it looks at each tenant with live requests that a socket of th
 watches (``watch``/``unwatch``, from ``console.consumers``), and if the tenant's table changed
 (ids, states, positions, ETAs, counts) it sends ONE message with a snapshot to ``tenant.<id>``,
 together with the tenant's committed database events of that tick (charges, downgrades,
-alerts, and a fresh budget when money moved). So a viewer receives at most 1000/tick_ms
+alerts, and a fresh budget when money moved) and, once a second, its batch cards where they
+changed (progress, charges, ETA: batches.service.batch_cards). So a viewer receives at most 1000/tick_ms
 messages per second however busy the queue is. Every ``ops_ms`` admins get the operations
 figures; every ``sample_ms`` a timeline point is kept (a ring buffer of one hour).
 
@@ -37,6 +38,7 @@ from gateway.db import log_failure
 log = logging.getLogger(__name__)
 HOLD_CACHE_MAX = 200_000
 BUDGET_EVERY_MS = 2_000
+BATCHES_EVERY_MS = 1_000
 DOWNGRADE_POLL_MS = 1_000
 EVENT_KINDS = ("charges", "downgrades", "alerts")
 
@@ -45,7 +47,7 @@ def wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-def dumps(payload: dict) -> str:
+def dumps(payload: dict | list) -> str:
     return json.dumps(payload, separators=(",", ":"), default=str)
 
 
@@ -63,6 +65,8 @@ class Publisher:
         self.watched: Counter[int] = Counter()  # tenant id -> sockets of this process on its group
         self.budget_due: set[int] = set()
         self.budget_at_ms: dict[int, int] = {}
+        self.batch_signatures: dict[int, str] = {}  # tenant id -> its batch cards as last sent
+        self._next_batches_ms = 0
         self.timeline = Timeline(step_ms=sample_ms)
         self.ops = OpsView()
         self.ops_text: str | None = None
@@ -78,12 +82,14 @@ class Publisher:
         """A socket joined ``tenant_id``'s group: its table is published from the next tick."""
         self.watched[tenant_id] += 1
         self.budget_due.add(tenant_id)
+        self.batch_signatures.pop(tenant_id, None)  # its batch cards go out again, to the new socket too
 
     def unwatch(self, tenant_id: int) -> None:
         self.watched[tenant_id] -= 1
         if self.watched[tenant_id] <= 0:
             del self.watched[tenant_id]
             self.signatures.pop(self.slugs.get(tenant_id, ""), None)
+            self.batch_signatures.pop(tenant_id, None)
 
     def notify_threadsafe(self, events: list[dict]) -> None:
         """From any thread (after a commit): ``[{"kind": "charges"|"alerts", "tenant_id", "row"}, ...]``."""
@@ -136,6 +142,7 @@ class Publisher:
         for tenant_id in list(self.pending):
             messages.setdefault(tenant_id, {"type": "update"})
         await self._add_budgets(messages, now_wall_ms)
+        await self._add_batches(messages, now_wall_ms)
         for tenant_id, payload in messages.items():
             payload.update(self._take_events(tenant_id))
             await self._send(tenant_group(tenant_id), "tenant.update", payload)
@@ -214,6 +221,19 @@ class Publisher:
             self.budget_at_ms[tenant_id] = now_wall_ms
             if tenant_id in budgets:
                 messages.setdefault(tenant_id, {"type": "update"})["budget"] = budgets[tenant_id]
+
+    async def _add_batches(self, messages: dict[int, dict], now_wall_ms: int) -> None:
+        """Every ``BATCHES_EVERY_MS``, the watched tenants' batch cards, sent where they changed."""
+        if now_wall_ms < self._next_batches_ms or not self.watched:
+            return
+        self._next_batches_ms = now_wall_ms + BATCHES_EVERY_MS
+        cards = await sync_to_async(db.batches_for)(list(self.watched))
+        for tenant_id in list(self.watched):
+            tenant_cards = cards.get(tenant_id, [])
+            signature = dumps(tenant_cards)
+            if self.batch_signatures.get(tenant_id, "[]") != signature:  # none and never any: nothing to send
+                self.batch_signatures[tenant_id] = signature
+                messages.setdefault(tenant_id, {"type": "update"})["batches"] = tenant_cards
 
     async def _poll_downgrades(self) -> None:
         cursor, rows = await sync_to_async(db.downgrades_after)(self._downgrade_cursor)

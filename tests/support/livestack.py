@@ -225,3 +225,29 @@ def wait_until(predicate, *, limit_s: float = 10.0, step_s: float = 0.02, what: 
             return value
         assert time.monotonic() < deadline_s, f"{what} never held"
         time.sleep(step_s)
+
+
+def celery_broker() -> dict[str, str]:
+    """The broker a live test's worker and gateway share: Redis when REDIS_URL is set (as in
+    production), else kombu's file transport (as `make demo` runs); a queue of the test's own."""
+    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
+    return {"CELERY_TASK_DEFAULT_QUEUE": f"test-{os.getpid()}-{time.monotonic_ns()}", **broker}
+
+
+def start_celery(env: dict[str, str], log_path: Path, *, beat: bool = False, concurrency: int = 4) -> subprocess.Popen:
+    """A real Celery worker process (threads pool) on the gateway's broker and queue, or its beat
+    (its schedule file beside the log)."""
+    celery = str(Path(sys.executable).with_name("celery"))
+    if beat:
+        argv = [celery, "-A", "config", "beat", "--schedule", str(log_path.with_suffix(".schedule"))]
+    else:
+        argv = [celery, "-A", "config", "worker", "--pool", "threads", "--concurrency", str(concurrency)]
+    return subprocess.Popen(
+        [*argv, "--loglevel", "INFO"], cwd=REPO_ROOT, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT
+    )
+
+
+def stop_process(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        process.terminate()
+        process.wait(timeout=20)

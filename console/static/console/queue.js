@@ -117,6 +117,7 @@
       (msg.downgrades || []).forEach(function (d) { addEvent("downgrades", d.request_id + ": " + d.from + " → " + d.to + " (rule " + d.rule + ")"); });
       (msg.alerts || []).forEach(function (a) { addEvent("alerts", a.budget + " crossed " + a.threshold_pct + "%: spent " + a.spent + " of " + a.limit); });
       if (msg.budget) setBudget(msg.budget);
+      if (msg.batches) BatchCards.render(msg.batches);
     } else if (msg.type === "card" && msg.id === watchId) {
       lastCard = msg;
       renderCard(msg.request, msg.charge, msg.found);

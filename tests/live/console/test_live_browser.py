@@ -8,6 +8,8 @@ shows for as long as the test needs to see it. ``LIMIT_S`` and ``WAIT_MS`` are s
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import threading
@@ -18,7 +20,15 @@ from pathlib import Path
 import pytest
 
 from simbackend import RunningSim, SimConfig, start_in_thread
-from tests.support.livestack import REPO_ROOT, Gateway, start_gateway, wait_until
+from tests.support.livestack import (
+    REPO_ROOT,
+    Gateway,
+    celery_broker,
+    start_celery,
+    start_gateway,
+    stop_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.live
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is in the dev extras")
@@ -83,11 +93,14 @@ def sim() -> Iterator[RunningSim]:
 @pytest.fixture(scope="module")
 def stack(sim, tmp_path_factory) -> Iterator[Gateway]:
     yaml_text = YAML % {"url": f"{sim.url}/v1", "service": SERVICE_MS}
+    var_dir = tmp_path_factory.mktemp("console-live")
     gateway = start_gateway(
-        tmp_path_factory.mktemp("console-live"), yaml_text, {"alpha": ("alpha", "BATCH"), "beta": ("beta", "BATCH")}
+        var_dir, yaml_text, {"alpha": ("alpha", "BATCH"), "beta": ("beta", "BATCH")}, **celery_broker()
     )
     gateway.shell(USERS)
+    worker = start_celery(gateway.env, var_dir / "worker.log")  # runs the batch lines the engine grants
     yield gateway
+    stop_process(worker)
     gateway.stop()
 
 
@@ -332,3 +345,56 @@ def test_admin_sees_operations_live(stack, browser):
     page.goto(f"{stack.url}/console/finance/")
     page.wait_for_selector("#burn-table tbody tr")
     page.screenshot(path=str(SHOTS / "finance.png"), full_page=True)
+
+
+def job_card(page, batch_id: str) -> str | None:
+    """The text of the batch's card on the page, or None while there is none (read at one instant)."""
+    return page.evaluate(
+        "(id) => { const card = document.querySelector(`#batch-cards article[data-id='${id}']`);"
+        " return card ? card.textContent : null; }",
+        batch_id,
+    )
+
+
+def card_says(page, batch_id: str, *fragments: str, what: str) -> None:
+    seen: list[str | None] = [None]
+
+    def says() -> bool:
+        seen[0] = job_card(page, batch_id)
+        return seen[0] is not None and all(f in seen[0] for f in fragments)
+
+    try:
+        wait_until(says, limit_s=LIMIT_S, what=what)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: the card showed {seen[0]!r}") from None
+
+
+def test_member_follows_a_batch_job_card_live_and_cancels_it(stack, gate, browser):
+    gate.close()
+    sdk = stack.sdk("alpha")
+    body = {"model": "m-one", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    lines = [{"custom_id": f"j{i}", "method": "POST", "url": "/v1/chat/completions", "body": body} for i in range(3)]
+    upload = io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    batch = sdk.batches.create(
+        input_file_id=sdk.files.create(file=("job.jsonl", upload), purpose="batch").id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    page = login(browser, stack, "ann", "ann-password-1")
+    page.wait_for_selector("#live-status.on")
+    held_at_backend(gate)  # its first line has the only slot, held at the backend; the others wait
+    card_says(page, batch.id, "0 of 3 done", "1 running · 2 waiting", "in_progress", what="the job's card, running")
+    assert page.locator(f"#batch-cards article[data-id='{batch.id}'] button.danger").count() == 1
+    page.screenshot(path=str(SHOTS / "batch-running.png"), full_page=True)
+
+    page.locator(f"#batch-cards article[data-id='{batch.id}'] button.danger").click()
+    page.wait_for_load_state()
+    assert "no more of its lines start" in page.locator(".messages").text_content()
+    card_says(page, batch.id, "cancelling", "2 failed", "1 running", what="the job cancelling, its running line left")
+    assert page.locator(f"#batch-cards article[data-id='{batch.id}'] button.danger").count() == 0
+    gate.open()  # the running line finishes: the card moves without a reload
+    card_says(page, batch.id, "3 of 3 done (1 completed, 2 failed)", "cancelled", what="the job cancelled, live")
+    charged = re.search(r"charged (\S+) of at most (\S+)", job_card(page, batch.id) or "")
+    assert charged and 0 < Decimal(charged[1]) <= Decimal(charged[2]), job_card(page, batch.id)
+    page.screenshot(path=str(SHOTS / "batch-cancelled.png"), full_page=True)
+    page.context.close()

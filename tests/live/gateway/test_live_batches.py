@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
-import uuid
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from simbackend import SimConfig, start_in_thread
-from tests.support.livestack import REPO_ROOT, another_process, start_gateway, wait_for, wait_until
+from tests.support.livestack import (
+    another_process,
+    celery_broker,
+    start_celery,
+    start_gateway,
+    stop_process,
+    wait_for,
+    wait_until,
+)
 from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
@@ -45,18 +48,6 @@ print(len(held - ended))
 """
 
 
-def celery_worker(env: dict[str, str], log_path: Path, concurrency: int = 4) -> subprocess.Popen:
-    """A real Celery worker process on the gateway's broker and queue."""
-    return subprocess.Popen(
-        [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
-        + ["--concurrency", str(concurrency), "--loglevel", "INFO"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     sim = start_in_thread(SimConfig(port=0, slots=SLOTS, ttft_ms=2, tokens_per_s=5000, seed=9))
@@ -65,27 +56,14 @@ def stack(tmp_path_factory):
         tenants=[tenant("fin", share=0.5), tenant("thin", budget=1), tenant("poor", budget=0.01)],
         backends=[backend("b", f"{sim.url}/v1", models=("m", "e"), slots=SLOTS) | {"embedding_models": ["e"]}],
     )
-    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
-    settings = {
-        "CELERY_TASK_DEFAULT_QUEUE": f"batches-test-{uuid.uuid4().hex[:8]}",
-        "FAIRGATE_BATCH_SWEEP_S": "1",  # beat's batches.sweep: expiry
-        **broker,
-    }
+    settings = {"FAIRGATE_BATCH_SWEEP_S": "1", **celery_broker()}  # beat's batches.sweep (expiry) each second
     var_dir = tmp_path_factory.mktemp("gw-batches")
     gateway = start_gateway(var_dir, yaml, KEYS, **settings)
-    worker = celery_worker(gateway.env, var_dir / "worker.log")
-    beat = subprocess.Popen(
-        [str(Path(sys.executable).with_name("celery")), "-A", "config", "beat", "--loglevel", "INFO"]
-        + ["--schedule", str(var_dir / "celerybeat-schedule")],
-        cwd=REPO_ROOT,
-        env=gateway.env,
-        stdout=(var_dir / "beat.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    worker = start_celery(gateway.env, var_dir / "worker.log")
+    beat = start_celery(gateway.env, var_dir / "beat.log", beat=True)
     yield gateway, sim
     for process in (beat, worker):
-        process.terminate()
-        process.wait(timeout=20)
+        stop_process(process)
     gateway.stop()
     sim.stop()
 
@@ -342,16 +320,14 @@ def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_o
         tenants=[tenant("fin", share=0.5)],
         backends=[backend("b", f"{sim.url}/v1", slots=SLOTS)],
     )
-    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
     settings = {
-        "CELERY_TASK_DEFAULT_QUEUE": f"batches-kill-{uuid.uuid4().hex[:8]}",
+        **celery_broker(),
         "FAIRGATE_HEARTBEAT_S": "1",
         "FAIRGATE_PROCESS_DEAD_AFTER_S": "3",
         "FAIRGATE_ORPHAN_SWEEP_S": "1",
-        **broker,
     }
     first = start_gateway(tmp_path / "gw", yaml, FIN_KEY, **settings)
-    worker = celery_worker(first.env, tmp_path / "worker.log")
+    worker = start_celery(first.env, tmp_path / "worker.log")
     second = None
     try:
         sdk = first.sdk("fin")
@@ -384,8 +360,7 @@ def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_o
         )
     finally:
         httpx.post(f"{sim.url}/gate", json={"action": "open"})
-        worker.terminate()
-        worker.wait(timeout=20)
+        stop_process(worker)
         if second is not None:
             second.stop()
         first.stop()
@@ -407,14 +382,12 @@ def test_a_worker_killed_mid_line_has_its_lines_run_once_more_by_another(tmp_pat
         tenants=[tenant("fin", share=0.5)],
         backends=[backend("b", f"{sim.url}/v1", slots=SLOTS)],
     )
-    broker = {} if os.environ.get("REDIS_URL") else {"CELERY_BROKER_URL": "filesystem://localhost/"}
     settings = {
-        "CELERY_TASK_DEFAULT_QUEUE": f"batches-lease-{uuid.uuid4().hex[:8]}",
+        **celery_broker(),
         "FAIRGATE_BATCH_LEASE_MS": "2000",  # a dead worker's lines are noticed within 2 s
-        **broker,
     }
     gateway = start_gateway(tmp_path / "gw", yaml, FIN_KEY, **settings)
-    doomed = celery_worker(gateway.env, tmp_path / "doomed.log")
+    doomed = start_celery(gateway.env, tmp_path / "doomed.log")
     other = None
     try:
         sdk = gateway.sdk("fin")
@@ -428,7 +401,7 @@ def test_a_worker_killed_mid_line_has_its_lines_run_once_more_by_another(tmp_pat
             limit_s=60,
             what="the only worker running two lines, held at the backend",
         )
-        other = celery_worker(gateway.env, tmp_path / "other.log")
+        other = start_celery(gateway.env, tmp_path / "other.log")
         doomed.kill()  # SIGKILL mid-line: its two calls and their results die with it
         doomed.wait(timeout=10)
         httpx.post(f"{sim.url}/gate", json={"action": "open"}).raise_for_status()
@@ -444,8 +417,6 @@ def test_a_worker_killed_mid_line_has_its_lines_run_once_more_by_another(tmp_pat
     finally:
         httpx.post(f"{sim.url}/gate", json={"action": "open"})
         for worker in (doomed, other):
-            if worker is not None and worker.poll() is None:
-                worker.terminate()
-                worker.wait(timeout=20)
+            stop_process(worker)
         gateway.stop()
         sim.stop()
