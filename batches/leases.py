@@ -121,7 +121,7 @@ def lines_watch(pks: Iterable[int]) -> tuple[dict[int, Ended], list[tuple[int, i
     for pk, state, prompt_tokens, completion_tokens, lease, sends, runs, expires_at in rows:
         if state != State.SENT:
             ended[pk] = (state, prompt_tokens, completion_tokens)
-        elif lease is None or lease >= now:
+        elif lease is not None and lease >= now:  # (None: sent before leases existed, taken as lapsed)
             continue
         elif runs >= MAX_RUNS or expires_at <= now:
             state, error = (State.FAILED, WORKER_LOST) if runs >= MAX_RUNS else (State.EXPIRED, EXPIRED)
@@ -141,7 +141,9 @@ def lines_of_the_gone_sent(released_owners) -> int:
     back to their batch (fed again under a new id and hold), or ended if they ran MAX_RUNS times or
     their batch's window is over (their holds went with their process). Returns how many moved."""
     now = timezone.now()
-    lapsed = BatchLine.objects.filter(state=State.SENT, owner__in=released_owners, lease_until__lt=now)
+    lapsed = BatchLine.objects.filter(
+        Q(lease_until__lt=now) | Q(lease_until__isnull=True), state=State.SENT, owner__in=released_owners
+    )
     moved = lapsed.filter(runs__gte=MAX_RUNS).update(state=State.FAILED, error=WORKER_LOST, ended_at=now)
     moved += lapsed.filter(batch__expires_at__lte=now).update(state=State.EXPIRED, error=EXPIRED, ended_at=now)
     return moved + lapsed.update(state=State.PENDING, owner="", backend="", ledger_key="", lease_until=None)

@@ -118,3 +118,9 @@ def test_lapsed_sent_lines_of_a_gone_process_go_back_and_a_twice_run_one_fails(w
     assert states == {fresh.pk: State.PENDING, twice.pk: State.FAILED, running.pk: State.SENT}
     (again,) = service.lines_claim(owner="alive", room=3)
     assert again.pk == fresh.pk and service.public_id_of(again).endswith("~2") and again.ledger_key == ""
+
+
+def test_a_line_sent_before_leases_existed_is_taken_as_lapsed(world):
+    (line,) = _sent(world)
+    BatchLine.objects.filter(pk=line.pk).update(lease_until=None)  # as the old code left it
+    assert leases.lines_watch([line.pk]) == ({}, [(line.pk, 2)])
