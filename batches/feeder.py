@@ -45,7 +45,7 @@ from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
 FEED_S = 0.2
-IDLE_FEED_S = 1.0  # while no batch has lines to feed: a query a second, not five
+IDLE_FEED_S = 1.0  # while no batch has lines to feed: a tick a second, not five
 FINALIZE_S = 1.0
 FULL_PAUSE_S = 1.0  # after the engine refused a line for room
 State = BatchLine.State
@@ -74,6 +74,7 @@ class Feeder:
         self.finalized_at_s = 0.0
         self.tallied_at_s = 0.0
         self.claimed_after = ""  # the last batch claimed from: the next claim starts after it
+        self.tallied_quiet = False  # counted since the last open batch ended
         self.idle = False  # the last claim found nothing, and nothing is here
 
     async def run(self) -> None:
@@ -86,6 +87,12 @@ class Feeder:
 
     async def tick(self) -> None:
         now_s = time.monotonic()
+        if self.idle and not self.lines and not await db_call(service.batches_open)():
+            if not self.tallied_quiet:  # no batch is open anywhere: the counts stay as they are
+                self.tallied_quiet = True
+                await db_call(metrics.refresh)()
+            return  # one small query a second, not the claim, finalize and tally queries
+        self.tallied_quiet = False
         room = settings.FAIRGATE_BATCH_LINES_PER_PROCESS - len(self.lines)
         if room > 0 and now_s >= self.paused_until_s:
             claimed = await db_call(service.lines_claim)(owner=process_owner(), room=room, after=self.claimed_after)

@@ -330,6 +330,11 @@ def line_end(pk: int, state: str, error: dict) -> bool:
     )
 
 
+def batches_open() -> bool:
+    """Whether any batch is in progress or cancelling (a quiet feeder asks only this each second)."""
+    return Batch.objects.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING)).exists()
+
+
 def batches_tally() -> dict[str, dict[str, int]]:
     """Batches by status and lines by state (batches.metrics)."""
     by_status = Batch.objects.order_by().values_list("status").annotate(n=Count("id"))
