@@ -35,6 +35,13 @@ from billing.models import LedgerEntry
 rows = LedgerEntry.objects.filter(request_id__startswith={prefix!r}, kind="charge")
 print(json.dumps(sorted(rows.values_list("request_id", flat=True))))
 """
+FINANCE_REPORT = """
+import json
+from billing.reports import charges_by_month
+from tenants.models import Tenant
+rows = charges_by_month(tenants=Tenant.objects.filter(slug="fin"))
+print(json.dumps({"fin": {r["class"]: r["requests"] for r in rows}}))
+"""
 STATES = """
 from batches.models import BatchLine
 print(list(BatchLine.objects.filter(batch_id={batch_id!r}).values_list("number", "state", "owner", "error")))
@@ -122,6 +129,8 @@ def test_a_batch_runs_every_line_once_and_charges_each_once(stack):
     assert charged == sorted(f"fin/{batch.id}.{n}" for n in range(1, 8))  # one charge per line, its line number
     assert gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0"
     assert any(b.id == batch.id for b in sdk.batches.list())
+    report = json.loads(gateway.shell(FINANCE_REPORT).strip())  # finance's report, as for any request
+    assert report["fin"]["BATCH"] >= 7
 
 
 def _metric(gateway, name: str, label: str) -> float:
