@@ -129,3 +129,8 @@ def audit_rows(*, entity: str = ""):
 
 def audit_entities() -> list[str]:
     return list(AuditLog.objects.order_by("entity").values_list("entity", flat=True).distinct())
+
+
+def tenants_all() -> list[Tenant]:
+    """Every tenant, for an administrator's queue picker."""
+    return list(Tenant.objects.order_by("name"))

@@ -30,9 +30,12 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 def _tenant_or_403(request: HttpRequest):
-    tenant = access.queue_tenant(request.user, request.GET.get("tenant") or request.POST.get("tenant"))
+    asked = request.GET.get("tenant") or request.POST.get("tenant")
+    tenant = access.queue_tenant(request.user, asked)
+    if tenant is None and access.is_admin(request.user):
+        raise Http404(f"No tenant '{(asked or '')[:64]}': pick one on My queue.")
     if tenant is None:
-        raise PermissionDenied("Your account belongs to no tenant (admins: add ?tenant=SLUG).")
+        raise PermissionDenied("Your account belongs to no tenant, so it has no queue: ask an administrator.")
     return tenant
 
 
@@ -42,6 +45,8 @@ def _actor(request: HttpRequest) -> str:
 
 @role_required(*QUEUE_ROLES)
 def queue_page(request: HttpRequest) -> HttpResponse:
+    if access.is_admin(request.user) and not request.GET.get("tenant"):  # no tenant of their own: pick one
+        return render(request, "console/tenant_pick.html", {"tenants": selectors.tenants_all()})
     tenant = _tenant_or_403(request)
     context = {
         "tenant": tenant,

@@ -106,12 +106,25 @@ def _deactivate_absent(
         result.changes.append(f"deactivated {entity} {key}")
 
 
+def _factor_text(factor: Decimal) -> str:
+    """0.7, not 0.7000 (the column's scale), nor 1E+1."""
+    return format(factor.normalize(), "f")
+
+
 def price_set(*, priority_class: PriorityClass, price_factor: Decimal, actor: str, effective_at=None) -> PriceVersion:
-    """A new price version for a class (never an edit of an old one)."""
+    """A new price version for a class (never an edit of an old one), audited old → new (the old
+    one: the factor in force when the new one takes effect)."""
+    effective_at = effective_at or timezone.now()
+    before = (
+        PriceVersion.objects.filter(priority_class=priority_class, effective_at__lte=effective_at)
+        .order_by("-effective_at", "-pk")
+        .values_list("price_factor", flat=True)
+        .first()
+    )
     version = PriceVersion.objects.create(
         priority_class=priority_class,
         price_factor=price_factor,
-        effective_at=effective_at or timezone.now(),
+        effective_at=effective_at,
         created_by=actor,
     )
     audit_record(
@@ -120,7 +133,8 @@ def price_set(*, priority_class: PriorityClass, price_factor: Decimal, actor: st
         entity="class",
         key=priority_class.name,
         field_name="price_factor",
-        new=price_factor,
+        old=None if before is None else _factor_text(before),
+        new=_factor_text(Decimal(price_factor)),
     )
     return version
 

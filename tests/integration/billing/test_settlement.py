@@ -132,7 +132,8 @@ def test_future_price_change_takes_effect_at_its_time_and_keeps_history(world):
     assert PriceVersion.objects.filter(priority_class__name="BATCH").count() == 2
     from scheduling.models import AuditLog
 
-    assert AuditLog.objects.filter(actor="cfo", action="price", key="BATCH").exists()
+    (change,) = AuditLog.objects.filter(actor="cfo", action="price", key="BATCH")
+    assert (change.old, change.new) == ("0.7", "0.5")  # old → new: the factor in force until then
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import ApiKey
-from tests.integration.console.conftest import A_REQUEST, B_REQUEST
+from tests.integration.console.conftest import A_REQUEST, B_REQUEST, A
 
 PAGES = ["/console/queue/", "/console/finance/", "/console/policy/", "/console/ops/", "/console/audit/"]
 ALLOWED = {
@@ -127,3 +127,16 @@ def test_forms_need_csrf(world):
 def test_finance_page_lists_visible_tenants(finance, admin):
     assert "support" in finance.client.get("/console/finance/").content.decode()
     assert b"chart.umd.js" in admin.client.get("/console/finance/").content
+
+
+def test_an_admin_picks_a_tenants_queue_and_a_refusal_is_a_styled_page(admin, member_a, world):
+    picker = admin.client.get("/console/queue/")
+    assert picker.status_code == 200 and b"Whose queue?" in picker.content
+    assert all(f"?tenant={slug}".encode() in picker.content for slug in world)
+    assert admin.client.get(f"/console/queue/?tenant={A}").status_code == 200
+    missing = admin.client.get("/console/queue/?tenant=nope")
+    assert missing.status_code == 404 and b"pick one on My queue" in missing.content
+    refused = member_a.client.get("/console/ops/")
+    assert refused.status_code == 403
+    body = refused.content.decode()
+    assert "This page is not for your role" in body and 'href="/console/"' in body and "console.css" in body
