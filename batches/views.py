@@ -29,10 +29,13 @@ async def _upload(request: HttpRequest) -> HttpResponse:
     upload = uploaded.get("file")
     if upload is None:
         raise invalid_request("The upload has no 'file' field.")
-    keep_s = files.expiry_of(form)
-    stored = await asyncio.to_thread(
-        files.file_store, tenant_slug=caller.tenant, purpose=form.get("purpose", ""), upload=upload
-    )
+    try:
+        keep_s = files.expiry_of(form)
+        stored = await asyncio.to_thread(
+            files.file_store, tenant_slug=caller.tenant, purpose=form.get("purpose", ""), upload=upload
+        )
+    finally:  # a large upload's temporary file, which the storage may have moved: closed now, not at GC
+        upload.close()
     record = await db_call(files.file_record)(
         stored=stored,
         tenant_id=caller.tenant_id,

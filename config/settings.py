@@ -143,10 +143,12 @@ else:
     CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "memory://") or "memory://"
     CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", CELERY_BROKER_URL == "memory://")
     if CELERY_BROKER_URL.startswith("filesystem://"):
+        CELERY_BROKER_TRANSPORT = "config.broker.Transport"  # kombu's, its messages written whole
         CELERY_BROKER_TRANSPORT_OPTIONS = {
             "data_folder_in": str(VAR_DIR / "celery" / "queue"),
             "data_folder_out": str(VAR_DIR / "celery" / "queue"),
             "control_folder": str(VAR_DIR / "celery" / "control"),
+            "polling_interval": 0.05,  # a worker looks for new messages 20 times a second, not once
         }
 CELERY_TASK_EAGER_PROPAGATES = True
 # The queue tasks go to and workers read (one per deployment sharing a broker; tests use their own).
