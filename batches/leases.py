@@ -92,7 +92,7 @@ def _release(ledger_key: str, reason: str) -> None:
         hold_release(request_id=ledger_key, reason=reason)
 
 
-def _line_give_up(pk: int, lease: datetime, state: str, error: dict) -> bool:
+def _line_give_up(pk: int, lease: datetime | None, state: str, error: dict) -> bool:
     """Ends a sent line nobody runs any more (its lease ``lease`` lapsed) and releases its hold, in
     one transaction; False if a worker took it up meanwhile."""
     with transaction.atomic():

@@ -19,12 +19,12 @@ from kombu.utils.json import dumps
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue, payload, **kwargs) -> None:
+    def _put(self, queue, message, **kwargs):
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = f"{final}.part"
         with open(partial, "wb") as out:
-            out.write(str_to_bytes(dumps(payload)))
+            out.write(str_to_bytes(dumps(message)))
         os.replace(partial, final)
 
 
