@@ -19,12 +19,12 @@ from kombu.utils.json import dumps
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue, message, **kwargs):
+    def _put(self, queue, payload, **kwargs):
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = f"{final}.part"
         with open(partial, "wb") as out:
-            out.write(str_to_bytes(dumps(message)))
+            out.write(str_to_bytes(dumps(payload)))
         os.replace(partial, final)
 
 
