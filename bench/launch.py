@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,7 @@ class Server:
     process: subprocess.Popen
     log_path: Path
     keys: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # a gateway's environment (its workers need the same)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -197,6 +199,73 @@ def start_gateway(
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
-    server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made)
+    server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made, env=env)
     wait_ready(server, "/readyz")
     return server
+
+
+def start_worker(env: dict[str, str], log_path: Path, *, concurrency: int, name: str = "worker") -> Server:
+    """A Celery worker process (threads pool, ``concurrency`` threads) in a gateway's environment
+    ``env`` (its broker, queue and database); returns once it says it is ready (its log, INFO)."""
+    argv = [str(Path(sys.executable).with_name("celery")), "-A", "config", "worker", "--pool", "threads"]
+    argv += ["--concurrency", str(concurrency), "--loglevel", "INFO"]
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    server = Server(name, "", process, log_path, env=env)
+    deadline_s = time.monotonic() + READY_LIMIT_S
+    while " ready." not in server.log():
+        if process.poll() is not None or time.monotonic() > deadline_s:
+            server.stop()
+            raise RuntimeError(f"{name} did not start within {READY_LIMIT_S:.0f} s:\n{server.log()[-4000:]}")
+        time.sleep(0.2)
+    return server
+
+
+class KeptWorker:
+    """A Celery worker kept running as a process supervisor would keep it: a watcher thread starts
+    it again whenever it exits (each start logs to a file of its own: worker.log, worker-2.log ...).
+    The CPU of a worker that ended counts as last seen (at most ``check_s`` before it ended)."""
+
+    def __init__(self, env: dict[str, str], var_dir: Path, *, concurrency: int, check_s: float = 0.5) -> None:
+        self.env, self.var_dir, self.concurrency, self.check_s = env, var_dir, concurrency, check_s
+        self.workers: list[Server] = []
+        self.failed = ""  # a start again that did not come up: the watcher gave up
+        self._ended_cpu_s = self._last_cpu_s = 0.0
+        self._stop = threading.Event()
+        self.current = self._start()
+        self._thread = threading.Thread(target=self._watch, name="worker-keeper", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> Server:
+        name = "worker" if not self.workers else f"worker-{len(self.workers) + 1}"
+        server = start_worker(self.env, self.var_dir / f"{name}.log", concurrency=self.concurrency, name=name)
+        self.workers.append(server)
+        return server
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.check_s):
+            if self.current.process.poll() is None:
+                self._last_cpu_s = self.current.cpu_s()
+                continue
+            self._ended_cpu_s, self._last_cpu_s = self._ended_cpu_s + self._last_cpu_s, 0.0
+            try:
+                self.current = self._start()
+            except RuntimeError as failed:
+                self.failed = str(failed)[:300]
+                return
+
+    @property
+    def restarts(self) -> int:
+        return len(self.workers) - 1
+
+    def cpu_s(self) -> float:
+        alive = self.current.process.poll() is None
+        return self._ended_cpu_s + (self.current.cpu_s() if alive else self._last_cpu_s)
+
+    def log(self) -> str:
+        return "".join(worker.log() for worker in self.workers)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=READY_LIMIT_S + 5)
+        self.current.stop()

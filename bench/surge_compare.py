@@ -1,12 +1,19 @@
-"""`make surge`: the field report's surge replayed live against the `fifo` gateway and Fairgate's.
+"""`make surge`: the field report's surge replayed live against the `fifo` gateway and Fairgate's,
+and against Fairgate with the batch uploaded through the Batch API.
 
-    python -m bench.surge_compare [--batch-count N] [--time-scale 60] [--policies fifo,fairgate]
-                                  [--billing on|off] [--write-report]
+    python -m bench.surge_compare [--batch-count N] [--time-scale 60]
+                                  [--policies fifo,fairgate,fairgate-upload] [--billing on|off] [--write-report]
 
 Starts one simulated GPU backend (slots and timings scaled with the replay), then for each
 policy a gateway of its own (fresh SQLite database, the surge scenario's configuration with
 its SLAs divided by the time scale), replays the same event against it from this process
-(bench.surge), stops it, and prints both timelines and the headline figures side by side.
+(bench.surge), stops it, and prints the timelines and the headline figures side by side.
+
+A policy ending in ``-upload`` (``fairgate-upload``) runs that policy's gateway with the same
+interactive HTTP traffic, but the finance batch is uploaded once as a JSONL file and started with
+``POST /v1/batches`` (bench.surge.upload); the gateway feeds its lines into its engine and a
+Celery worker process of the run's own (threads pool, on kombu's file broker under the gateway's
+var dir, a queue of its own) runs each granted line.
 """
 
 from __future__ import annotations
@@ -15,23 +22,33 @@ import argparse
 import json
 import os
 import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import yaml
 
-from bench.launch import Server, start_gateway, start_sim
+from bench.launch import REPO_ROOT, KeptWorker, Server, start_gateway, start_sim
 from bench.report_gateway import section_write
 from bench.surge import SurgePlan, SurgeResult, headline_table, markdown_table, replay
 from bench.surge.plan import FIELD_BATCH_COUNT
 from bench.surge.replay import run_sync
+from bench.surge.report import P95, ratio
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"
 DEFAULT_BATCH_COUNT = 6_200  # half the field event (24 slots): ~3 min per policy at time scale 60
 BATCH_TENANT = "finance"
 SERVICE_MS_PRIOR = 20_000  # the engine's default, in simulated ms
+POLICIES = "fifo,fairgate,fairgate-upload"
+UPLOAD = "-upload"  # a policy's run with the batch uploaded through the Batch API
+WORKER_SPARE = 8  # worker threads beyond the backend's slots (a granted line waits for a free one)
+PROBLEMS = ("Traceback", "CRITICAL", "ERROR", "WARNING")  # what a log line that went wrong says
+FILE_BROKER = "filesystem://localhost/"  # kombu's file transport under the gateway's var dir: no server
+TARGET_RATIO = 2.0  # the issue's: with the job uploaded, peak window p95 <= 2x the whole surge's
 
 
 def gateway_yaml(plan: SurgePlan, policy: str, backend_url: str, slots: int) -> str:
@@ -67,40 +84,169 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_policy(plan: SurgePlan, policy: str, sim: Server, var_dir: Path, billing: bool) -> SurgeResult:
+def log_problems(text: str) -> dict[str, int]:
+    """Lines of a process's log that say something went wrong, by kind."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        kind = next((k for k in PROBLEMS if k in line), None)
+        if kind is not None:
+            found[kind] = found.get(kind, 0) + 1
+    return found
+
+
+def first_problem(text: str) -> str:
+    """The first line of a log that says something went wrong; for a traceback, its last line
+    (the exception) too."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if "Traceback" in line:
+            end = next((later for later in lines[index + 1 :] if later and not later[0].isspace()), "")
+            return f"{line.strip()} ... {end.strip()}"
+        if any(kind in line for kind in PROBLEMS):
+            return line.strip()
+    return ""
+
+
+def _log_note(what: str, text: str) -> str | None:
+    problems = log_problems(text)
+    if not problems:
+        return None
+    counts = ", ".join(f"{n:,} {kind}" for kind, n in problems.items())
+    first = first_problem(text)[:400]
+    return f"{what} has {counts} lines; the first: `{first}`"
+
+
+def worker_timing(log: str) -> tuple[int, float, float] | None:
+    """From a Celery worker's INFO log: the lines it ran, their mean run time (s), and the median
+    gap (s) between the moments lines reached it (lines received within 50 ms count as one
+    moment): what paces the hand-off from the gateway to the worker."""
+    received: list[float] = []
+    runs: list[float] = []
+    for line in log.splitlines():
+        if "batches.run_line[" not in line:
+            continue
+        if line.endswith("] received"):
+            stamp = line[1 : line.index(": ")]
+            received.append(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp())
+        elif "succeeded in " in line:
+            runs.append(float(line.split("succeeded in ", 1)[1].split("s", 1)[0]))
+    gaps = [later - earlier for earlier, later in zip(received, received[1:]) if later - earlier > 0.05]
+    if not runs or not gaps:
+        return None
+    return len(runs), sum(runs) / len(runs), statistics.median(gaps)
+
+
+def run_policy(
+    plan: SurgePlan, policy: str, sim: Server, var_dir: Path, billing: bool, broker: str = FILE_BROKER
+) -> SurgeResult:
     slots = int(plan.backend_options()["slots"])
+    upload = policy.endswith(UPLOAD)
+    settings = {"FAIRGATE_BILLING": "1" if billing else "0"}
+    if upload:  # the gateway hands granted lines to the worker through the broker: not eagerly, in itself
+        queue = f"surge-{policy}-{os.getpid()}"  # its own, also on a broker others share
+        settings |= {"CELERY_BROKER_URL": broker, "CELERY_TASK_DEFAULT_QUEUE": queue}
     gateway = start_gateway(
         var_dir / policy,
-        gateway_yaml(plan, policy, sim.url, slots),
+        gateway_yaml(plan, policy.removesuffix(UPLOAD), sim.url, slots),
         tenant_keys(),
         name=f"gateway-{policy}",
-        FAIRGATE_BILLING="1" if billing else "0",
+        **settings,
     )
+    worker = None
     try:
+        if upload:
+            worker = KeptWorker(gateway.env, var_dir / policy, concurrency=slots + WORKER_SPARE)
         keys = dict(gateway.keys)
         batch_key = keys.pop(BATCH_TENANT)
-        _log(f"== {policy}: gateway {gateway.url}, backend {sim.url}")
+        _log(f"== {policy}: gateway {gateway.url}, backend {sim.url}" + (", a Celery worker" if worker else ""))
+        load_before = os.getloadavg()[0]
         cpu_before_s = gateway.cpu_s()
+        worker_before_s = worker.cpu_s() if worker else 0.0
         result = run_sync(
-            replay(plan, gateway.url, batch_key=batch_key, interactive_keys=list(keys.values()), progress=_log)
+            replay(
+                plan,
+                gateway.url,
+                batch_key=batch_key,
+                interactive_keys=list(keys.values()),
+                progress=_log,
+                upload=upload,
+            )
         )
-        busy = (gateway.cpu_s() - cpu_before_s) / plan.real_s(result.ended_sim_s)
+        real_s = plan.real_s(result.ended_sim_s)
+        busy = (gateway.cpu_s() - cpu_before_s) / real_s
         result.notes.append(f"the gateway process used {busy:.0%} of one core on average")
+        result.notes.append(
+            f"1-minute load average {load_before:.1f} at the run's start, {os.getloadavg()[0]:.1f} at its end "
+            f"({os.cpu_count()} cores)"
+        )
+        if worker is not None:
+            result.notes += worker_notes(worker, (worker.cpu_s() - worker_before_s) / real_s)
+        logs = [(f"the gateway's log ({gateway.log_path.name})", gateway.log())]
+        logs += [(f"the {w.name}'s log ({w.log_path.name})", w.log()) for w in (worker.workers if worker else [])]
+        result.notes += [note for what, text in logs if (note := _log_note(what, text))]
         return result
     finally:
+        if worker is not None:
+            worker.stop()
         gateway.stop()
 
 
-def compare(plan: SurgePlan, policies: list[str], billing: bool) -> dict[str, SurgeResult]:
+def worker_notes(worker: KeptWorker, busy: float) -> list[str]:
+    """What the worker did: its CPU, its pace, and each time it died and was started again."""
+    notes = [
+        f"the Celery worker process ({worker.concurrency} threads) used {busy:.0%} of one core on average"
+        + (f" (its {worker.restarts + 1} processes together)" if worker.restarts else "")
+    ]
+    timing = worker_timing(worker.log())
+    if timing is not None:
+        ran, run_s, gap_s = timing
+        notes.append(
+            f"the worker ran {ran:,} lines, {run_s:.2f} s real each on average (its log); lines reached it in "
+            f"bursts {gap_s:.2f} s real apart (median gap), and a granted line keeps its backend slot from its "
+            "grant until the gateway sees it ended"
+        )
+    if worker.restarts:
+        notes.append(
+            f"the worker process died {worker.restarts} time(s) and the bench started it again each time (within "
+            f"{worker.check_s:g} s, then its start-up), as a process supervisor would; a line whose task died with "
+            "it runs again only after the gateway's hand-off lease (FAIRGATE_BATCH_HANDOFF_MS), holding its slot"
+        )
+    if worker.failed:
+        notes.append(f"the worker could not be started again: {worker.failed}")
+    return notes
+
+
+def revision() -> str:
+    """The code measured: HEAD's commit, and the product files the working tree changes (not the
+    bench, the tests or documents), which the gateways run as they are."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+        return done.stdout if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD").strip() or "?"
+    changed = sorted(
+        line[3:]
+        for line in git("status", "--porcelain").splitlines()
+        if not line[3:].startswith(("bench/", "tests/")) and not line.endswith(".md")
+    )
+    if not changed:
+        return f"Measured at commit {head}."
+    return f"Measured at commit {head} with uncommitted changes in {', '.join(changed)}."
+
+
+def compare(plan: SurgePlan, policies: list[str], billing: bool, broker: str = FILE_BROKER) -> dict[str, SurgeResult]:
     var_dir = Path(tempfile.mkdtemp(prefix="fairgate-surge-"))
     sim = start_sim(var_dir, seed=plan.seed, **plan.backend_options())
     try:
-        return {policy: run_policy(plan, policy, sim, var_dir, billing) for policy in policies}
+        return {policy: run_policy(plan, policy, sim, var_dir, billing, broker) for policy in policies}
     finally:
         sim.stop()
 
 
-def render(plan: SurgePlan, results: dict[str, SurgeResult], billing: bool, took_s: float) -> str:
+def render(
+    plan: SurgePlan, results: dict[str, SurgeResult], billing: bool, took_s: float, broker: str = FILE_BROKER
+) -> str:
     scaled = plan.batch_count / FIELD_BATCH_COUNT
     parts = [
         "## Surge replay, live (`make surge`)",
@@ -113,14 +259,57 @@ def render(plan: SurgePlan, results: dict[str, SurgeResult], billing: bool, took
         "is time to first token of the chats sent in the 5 minutes before the row; a user gives up after "
         "20-60 s (`>` marks a p95 that is such a lower bound); in_queue is the gateway's BATCH queue depth "
         "(/metrics); batch_not_sent are batch requests still waiting in the client for one of its open "
-        f"connections (at most {plan.max_open_batch:,}). Took {took_s / 60:.1f} min.",
-        "",
-        headline_table(results),
+        f"connections (at most {plan.max_open_batch:,}). The ratio row is the peak window's p95 over the whole "
+        f"surge's (09:00 to the drain). Took {took_s / 60:.1f} min. {revision()}",
     ]
+    uploads = [name for name, result in results.items() if result.uploaded]
+    if uploads:
+        parts += ["", upload_paragraph(plan, uploads, broker)]
+    parts += ["", headline_table(results)]
+    for name in uploads:
+        parts += ["", target_line(name, *results[name].peak_and_whole())]
     for policy, result in results.items():
-        parts += ["", f"### `{policy}`", "", markdown_table(result.rows())]
+        parts += ["", f"### `{policy}`", "", markdown_table(result.rows(), result.columns)]
         parts += [f"\nNote: {note}" for note in result.notes]
     return "\n".join(parts) + "\n"
+
+
+def upload_paragraph(plan: SurgePlan, names: list[str], broker: str = FILE_BROKER) -> str:
+    """What differs in a run whose batch was uploaded (said beside its figures)."""
+    runs = ", ".join(f"`{n}`" for n in names)
+    on = "kombu's file broker under the gateway's var dir: no Redis" if broker == FILE_BROKER else f"broker {broker}"
+    return (
+        f"In {runs} the gateway and the interactive HTTP traffic are the same, but the finance batch is one "
+        f"JSONL file of {plan.batch_count:,} lines (the same request bodies) uploaded at 09:00 with the `openai` "
+        'SDK (`files.create(purpose="batch")`) and started with `batches.create(completion_window="24h")`. '
+        "The gateway feeds the lines into its engine itself (at most FAIRGATE_BATCH_LINES_PER_PROCESS, 64 by "
+        "default, at once) and a Celery worker process (threads pool, slots + "
+        f"{WORKER_SPARE} threads, {on}, a queue of its own) calls the backend for each granted line, so "
+        "the batch's work is partly in another process: the worker's CPU is reported beside the gateway's; a "
+        "worker that exits is started again by the bench (said in the notes when it happens). "
+        "A line's deadline is the batch's 24 h window (real time: not divided by the time scale), not the "
+        "BATCH class's SLA, so aging never lifts batch lines as it does the HTTP batch requests'. "
+        "batch_completed is the batch's request_counts (`batches.retrieve`, each row); in_queue is still the "
+        "engine's BATCH queue depth (lines fed and waiting in it); batch_pending is fairgate_batch_lines"
+        '{state="pending"} from /metrics (lines still in the batch), which the gateway counts every 5 s real '
+        f"(= {5 * plan.time_scale / 60:g} simulated minutes), so it can be up to a row old. The batch is polled "
+        f"once a step ({plan.step_sim_s / 60:g} simulated minutes), so its drain is known to within a step."
+    )
+
+
+def target_line(name: str, peak: P95, whole: P95) -> str:
+    """The issue's target for the uploaded run, met or missed, with the figures."""
+    value = ratio(peak, whole)
+    if value is None:
+        return f"Target (`{name}`): peak window p95 at most {TARGET_RATIO:g}x the whole surge's: not measurable."
+    if value > TARGET_RATIO:
+        verdict = "missed"
+    else:
+        verdict = "not shown (the peak is a lower bound)" if peak.censored else "met"
+    return (
+        f"Target (`{name}`): peak window p95 at most {TARGET_RATIO:g}x the whole surge's: {verdict} "
+        f"({peak.text()} / {whole.text()} = {value:.2f}x)."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,12 +318,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--batch-count", type=int, default=DEFAULT_BATCH_COUNT)
     parser.add_argument("--time-scale", type=float, default=60.0)
-    parser.add_argument("--policies", default="fifo,fairgate")
+    parser.add_argument(
+        "--policies", default=POLICIES, help="comma-separated; a policy ending in -upload sends the batch as a file"
+    )
     parser.add_argument(
         "--billing",
         choices=("on", "off"),
         default="off",
         help="off by default: on SQLite billing caps the gateway near 100 requests/s (bench.gateway_overhead)",
+    )
+    parser.add_argument(
+        "--broker",
+        default=FILE_BROKER,
+        help="Celery broker of the -upload runs (default kombu's file transport; e.g. redis://127.0.0.1:6379/9)",
     )
     parser.add_argument("--max-minutes", type=float, default=300.0, help="simulated minutes before giving up")
     parser.add_argument("--write-report", action="store_true", help="also write the section of bench/REPORT-gateway.md")
@@ -144,8 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     _log(f"surge comparison, scaled: {plan.describe()}")
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    results = compare(plan, [p.strip() for p in args.policies.split(",") if p.strip()], args.billing == "on")
-    text = render(plan, results, args.billing == "on", time.monotonic() - started)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    results = compare(plan, policies, args.billing == "on", args.broker)
+    text = render(plan, results, args.billing == "on", time.monotonic() - started, args.broker)
     text += f"\n1-minute load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after (2 cores).\n"
     print(text)
     if args.write_report:

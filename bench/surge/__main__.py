@@ -1,6 +1,7 @@
 """`python -m bench.surge`: replay the field report's surge against a running gateway with time
 compressed; prints its timeline table from live measurements (`make surge` runs it against a
-`fifo` gateway and a Fairgate one side by side: bench.surge_compare)."""
+`fifo` gateway, a Fairgate one, and a Fairgate one with the batch uploaded through the Batch API,
+side by side: bench.surge_compare)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-minutes", type=float, default=300.0, help="simulated minutes before giving up")
     parser.add_argument("--every-step", action="store_true", help="a table row every 5 simulated minutes")
+    parser.add_argument(
+        "--upload",
+        action="store_true",
+        help="send the batch as one file through the Batch API (the gateway needs a Celery worker on its broker)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     return parser
 
@@ -72,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             batch_key=o["batch_key"],
             interactive_keys=keys,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
+            upload=o["upload"],
         )
     )
-    print(markdown_table(result.rows(every_step=o["every_step"])))
+    print(markdown_table(result.rows(every_step=o["every_step"]), result.columns))
     print()
     for label, value in result.headline().items():
         print(f"{label}: {value}")

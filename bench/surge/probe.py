@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,10 +17,12 @@ class GatewayView:
     aging_preempts: int  # fairgate_aging_preempts, all classes
     aging_boosts: int
     slots_in_use: int
+    batch_lines: dict[str, int] = field(default_factory=dict)  # fairgate_batch_lines{state}: Batch API lines
 
 
 def parse(text: str) -> GatewayView:
     depth: dict[str, float] = {}
+    lines: dict[str, int] = {}
     totals = {"preempts": 0.0, "boosts": 0.0, "in_use": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -33,12 +35,15 @@ def parse(text: str) -> GatewayView:
                 totals["boosts"] += sample.value
             elif name == "fairgate_backend_slots_in_use":
                 totals["in_use"] += sample.value
+            elif name == "fairgate_batch_lines":
+                lines[sample.labels.get("state", "")] = int(sample.value)
     return GatewayView(
         batch_waiting=int(depth.get("BATCH", 0)),
         waiting=int(sum(depth.values())),
         aging_preempts=int(totals["preempts"]),
         aging_boosts=int(totals["boosts"]),
         slots_in_use=int(totals["in_use"]),
+        batch_lines=lines,
     )
 
 

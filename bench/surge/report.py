@@ -5,6 +5,10 @@ seconds, over the chat requests *sent* in the step that ends at the row's time (
 minutes). A user who gave up counts with their patience as a lower bound: a p95 that falls on
 such a value is shown as ``>N s``. Chat requests refused by the gateway (429/504, fast) are not
 latencies: they are counted in ``chat_refused``.
+
+A run whose batch was uploaded (bench.surge.upload) has no client-side batch requests: its batch
+figures are the batch's own (``BatchTally``), and its table shows ``batch_pending`` (lines still
+in the batch, not yet in an engine) instead of ``batch_not_sent``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ COLUMNS = (
     "chat_gave_up",
     "chat_refused",
     "batch_not_sent",
+)
+UPLOAD_COLUMNS = (
+    "time",
+    "in_queue",
+    "batch_pending",
+    "interactive_p95",
+    "batch_completed",
+    "aging_preempt",
+    "chat_gave_up",
+    "chat_refused",
 )
 
 
@@ -49,6 +63,17 @@ class P95:
         return f"{'>' if self.censored else ''}{self.value_s:.2f}s"
 
 
+@dataclass(frozen=True)
+class BatchTally:
+    """How an uploaded batch ended, as the gateway reports it (its status, its counts, and its
+    failed lines by error code from its error file)."""
+
+    status: str
+    completed: int
+    failed: int
+    codes: dict[str, int] = field(default_factory=dict)
+
+
 def p95_of(outcomes: list[Outcome]) -> P95:
     """Nearest-rank p95 over answered and given-up chats (given-up ones as lower bounds)."""
     values = sorted(
@@ -69,6 +94,12 @@ class SurgeResult:
     drained_sim_s: float | None  # last batch answer, since 09:00 (None: not all answered)
     ended_sim_s: float
     notes: list[str] = field(default_factory=list)
+    batch: BatchTally | None = None  # an uploaded batch's end (None: sent over HTTP, or never created)
+    uploaded: bool = False  # the batch went through the Batch API, not as HTTP requests
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return UPLOAD_COLUMNS if self.uploaded else COLUMNS
 
     def chats_sent_in(self, start_sim_s: float, end_sim_s: float) -> list[Outcome]:
         return [o for o in self.ledger.of("chat") if start_sim_s < o.sent_sim_s <= end_sim_s]
@@ -85,6 +116,7 @@ class SurgeResult:
             "chat_gave_up": str(sum(o.state == GAVE_UP for o in chats)),
             "chat_refused": str(sum(o.state == ERROR for o in chats)),
             "batch_not_sent": f"{sample.batch_not_sent:,}",
+            "batch_pending": _pending(view),
         }
 
     def rows(self, every_step: bool = False) -> list[dict[str, str]]:
@@ -98,7 +130,9 @@ class SurgeResult:
         end = self.plan.warmup_sim_s + (self.drained_sim_s or self.ended_sim_s)
         return self.chats_sent_in(self.plan.warmup_sim_s, end)
 
-    def headline(self) -> dict[str, str]:
+    def peak_and_whole(self) -> tuple[P95, P95]:
+        """Interactive p95 of the worst 5-minute window after 09:00 (of those with 5 chats or more)
+        and of the whole surge."""
         plan = self.plan
         windows = [
             p95_of(self.chats_sent_in(s.sim_s - plan.step_sim_s, s.sim_s))
@@ -106,22 +140,65 @@ class SurgeResult:
             if s.sim_s > plan.warmup_sim_s
         ]
         windows = [w for w in windows if w.value_s is not None and w.samples >= 5]
-        peak = max(windows, key=lambda w: (w.value_s, w.censored), default=P95(None))
-        batch = self.ledger.of("batch")
+        peak = max(windows, key=lambda w: (w.value_s or 0.0, w.censored), default=P95(None))
+        return peak, p95_of(self.surge_chats())
+
+    def headline(self) -> dict[str, str]:
+        plan = self.plan
+        peak, whole = self.peak_and_whole()
         chats = self.surge_chats()
         near = [o for o in self.ledger.of("near_rt") if o.sent_sim_s > plan.warmup_sim_s]
         return {
             "interactive p95, peak 5-min window": peak.text(),
-            "interactive p95, whole surge": p95_of(chats).text(),
+            "interactive p95, whole surge": whole.text(),
+            "peak window p95 / whole surge p95": ratio_text(peak, whole),
             "chat users who gave up (surge)": _share(sum(o.state == GAVE_UP for o in chats), len(chats)),
             "chat refused by the gateway (surge)": _share(sum(o.state == ERROR for o in chats), len(chats))
             + _codes_suffix([o for o in chats if o.state == ERROR]),
             "near-RT p95 (whole response)": p95_of([o for o in near if o.state == OK]).text(),
-            "batch completed": _share(sum(o.state == OK for o in batch), plan.batch_count),
-            "batch failed": _codes([o for o in batch if o.state == ERROR]),
+            **self._batch_figures(),
             "time to drain (from 09:00)": _duration(self.drained_sim_s),
             "aging preempts": _last_preempts(self.samples),
         }
+
+    def _batch_figures(self) -> dict[str, str]:
+        total = self.plan.batch_count
+        if not self.uploaded:
+            batch = self.ledger.of("batch")
+            return {
+                "batch completed": _share(sum(o.state == OK for o in batch), total),
+                "batch failed": _codes([o for o in batch if o.state == ERROR]),
+            }
+        tally = self.batch
+        if tally is None:
+            return {"batch completed": "not created", "batch failed": "–"}
+        failed = ", ".join(f"{code} {n:,}" for code, n in sorted(tally.codes.items())) or f"{tally.failed:,}"
+        return {"batch completed": _share(tally.completed, total), "batch failed": failed}
+
+
+def ratio(peak: P95, whole: P95) -> float | None:
+    """The peak window's p95 over the whole surge's (None when either is unknown)."""
+    if peak.value_s is None or whole.value_s is None or whole.value_s <= 0:
+        return None
+    return peak.value_s / whole.value_s
+
+
+def ratio_text(peak: P95, whole: P95) -> str:
+    """``ratio`` as ``N.NNx``: ``>`` when only the peak is a lower bound (the ratio is at least
+    that), ``<`` when only the whole is, and said so when both are (then it bounds nothing)."""
+    value = ratio(peak, whole)
+    if value is None:
+        return "–"
+    if peak.censored and whole.censored:
+        return f"{value:.2f}x (both lower bounds)"
+    return f"{'>' if peak.censored else '<' if whole.censored else ''}{value:.2f}x"
+
+
+def _pending(view: GatewayView | None) -> str:
+    """Batch API lines still in their batch (not yet in an engine), as /metrics counted them."""
+    if view is None or "pending" not in view.batch_lines:
+        return "?"
+    return f"{view.batch_lines['pending']:,}"
 
 
 def _share(count: int, total: int) -> str:

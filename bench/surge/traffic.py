@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from bench import rawhttp
@@ -64,6 +65,14 @@ def _body(plan: SurgePlan, prompts: Prompts, shape: Shape, rng: random.Random, *
     if stream:
         body["stream"] = True
     return body
+
+
+def batch_bodies(plan: SurgePlan, prompts: Prompts) -> Iterator[dict]:
+    """The finance batch's ``batch_count`` request bodies, in order: the same ones whether they are
+    sent over HTTP (``Traffic.batch``) or uploaded as a file (bench.surge.upload)."""
+    rng = random.Random(plan.seed + 7)
+    for _ in range(plan.batch_count):
+        yield _body(plan, prompts, BATCH, rng, stream=False)
 
 
 class Traffic:
@@ -174,7 +183,6 @@ class Traffic:
     async def batch(self, key: str) -> None:
         """All ``batch_count`` requests at once; at most ``max_open_batch`` connections are open,
         the rest wait in this process for one (they reach the gateway's queue as others finish)."""
-        rng = random.Random(self.plan.seed + 7)
         gate = asyncio.Semaphore(self.plan.max_open_batch)
 
         async def one(body: dict) -> None:
@@ -186,8 +194,8 @@ class Traffic:
         pending = []
         start_sim_s = self.clock.now_sim_s()
         gap_sim_s = self.plan.batch_spread_sim_s / self.plan.batch_count
-        for index in range(self.plan.batch_count):
-            pending.append(loop.create_task(one(_body(self.plan, self.prompts, BATCH, rng, stream=False))))
+        for index, body in enumerate(batch_bodies(self.plan, self.prompts)):
+            pending.append(loop.create_task(one(body)))
             if index % 50 == 49:  # evenly over the spread (and never blocking the loop for long)
                 await self.clock.sleep_until_sim(start_sim_s + (index + 1) * gap_sim_s)
         await asyncio.gather(*pending)
