@@ -165,9 +165,12 @@ class Feeder:
         d, entry, bill = asked.d, admitted.entry, admitted.bill
         try:
             grant = await d.wait_for_grant(entry)
-        except GatewayError as refused:  # its deadline (the batch's window) passed in the queue
+        except GatewayError as refused:  # its deadline (the batch's window) passed, or the engine stops
             d.end(entry, refused.code)
             bill.end(refused.code, served=False)
+            if refused.status == 503:  # the gateway is shutting down (or lost its backends): not the line's end
+                await db_call(service.line_drop)(line.pk)
+                return
             state = State.EXPIRED if refused.code == ErrorCode.QUEUE_TIMEOUT else State.FAILED
             await _ended(line.pk, state, refused.code, refused.message)
             return

@@ -167,8 +167,8 @@ def _uploaded_result(
         result.notes.append(
             f"the batch file ({size_mb:.0f} MB, {plan.batch_count:,} lines) was uploaded in "
             f"{uploaded.upload_real_s or 0:.1f} s real and the batch created in {uploaded.create_real_s or 0:.1f} s "
-            f"real (= {plan.sim_s(uploaded.create_real_s or 0) / 60:.1f} simulated minutes; from 09:00); at the end "
-            f"it was {counts.status if counts else '?'}"
+            f"real (= {plan.sim_s(uploaded.create_real_s or 0) / 60:.1f} simulated minutes; from 09:00); when the "
+            f"replay ended it was {counts.status if counts else '?'} (the headline's batch counts are from then)"
         )
     if uploaded.poll_s:
         polls = sorted(uploaded.poll_s)

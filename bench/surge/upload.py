@@ -63,6 +63,16 @@ def failure_codes(error_file: bytes) -> dict[str, int]:
     return codes
 
 
+def _counts(batch) -> BatchCounts:
+    counts = batch.request_counts
+    return BatchCounts(
+        status=batch.status,
+        total=counts.total if counts else 0,
+        completed=counts.completed if counts else 0,
+        failed=counts.failed if counts else 0,
+    )
+
+
 class UploadedBatch:
     """One upload and create of the finance batch at 09:00, then its progress from the gateway."""
 
@@ -109,15 +119,18 @@ class UploadedBatch:
         self._seen(batch)
 
     async def finish(self) -> None:
-        """Once it has ended: its failed lines by code, from its error file."""
-        if self.batch_id is None or self.ended_sim_s is None:
+        """After the replay: the batch's counts then (the last poll's may be a step old, or older
+        when polls went unanswered), and if it ended, its failed lines by code from its error file."""
+        if self.batch_id is None:
             return
         try:
-            ended = await self.client.batches.retrieve(self.batch_id)
-            if ended.error_file_id is not None:
-                self.failures = failure_codes((await self.client.files.content(ended.error_file_id)).content)
+            final = await self.client.batches.retrieve(self.batch_id)
+            self.counts = _counts(final)
+            if self.ended_sim_s is not None and final.error_file_id is not None:
+                self.failures = failure_codes((await self.client.files.content(final.error_file_id)).content)
         except openai.OpenAIError as failed:
-            self.failures = {f"error file not read ({type(failed).__name__})": self.counts.failed if self.counts else 0}
+            if self.ended_sim_s is not None and self.counts is not None:
+                self.failures = {f"error file not read ({type(failed).__name__})": self.counts.failed}
 
     async def poll(self, timeout_s: float) -> BatchCounts | None:
         """The batch's counts now, or the last ones seen if the gateway did not answer within
@@ -132,13 +145,7 @@ class UploadedBatch:
         return self.counts
 
     def _seen(self, batch) -> None:
-        counts = batch.request_counts
-        self.counts = BatchCounts(
-            status=batch.status,
-            total=counts.total if counts else 0,
-            completed=counts.completed if counts else 0,
-            failed=counts.failed if counts else 0,
-        )
+        self.counts = _counts(batch)
         now_sim_s = self.clock.now_sim_s()
         if self.counts.completed + self.counts.failed >= self.counts.total and self.drained_sim_s is None:
             self.drained_sim_s = now_sim_s
