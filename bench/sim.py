@@ -16,6 +16,10 @@ a preempt threshold, a rate window reopening) and queues a wake-up for it.
 A client with ``patience_ms = null`` waits until its class SLA (or its declared ``timeout_ms``)
 and gives up 1 ms after it, so a policy that enforces deadlines reports ``queue_timeout``, not
 ``abandoned``. Patience is the wait for a grant: a request that is running is not abandoned.
+
+Every ``queue_timeout`` (the gateway's 504) is also counted with the time its client spent
+waiting for it (``timeout_wait_ms``), and as ``fast_failed`` when the engine ended it before its
+deadline (early fast-fail) rather than after it.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class Simulation:
         self.good = self.downgraded = 0
         self.boosted = self.preempted = 0
         self.decisions_ns: list[float] = []
+        self.timeout_wait_ms = {name: 0 for name in self.classes}  # client time spent on requests that got 504
+        self.fast_failed = {name: 0 for name in self.classes}  # of those, ended before their deadline
         self.end_ms = 0
         self.progress = progress
         self.interactive = self._class_like("INTERACTIVE", first=True)
@@ -242,6 +248,10 @@ class Simulation:
             self._leave_queue(flight)
             self.classes[flight.cls].queue_timeout += 1
             self.tenants[flight.trace.tenant].queue_timeout += 1
+            r = flight.trace
+            self.timeout_wait_ms[flight.cls] += t_ms - r.at_ms
+            limit_ms = self.sla_ms[flight.cls] if r.timeout_ms is None else min(self.sla_ms[flight.cls], r.timeout_ms)
+            self.fast_failed[flight.cls] += t_ms <= r.at_ms + limit_ms  # expiry comes only after the deadline
 
     def on_give_up(self, rid: str, t_ms: int) -> None:
         flight = self.flights.get(rid)

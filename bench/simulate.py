@@ -1,11 +1,15 @@
 """Run a scenario through the engine on a virtual clock and print (or save) its metrics.
 
     python -m bench.simulate SCENARIO.json [--policy NAME] [--seed N] [--json OUT]
-                             [--timeline-step-ms N] [--quiet]
+                             [--timeline-step-ms N] [--queue KEY=VALUE ...] [--quiet]
 
 ``--policy`` is one of the engine's presets (fairgate, fifo, strict, linear) and overrides the
-scenario config's ``policy``. The JSON's keys are described in :mod:`bench.metrics`; apart from
-``decision_us`` (wall-clock cost) the output is a pure function of scenario, policy and seed.
+scenario config's ``policy``. ``--queue`` overrides one key of the config's ``queue`` section
+(a YAML value, checked as the YAML file's are), e.g. ``--queue fast_fail=false`` to compare
+early fast-fail with expiry at the deadline; the preset is applied after it. The JSON's keys are
+described in :mod:`bench.metrics` (and ``queue_timeouts``: per class, the 504s, how many came
+early, and the client-seconds spent waiting on them); apart from ``decision_us`` (wall-clock
+cost) the output is a pure function of scenario, policy and seed.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 from bench.metrics import mean, percentile
-from bench.scenario import load_scenario
+from bench.scenario import Scenario, load_scenario
 from bench.sim import Simulation, progress_bar, simulate
 from scheduling.engine.model import Policy
+from scheduling.engine.schema import config_from_dict, config_to_dict
 
 PROGRESS_MIN_REQUESTS = 20_000
 
@@ -50,7 +58,21 @@ def _totals(sim: Simulation) -> dict:
     totals["downgraded"] = sim.downgraded
     totals["queue_full_ratio"] = round(totals["rejected_queue_full"] / arrived, 5)
     totals["queue_timeout_ratio"] = round(totals["queue_timeout"] / admitted, 5)
+    totals["fast_failed"] = sum(sim.fast_failed.values())
+    totals["queue_timeout_wait_s"] = round(sum(sim.timeout_wait_ms.values()) / 1000, 1)
     return totals
+
+
+def _queue_timeouts(sim: Simulation) -> dict:
+    """Per class: 504s, how many came early (fast-fail), and the client-seconds spent waiting on them."""
+    return {
+        name: {
+            "count": c.queue_timeout,
+            "fast_failed": sim.fast_failed[name],
+            "wait_s": round(sim.timeout_wait_ms[name] / 1000, 1),
+        }
+        for name, c in sim.classes.items()
+    }
 
 
 def conservation_problems(sim: Simulation) -> list[str]:
@@ -68,6 +90,7 @@ def conservation_problems(sim: Simulation) -> list[str]:
             ("enqueued", c.admitted),
             ("completed", c.completed),
             ("queue_timeout", c.queue_timeout),
+            ("fast_failed", sim.fast_failed[name]),
             ("cancelled", c.abandoned),
             ("rejected_queue_full", c.rejected_queue_full),
         )
@@ -91,6 +114,7 @@ def result(sim: Simulation) -> dict:
         "tenants": {slug: t.as_dict() for slug, t in sorted(sim.tenants.items())},
         "small_tenants": _small_tenants(sim),
         "totals": _totals(sim),
+        "queue_timeouts": _queue_timeouts(sim),
         "jain_index": sim.jain.index(),
         "jain_samples": len(sim.jain.samples),
         "wasted_service_ratio": round(sim.wasted_ms / sim.slot_ms, 5) if sim.slot_ms else 0.0,
@@ -109,6 +133,14 @@ def result(sim: Simulation) -> dict:
     }
 
 
+def with_queue(scenario: Scenario, queue: dict) -> Scenario:
+    """``scenario`` with keys of its config's ``queue`` section replaced (validated by the schema)."""
+    data = config_to_dict(scenario.config)
+    data["queue"] = {**data["queue"], **queue}
+    config = replace(config_from_dict(data, source="--queue"), tenants=scenario.tenants, backends=scenario.backends)
+    return replace(scenario, config=config)
+
+
 def run_file(
     path: str | Path,
     *,
@@ -116,8 +148,11 @@ def run_file(
     seed: int | None = None,
     timeline_step_ms: int | None = None,
     show_progress: bool = False,
+    queue: dict | None = None,
 ) -> dict:
     scenario = load_scenario(path, seed=seed)
+    if queue:
+        scenario = with_queue(scenario, queue)
     progress = None
     if show_progress and len(scenario.requests) >= PROGRESS_MIN_REQUESTS:
         progress = progress_bar(f"{scenario.name}/{policy or scenario.config.policy.value}")
@@ -138,6 +173,11 @@ def _summary(out: dict) -> str:
             f"timeout {c['queue_timeout']:5}  abandoned {c['abandoned']:5}  "
             f"wait p50/p95 {w['p50'] / 1000:.2f}/{w['p95'] / 1000:.2f} s"
         )
+    t = out["totals"]
+    lines.append(
+        f"  504 queue_timeout {t['queue_timeout']} (of them fast-failed {t['fast_failed']}), "
+        f"clients waited {t['queue_timeout_wait_s']:.0f} s on them"
+    )
     lines.append(
         f"  jain {out['jain_index']}  wasted {out['wasted_service_ratio']:.2%}  "
         f"goodput {out['goodput_per_s']}/s  preempted {out['aging']['preempted']}  "
@@ -154,14 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--json", dest="json_out", help="write the full result here ('-' for stdout)")
     parser.add_argument("--timeline-step-ms", type=int)
+    parser.add_argument("--queue", action="append", default=[], metavar="KEY=VALUE", help="override a queue key")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    queue = {}
+    for item in args.queue:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--queue {item!r}: expected KEY=VALUE")
+        queue[key.strip()] = yaml.safe_load(value)
     out = run_file(
         args.scenario,
         policy=args.policy,
         seed=args.seed,
         timeline_step_ms=args.timeline_step_ms,
         show_progress=not args.quiet,
+        queue=queue,
     )
     if args.json_out == "-":
         json.dump(out, sys.stdout, indent=1)

@@ -97,6 +97,21 @@ class AgingCurve:
             at_ms += 1
         return at_ms
 
+    def outranks_at(self, levels: float) -> float | None:
+        """First wait ratio (at most 1, a whole SLA) at which a request outranks a class ``levels``
+        levels above its own (boost above ``levels``), or is at preempt if that comes first; None when
+        neither happens within its SLA. The boost rises with the ratio, so a bisection finds it."""
+        if levels <= 0:
+            return 0.0
+        limit = 1.0 if self.preempt_ratio is None else min(1.0, self.preempt_ratio)
+        if self.boost(limit) <= levels:
+            return self.preempt_ratio if self.preempt_ratio is not None and self.preempt_ratio <= 1.0 else None
+        lo, hi = 0.0, limit  # boost(lo) <= levels < boost(hi)
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.boost(mid) <= levels else (lo, mid)
+        return hi
+
     def preempts(self, wait_ratio: float) -> bool:
         return self.preempt_ratio is not None and wait_ratio >= self.preempt_ratio
 

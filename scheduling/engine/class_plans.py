@@ -18,7 +18,16 @@ from .model import ClassSpec
 
 
 class ClassPlan:
-    __slots__ = ("spec", "level", "sla_ms", "preempt_wait_ms", "expires", "privileged", "dispatch_rate")
+    __slots__ = (
+        "spec",
+        "level",
+        "sla_ms",
+        "preempt_wait_ms",
+        "first_wait_ms",
+        "expires",
+        "privileged",
+        "dispatch_rate",
+    )
 
     def __init__(
         self, spec: ClassSpec, aging: AgingCurve, *, expires: bool, top_level: int, dispatch_rate: RateWindow
@@ -29,6 +38,10 @@ class ClassPlan:
         wait_ms = aging.preempt_wait_ms(spec.sla_ms)
         # wait after which a request is at preempt, in whole ms as AgingCurve.preempt_at_ms rounds (None: never)
         self.preempt_wait_ms = None if wait_ms is None else math.ceil(wait_ms)
+        # wait after which a request outranks every other class (boosted past the top class, or at
+        # preempt): from then on its class takes every slot it may use as they free (None: never)
+        first_ratio = aging.outranks_at(spec.level - top_level)
+        self.first_wait_ms = None if first_ratio is None else math.ceil(first_ratio * spec.sla_ms)
         self.expires = expires  # the policy expires waiting requests at their deadline (see deadline_ms)
         self.privileged = spec.level <= top_level  # may use reserved slots (top class)
         self.dispatch_rate = dispatch_rate

@@ -1,8 +1,10 @@
 """Event counters per class and per tenant, with wait-time histograms.
 
 ``Tally`` fields: enqueued (admitted), dispatched, completed, failed, requeued (429 put back),
-rejected_queue_full, rejected_no_backend, queue_timeout, cancelled, boosted (dispatched ahead of
-a waiting lower-level class thanks to aging), preempted (dispatched at preempt), and
+rejected_queue_full, rejected_no_backend, queue_timeout, fast_failed (of queue_timeout, those
+ended before their deadline because their predicted dispatch was past it), cancelled, boosted
+(dispatched ahead of a waiting lower-level class thanks to aging), preempted (dispatched at
+preempt), and
 ``wait_hist``: enqueue-to-dispatch waits counted per bucket of :data:`WAIT_BUCKETS_MS`
 (bucket ``i`` holds waits ``<= WAIT_BUCKETS_MS[i]``; the last bucket is everything above).
 
@@ -33,6 +35,7 @@ class Tally:
     rejected_queue_full: int = 0
     rejected_no_backend: int = 0
     queue_timeout: int = 0
+    fast_failed: int = 0
     cancelled: int = 0
     boosted: int = 0
     preempted: int = 0
@@ -49,13 +52,18 @@ class Tally:
 
 class TenantInClass:
     """A tenant's bookkeeping within one class: the two tallies its events count into (the
-    class's and the tenant's) and how many of its requests wait in the class (for admission)."""
+    class's and the tenant's), how many of its requests wait in the class (for admission), how
+    many were dispatched, and since when it has had requests waiting without a break, with its
+    dispatch count then (its measured drain, for admission by prediction)."""
 
-    __slots__ = ("tallies", "waiting")
+    __slots__ = ("tallies", "waiting", "dispatched", "since_ms", "base")
 
     def __init__(self, cls_tally: Tally, tenant_tally: Tally) -> None:
         self.tallies = (cls_tally, tenant_tally)
         self.waiting = 0
+        self.dispatched = 0
+        self.since_ms: float | None = None  # None: nothing waiting
+        self.base = 0
 
 
 class Counters:

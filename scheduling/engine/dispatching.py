@@ -258,8 +258,10 @@ class DispatchMixin:
         if not self._store_holds_live_tickets:
             self._store.ticket_put(ticket)
         waited_ms = now_ms - ticket.enqueued_ms
-        assert ticket.book is not None, "set on admission"
-        self._count_dispatch(ticket.book.tallies, waited_ms, preempt, boosted)
+        book = ticket.book
+        assert book is not None, "set on admission"
+        book.dispatched += 1
+        self._count_dispatch(book.tallies, waited_ms, preempt, boosted)
         grants.append(Grant(ticket.request, backend.name, waited_ms, preempt, boosted and not preempt))
         return True
 

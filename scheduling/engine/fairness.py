@@ -18,8 +18,9 @@ Modes:
 * ``fifo``: no tenant fairness; one FIFO for the lane.
 
 FIFO within a tenant. Requests leaving other than from a queue head (cancel, expiry, preempt)
-are removed lazily: they stay in the deque, marked, until they reach its head. Picking is
-O(log tenants) via a heap of counters with lazy (versioned) entries.
+are removed lazily: they stay in the deque, marked, until they reach its head (or its tail,
+which early fast-fail reads). Picking is O(log tenants) via a heap of counters with lazy
+(versioned) entries.
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ class TenantQueue:
                 return first
             items.popleft()
             self.head_no += 1
+            self.dead -= 1
+        return None
+
+    def tail(self) -> Ticket | None:
+        """The newest live ticket (the last its tenant would be served); drops marked ones behind it."""
+        items = self.items
+        while items:
+            last = items[-1]
+            if last.state == WAITING and last.tq is self and last.tq_no == self.head_no + len(items) - 1:
+                return last
+            items.pop()
             self.dead -= 1
         return None
 

@@ -6,6 +6,10 @@
 * ``strict``: class priority with FIFO inside each class, no aging; depth, expiry and
   cancellation as written.
 * ``linear``: boost = wait ratio (no preempt), otherwise as written.
+
+Prediction (``queue.admission: predicted``, ``queue.fast_fail``) is Fairgate's: every preset but
+``fairgate`` turns it off (admission by the depth limit, expiry at the deadline only), so the
+presets stay the baselines they were.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConf
     policy = Policy(policy)
     if policy is Policy.FAIRGATE:
         return replace(config, policy=policy)
+    unpredicted = replace(config.queue, admission="depth", fast_fail=False)
     if policy is Policy.FIFO:
         queue = replace(
-            config.queue, single_queue=True, enforce_depth=False, enforce_deadline=False, honour_cancel=False
+            unpredicted, single_queue=True, enforce_depth=False, enforce_deadline=False, honour_cancel=False
         )
         fairness = replace(config.fairness, mode=FairnessMode.FIFO)
         return replace(config, aging=AgingPolicy(mode="none"), fairness=fairness, queue=queue, policy=policy)
     if policy is Policy.STRICT:
         fairness = replace(config.fairness, mode=FairnessMode.FIFO)
-        return replace(config, aging=AgingPolicy(mode="none"), fairness=fairness, policy=policy)
-    return replace(config, aging=AgingPolicy(mode="linear"), policy=policy)
+        return replace(config, aging=AgingPolicy(mode="none"), fairness=fairness, queue=unpredicted, policy=policy)
+    return replace(config, aging=AgingPolicy(mode="linear"), queue=unpredicted, policy=policy)

@@ -15,6 +15,10 @@ holds, which are served and expired as before; it takes no new requests. A remov
 finishes its running requests; waiting requests of a model left without backends stay queued
 until they expire. The per-class values every decision reads (:class:`ClassPlan`: preempt
 wait, deadline rule, privilege) are recomputed whenever the configuration is applied.
+
+Admission is by the dynamic depth limit (``admission``) or, with ``queue.admission: predicted``,
+by predicted dispatch time; ``queue.fast_fail`` ends a waiting request as ``queue_timeout`` as
+soon as its predicted dispatch is past its deadline (``prediction``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .fairness import Lane, tenant_weights
 from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, Live, QueuePosition
 from .position import eta_ms, requests_ahead
+from .prediction import UNKNOWN_MS, PredictMixin
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
 
 DEADLINE_SLACK = 1024  # stale deadline entries tolerated beyond twice the waiting ones before a compaction
@@ -41,7 +46,7 @@ def _live(ticket: Ticket) -> Live:
     return Live(ticket.request, STATE_NAMES[ticket.state], ticket.backend, ticket.dispatched_ms)
 
 
-class Scheduler(DispatchMixin):
+class Scheduler(DispatchMixin, PredictMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -59,6 +64,7 @@ class Scheduler(DispatchMixin):
         self._retired: dict[str, ClassSpec] = {}
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._lane_list: list[Lane] = []
+        self._class_lanes: dict[str, list[Lane]] = {}  # the lanes of each class (one per model)
         self._preempt: dict[str, list[PreemptEntry]] = {}
         self._deadlines: list[tuple[int, str, Ticket]] = []
         self._promote_due_ms: float = 0  # no waiting request reaches preempt before this (see _promote)
@@ -66,6 +72,11 @@ class Scheduler(DispatchMixin):
         self._promoted = 0
         self._depth_by_cls: dict[str, int] = {}
         self._running_by_cls: dict[str, int] = {}
+        self._backlog_since: dict[str, float] = {}  # by class: when its queue last became non-empty
+        self._backlog_base: dict[str, int] = {}  # by class: its dispatch count at that moment
+        self._backlog_service: dict[str, tuple[float, float]] = {}  # by class: (that moment, mean service then)
+        self._clock_ms: float = UNKNOWN_MS  # the now of the call that is queueing (submit, requeue, reconfigure)
+        self._fast_fail_due_ms: float = 0
         self._cls_rate: dict[str, adm.RateWindow] = {}
         self._model_rate: dict[str, adm.RateWindow] = {}
         self._cls_service: dict[str, adm.ServiceMean] = {}
@@ -91,8 +102,27 @@ class Scheduler(DispatchMixin):
         self._aging_on = self._aging.active
         self._single_queue = config.queue.single_queue
         self._lanes_age = self._aging_on and not self._single_queue  # a lane's rank rises with its oldest wait
-        self._enforce_depth = config.queue.enforce_depth
+        queue = config.queue
+        self._enforce_depth = queue.enforce_depth
         self._plans = {name: self._make_plan(spec) for name, spec in (*self._classes.items(), *self._retired.items())}
+        self._higher = {
+            name: tuple(other for other, p in self._plans.items() if p.level < plan.level)
+            for name, plan in self._plans.items()
+        }
+        self._higher_rates = {  # (their dispatch-rate window, name), read on every predicted admission
+            name: tuple((adm.rate_window(self._cls_rate, other), other) for other in higher)
+            for name, higher in self._higher.items()
+        }
+        self._lower = {
+            name: tuple(other for other, p in self._plans.items() if p.level > plan.level)
+            for name, plan in self._plans.items()
+        }
+        self._predicted = queue.enforce_depth and queue.admission == "predicted" and not self._single_queue
+        self._fast_fail_on = queue.fast_fail and queue.enforce_deadline and not self._single_queue
+        self._tracks_backlogs = self._predicted or self._fast_fail_on  # backlog starts: only prediction reads them
+        self._fair_lanes = config.fairness.mode != FairnessMode.FIFO and not self._single_queue
+        self._predict_margin = queue.predict_margin
+        self._depth_cap = queue.depth_cap
         self._weights()
 
     def _make_plan(self, spec: ClassSpec) -> ClassPlan:
@@ -125,6 +155,7 @@ class Scheduler(DispatchMixin):
             tenants = config.tenants
         if backends is None and config is not None and config.backends is not None:
             backends = config.backends
+        self._clock_ms = now_ms
         if tenants is not None:
             self._tenant_specs = {t.slug: t for t in tenants}
         if config is not None:
@@ -138,12 +169,16 @@ class Scheduler(DispatchMixin):
     def _rebuild(self) -> None:
         """Recreate lanes and heaps from the store's waiting tickets, in queue order."""
         old_vt = {key: lane.vt for key, lane in self._lanes.items()}
+        old_since, old_base = self._backlog_since, self._backlog_base
         self._lanes, self._lane_list, self._preempt, self._deadlines = {}, [], {}, []
+        self._class_lanes = {}
         self._promote_due_ms = float("inf")
         self._promoted = self._waiting = 0
         self._depth_by_cls, self._running_by_cls = {}, {}
+        self._backlog_since, self._backlog_base = {}, {}
+        old_book_since = {key: (book.since_ms, book.base) for key, book in self._books.items()}
         for book in self._books.values():
-            book.waiting = 0
+            book.waiting, book.since_ms = 0, None
         tickets = sorted(self._store.tickets(), key=lambda t: t.qseq)
         for ticket in tickets:
             ticket.book = self._book(ticket.cls, ticket.tenant)
@@ -155,6 +190,14 @@ class Scheduler(DispatchMixin):
                 self._count_queued(ticket, +1)
         for key, lane in self._lanes.items():
             lane.vt = old_vt.get(key, 0.0)
+        for key, book in self._books.items():  # a tenant still backlogged keeps its start
+            if book.waiting and old_book_since[key][0] is not None:
+                book.since_ms, book.base = old_book_since[key]
+        for cls in self._backlog_since:  # a class still backlogged keeps its start
+            if cls in old_since:
+                self._backlog_since[cls], self._backlog_base[cls] = old_since[cls], old_base[cls]
+        since = self._backlog_since
+        self._backlog_service = {c: v for c, v in self._backlog_service.items() if since.get(c) == v[0]}
 
     def _lane_for(self, cls: str, model: str) -> Lane:
         key = ("*", model) if self._single_queue else (cls, model)
@@ -168,6 +211,7 @@ class Scheduler(DispatchMixin):
             adm.rate_window(self._model_rate, model)  # dispatch counts into it without a lookup miss
             self._lane_list.append(lane)
             self._lane_list.sort(key=lambda ln: (ln.level, ln.name, ln.model))
+            self._class_lanes.setdefault(lane.name, []).append(lane)
         return lane
 
     def _enqueue(self, ticket: Ticket, front: bool, lift: bool = True) -> None:
@@ -201,7 +245,12 @@ class Scheduler(DispatchMixin):
             tenant_tally.rejected_no_backend += 1
             return NO_BACKEND
         if self._enforce_depth:
-            refusal = self._refusal(request, book.waiting, now_ms)
+            if self._predicted:
+                plan = self._plans[request.cls]
+                deadline_ms = plan.deadline_ms(request.enqueued_ms, request.deadline_ms)
+                refusal = self._predicted_refusal(plan, book, request.tenant, deadline_ms, now_ms)
+            else:
+                refusal = self._refusal(request, book.waiting, now_ms)
             if refusal is not None:
                 cls_tally.rejected_queue_full += 1
                 tenant_tally.rejected_queue_full += 1
@@ -209,6 +258,7 @@ class Scheduler(DispatchMixin):
         ticket = Ticket(request, self._next_seq, vip)
         ticket.book = book
         self._next_seq += 1
+        self._clock_ms = now_ms
         self._enqueue(ticket, front=False)
         self._count_queued(ticket, +1)
         self._store.ticket_put(ticket)
@@ -234,7 +284,10 @@ class Scheduler(DispatchMixin):
         return self._depth_by_cls.get(cls, 0)
 
     def depth_limit(self, cls: str, *, now_ms: int) -> int:
-        """The class's dynamic depth limit (computed even when the policy does not enforce it)."""
+        """The class's dynamic depth limit (computed even when the policy does not enforce it); with
+        predicted admission, the depth the prediction admits (``prediction``)."""
+        if self._predicted:
+            return self._predicted_limit(self._plans[cls], now_ms)
         spec = self._class_spec(cls)
         mean_ms = self._service(self._cls_service, cls)
         floor = adm.floor_depth(self._free_slots_for(spec), spec.sla_ms, mean_ms)
@@ -258,10 +311,22 @@ class Scheduler(DispatchMixin):
         return mean.value(self._config.queue.service_ms_prior) if mean else float(self._config.queue.service_ms_prior)
 
     def _count_queued(self, ticket: Ticket, delta: int) -> None:
+        book = ticket.book
+        assert book is not None, "set on admission"
         self._waiting += delta
-        self._depth_by_cls[ticket.cls] = self._depth_by_cls.get(ticket.cls, 0) + delta
-        assert ticket.book is not None, "set on admission"
-        ticket.book.waiting += delta
+        waiting = book.waiting = book.waiting + delta
+        cls = ticket.cls
+        depth = self._depth_by_cls[cls] = self._depth_by_cls.get(cls, 0) + delta
+        if self._tracks_backlogs:  # when a tenant's and a class's queue last became non-empty (prediction)
+            if waiting == 0:
+                book.since_ms = None
+            elif waiting == delta:
+                book.since_ms, book.base = self._clock_ms, book.dispatched
+            if depth == 0:
+                self._backlog_since.pop(cls, None)
+                self._backlog_service.pop(cls, None)
+            elif depth == delta:
+                self._backlog_since[cls], self._backlog_base[cls] = self._clock_ms, book.tallies[0].dispatched
 
     def _unqueue(self, ticket: Ticket) -> None:
         """Take a waiting ticket out of every index (lazily where heaps hold it)."""
@@ -338,6 +403,7 @@ class Scheduler(DispatchMixin):
         ticket.charge_by_tokens = False
         self._next_front -= 1
         ticket.qseq = self._next_front
+        self._clock_ms = now_ms
         self._enqueue(ticket, front=True)
         self._count_queued(ticket, +1)
         if not self._store_holds_live_tickets:
@@ -356,7 +422,9 @@ class Scheduler(DispatchMixin):
         return True
 
     def expire(self, *, now_ms: int) -> list[Request]:
-        """Remove waiting requests past their deadline (terminal ``queue_timeout``)."""
+        """Remove waiting requests past their deadline (terminal ``queue_timeout``) and, with
+        ``fast_fail``, those whose predicted dispatch is past it (checked at most every
+        ``prediction.FAST_FAIL_EVERY_MS``)."""
         expired: list[Request] = []
         heap = self._deadlines
         while heap and heap[0][0] < now_ms:
@@ -366,6 +434,10 @@ class Scheduler(DispatchMixin):
             self._unqueue(ticket)
             self._terminate(ticket, "queue_timeout")
             expired.append(ticket.request)
+        if self._fast_fail_on and self._waiting and now_ms >= self._fast_fail_due_ms:
+            failed: list[Ticket] = []
+            self._fast_fail(now_ms, failed)
+            expired.extend(ticket.request for ticket in failed)
         return expired
 
     def _terminate(self, ticket: Ticket, outcome: str) -> None:

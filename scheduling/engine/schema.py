@@ -232,7 +232,16 @@ def _queue_dict(q: QueuePolicy) -> dict[str, Any]:
         "on_full": q.on_full,
         "on_timeout": q.on_timeout,
     }
-    extras = ("enforce_depth", "enforce_deadline", "honour_cancel", "single_queue", "service_ms_prior")
+    extras = (
+        "enforce_depth",
+        "enforce_deadline",
+        "honour_cancel",
+        "single_queue",
+        "service_ms_prior",
+        "admission",
+        "predict_margin",
+        "fast_fail",
+    )
     return {**data, **{f: getattr(q, f) for f in extras if getattr(q, f) != getattr(defaults, f)}}
 
 

@@ -46,6 +46,8 @@ UPPER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SLUG = re.compile(r"[A-Za-z0-9_-]+")
 DEPTH_FORMULA = "throughput_1m * sla_sec"
+ADMISSIONS = ("depth", "predicted")  # queue.admission: the depth limit, or by predicted dispatch
+PREDICTION_KEYS = ("admission", "predict_margin")  # with fast_fail (a flag): see prediction.py
 BOOSTS: dict[int | str, Boost] = {0: Boost.NONE, "0": Boost.NONE, **{b.value: b for b in Boost}}
 BOOST_RANK = {Boost.NONE: 0, Boost.LINEAR: 1, Boost.QUADRATIC: 2, Boost.PREEMPT: 3}
 ACTION_PREFIX = "DOWNGRADE_TO_"
@@ -204,8 +206,8 @@ def _fairness(ck: Checker, raw: Any) -> FairnessPolicy | None:
 
 def _queue(ck: Checker, raw: Any) -> QueuePolicy | None:
     path, defaults = "scheduler.queue", QueuePolicy()
-    flags = ("enforce_depth", "enforce_deadline", "honour_cancel", "single_queue")
-    keys = ("depth_formula", "depth_cap", "on_full", "on_timeout", *flags, "service_ms_prior")
+    flags = ("enforce_depth", "enforce_deadline", "honour_cancel", "single_queue", "fast_fail")
+    keys = ("depth_formula", "depth_cap", "on_full", "on_timeout", *flags, "service_ms_prior", *PREDICTION_KEYS)
     data = ck.mapping(path, raw, keys)
     if data is None:
         return None
@@ -229,6 +231,20 @@ def _queue(ck: Checker, raw: Any) -> QueuePolicy | None:
         **{f: ck.get(data, path, f, ck.flag, default=getattr(defaults, f)) for f in flags},
         service_ms_prior=ck.get(
             data, path, "service_ms_prior", ck.integer, minimum=1, default=defaults.service_ms_prior
+        ),
+        admission=ck.get(
+            data, path, "admission", ck.choice, options={m: m for m in ADMISSIONS}, default=defaults.admission
+        ),
+        predict_margin=ck.get(
+            data,
+            path,
+            "predict_margin",
+            ck.real,
+            low=0.0,
+            high=1.0,
+            open_low=True,
+            default=defaults.predict_margin,
+            rule="in (0, 1] (0 < predict_margin <= 1)",
         ),
     )
 

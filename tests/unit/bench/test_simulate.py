@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.scenario import load_scenario
 from bench.simulate import run_file
+from scheduling.engine import apply_policy
+from scheduling.engine.schema import ConfigError
 from tests.unit.bench.conftest import CONFIG, tiny_surge, write
 
 REPO = Path(__file__).resolve().parents[3]
@@ -222,3 +225,69 @@ def test_config_may_be_a_yaml_file_with_its_own_tenants_and_backends(tmp_path: P
     assert out["policy"] == "fairgate"
     assert out["classes"]["NEAR_RT"]["completed"] == 1  # long prompt: downgraded by the example's rule
     assert out["totals"]["downgraded"] == 1
+
+
+def test_queue_overrides_are_checked_like_the_yaml(surge_path: Path) -> None:
+    out = run_file(surge_path, policy="fairgate", queue={"admission": "predicted", "fast_fail": True})
+    assert out["conservation"]["ok"]
+    with pytest.raises(ConfigError):
+        run_file(surge_path, queue={"admission": "sometimes"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.simulate", str(surge_path), "--queue", "predict_margin=2", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "predict_margin" in proc.stderr
+
+
+def test_every_504_is_counted_with_the_time_its_client_waited(runs: dict[str, dict]) -> None:
+    out = runs["fairgate"]
+    timeouts = out["queue_timeouts"]
+    assert sum(t["count"] for t in timeouts.values()) == out["totals"]["queue_timeout"]
+    assert out["totals"]["fast_failed"] == sum(t["fast_failed"] for t in timeouts.values()) == 0  # off by default
+    chat = timeouts["INTERACTIVE"]
+    assert chat["count"] > 0 and chat["wait_s"] >= chat["count"] * 3.0  # each waited past its 3 s SLA
+
+
+def _overloaded_batch(tmp_path: Path, fast_fail: bool) -> dict:
+    """One slot; 20 BATCH jobs of 190 s each admitted at once (SLA 30 min): the last ten cannot start in time."""
+    doc = {
+        "name": "slow-jobs",
+        "config": {**CONFIG, "queue": {"depth_cap": 20000, "fast_fail": fast_fail}},
+        "backends": [{"name": "gpu", "models": ["m"], "slots": 1}],
+        "tenants": [{"slug": "a", "quota_share": 1.0}],
+        "generators": [{"kind": "burst", "tenant": "a", "class": "BATCH", "count": 20, "service_ms": 190_000}],
+    }
+    return run_file(write(tmp_path, doc), policy="fairgate")
+
+
+def test_early_fast_fail_ends_the_hopeless_before_their_deadline(tmp_path: Path) -> None:
+    at_deadline, early = _overloaded_batch(tmp_path, False), _overloaded_batch(tmp_path, True)
+    for out in (at_deadline, early):
+        assert out["conservation"]["ok"]
+    late, soon = at_deadline["queue_timeouts"]["BATCH"], early["queue_timeouts"]["BATCH"]
+    assert late["fast_failed"] == 0 and soon["fast_failed"] == soon["count"] > 0
+    assert late["count"] == soon["count"] == 10
+    assert soon["wait_s"] == 10 * 190.0  # all ten told when the first job ended (190 s), not at 30 min
+    assert early["classes"]["BATCH"]["completed_within_sla"] == at_deadline["classes"]["BATCH"]["completed_within_sla"]
+
+
+def test_shipped_idle_burst_is_never_refused_with_prediction_either() -> None:
+    out = run_file(
+        REPO / "bench" / "scenarios" / "idle-burst.json",
+        policy="fairgate",
+        queue={"admission": "predicted", "fast_fail": True},
+    )
+    assert out["totals"]["rejected_queue_full"] == 0 and out["totals"]["queue_timeout"] == 0
+    assert out["conservation"]["ok"]
+
+
+def test_the_new_scenarios_turn_prediction_on_for_fairgate_only() -> None:
+    for name in ("surge-30min", "quiet-burst", "higher-surge"):
+        scenario = load_scenario(REPO / "bench" / "scenarios" / f"{name}.json")
+        assert (scenario.config.queue.admission, scenario.config.queue.fast_fail) == ("predicted", True)
+        assert scenario.notes and scenario.seed == 1
+        for policy in ("fifo", "strict", "linear"):
+            assert apply_policy(scenario.config, policy).queue.admission == "depth"

@@ -180,6 +180,15 @@ def test_optional_values_and_defaults() -> None:
     assert config_from_yaml(config_to_yaml(config)) == config
 
 
+def test_prediction_keys_are_read_beside_the_depth_limit_and_written_back_when_set() -> None:
+    assert (QueuePolicy().admission, QueuePolicy().fast_fail) == ("depth", False)  # off unless configured
+    config = config_from_yaml(MINIMAL + "  queue: {admission: predicted, predict_margin: 0.75, fast_fail: true}\n")
+    assert (config.queue.admission, config.queue.predict_margin, config.queue.fast_fail) == ("predicted", 0.75, True)
+    assert config_to_dict(config)["queue"]["admission"] == "predicted"
+    assert config_from_yaml(config_to_yaml(config)) == config
+    assert "admission" not in config_to_dict(config_from_yaml(MINIMAL + "  queue: {depth_cap: 5}\n"))["queue"]
+
+
 def test_inactive_and_disabled_entries_survive_a_round_trip() -> None:
     config = config_from_yaml(
         MINIMAL.replace("price_factor: 0.7}", "price_factor: 0.7, active: false}")
@@ -517,6 +526,10 @@ INVALID = [
     ),
     ("queue-flag", add("  queue: {single_queue: sometimes}\n"), f"{Q}.single_queue", 5, "true or false"),
     ("queue-prior", add("  queue: {service_ms_prior: 0}\n"), f"{Q}.service_ms_prior", 5, ">= 1"),
+    ("admission", add("  queue: {admission: guessed}\n"), f"{Q}.admission", 5, "not one of: depth, predicted"),
+    ("margin-zero", add("  queue: {predict_margin: 0}\n"), f"{Q}.predict_margin", 5, "0 < predict_margin <= 1"),
+    ("margin-high", add("  queue: {predict_margin: 1.2}\n"), f"{Q}.predict_margin", 5, "0 < predict_margin <= 1"),
+    ("fast-fail-flag", add("  queue: {fast_fail: soon}\n"), f"{Q}.fast_fail", 5, "true or false"),
     # networks
     ("network-bad-cidr", add("  networks:\n    LAB: [10.0.0.0/33]\n"), f"{S}.networks.LAB[0]", 6, "not a valid CIDR"),
     (
@@ -777,6 +790,9 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
             single_queue=draw(st.booleans()),
             honour_cancel=draw(st.booleans()),
             service_ms_prior=draw(st.integers(1, 10**6)),
+            admission=draw(st.sampled_from(["depth", "predicted"])),
+            predict_margin=draw(st.floats(0, 1, exclude_min=True)),
+            fast_fail=draw(st.booleans()),
         ),
         downgrade_rules=rules,
         networks=networks,

@@ -1,0 +1,36 @@
+"""The sweep's changes to a scenario and its section of the report (the runs are benchmarks, not tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import sim_sweep
+
+RAW = {
+    "backends": [{"name": "gpu", "models": ["m"], "slots": 32}],
+    "tenants": [{"slug": s, "quota_share": q} for s, q in (("a", 0.5), ("b", 0.3), ("c", 0.2))],
+    "generators": [
+        {"kind": "burst", "tenant": "b", "class": "BATCH", "count": 300, "service_ms": {"base_ms": 4000}},
+        {"kind": "poisson", "tenant": ["a"], "class": "INTERACTIVE", "service_ms": [600, 1400], "rate_per_s": 1},
+    ],
+}
+
+
+def test_changes_scale_slots_and_service_times_and_reshape_tenants():
+    assert sim_sweep.slots(0.75)(RAW)["backends"][0]["slots"] == 24
+    faster = sim_sweep.service(0.5)(RAW)["generators"]
+    assert faster[0]["service_ms"] == {"base_ms": 2000} and faster[1]["service_ms"] == [300, 700]
+    split = sim_sweep.split_bursts(RAW)["generators"]
+    assert split[0]["tenant"] == ["b", "c", "a"] and split[0]["count"] == 100 and split[1] == RAW["generators"][1]
+    assert {t["quota_share"] for t in sim_sweep.equal_shares(RAW)["tenants"]} == {0.3333}
+    assert RAW["backends"][0]["slots"] == 32  # the original is left alone
+
+
+def test_the_report_section_goes_before_engine_speed_and_is_replaced_in_place(tmp_path: Path):
+    report = tmp_path / "REPORT.md"
+    report.write_text("# Report\n\n## `surge`\n\n## Engine speed\n\nrows\n", encoding="utf-8")
+    sim_sweep.write_report(f"{sim_sweep.START}\nfirst\n{sim_sweep.END}", report)
+    sim_sweep.write_report(f"{sim_sweep.START}\nsecond\n{sim_sweep.END}", report)
+    text = report.read_text(encoding="utf-8")
+    assert "first" not in text and text.count(sim_sweep.START) == 1
+    assert text.index("second") < text.index("## Engine speed") and text.endswith("rows\n")

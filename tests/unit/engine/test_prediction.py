@@ -1,0 +1,274 @@
+"""Admission by predicted dispatch and early fast-fail (``scheduling.engine.prediction``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduling.engine import AgingPolicy, FairnessMode, Policy, apply_policy
+from scheduling.engine.aging import AgingCurve
+from scheduling.engine.prediction import FAST_FAIL_EVERY_MS
+from tests.unit.engine.engine_helpers import REPORT_SEGMENTS, backend, config, req, scheduler, tenants, with_sla
+
+MIN = 60_000
+
+
+def predicting(**options: object):
+    for key, value in {"service_ms_prior": 20_000, "enforce_depth": True, "admission": "predicted"}.items():
+        options.setdefault(key, value)
+    options.setdefault("fast_fail", True)
+    return config(**options)
+
+
+def admitted(sched, *requests) -> list[bool]:
+    return [sched.submit(r, now_ms=r.enqueued_ms).admitted for r in requests]
+
+
+def burst(prefix: str, count: int, *, tenant: str = "a", cls: str = "BATCH", at: int = 0, deadline=None) -> list:
+    return [req(f"{prefix}{k}", tenant=tenant, cls=cls, at=at, deadline=deadline) for k in range(count)]
+
+
+def serve(sched, now_ms: int, service_ms: dict[str, int], running: dict[str, int]) -> set[str]:
+    """Complete what is due at ``now_ms``, expire, dispatch (``running``: id -> end ms); the ids expired."""
+    for rid, end_ms in sorted(running.items()):
+        if end_ms <= now_ms:
+            del running[rid]
+            sched.complete(rid, now_ms=now_ms, prompt_tokens=100, output_tokens=100)  # as estimated
+    expired = {r.id for r in sched.expire(now_ms=now_ms)}
+    for grant in sched.dispatch(now_ms=now_ms):
+        running[grant.request.id] = now_ms + service_ms[grant.request.cls]
+    return expired
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+
+def test_a_burst_onto_a_quiet_class_fits_the_assumed_rate_within_the_margin():
+    sched = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    # no history: R = 10 slots / 20 s prior; 0.8 x 1 800 s x R = 720 must start, plus the 10 free slots
+    assert sched.depth_limit("BATCH", now_ms=0) == 730
+    results = [sched.submit(r, now_ms=0) for r in burst("b", 800)]
+    assert sum(r.admitted for r in results) == 730 and all(r.admitted for r in results[:730])
+    refused = results[730]
+    assert refused.reason == "queue_full" and 0 < refused.retry_after_ms <= 1_800_000
+    assert sched.counters.classes["BATCH"].rejected_queue_full == 70
+    # the depth floor (free slots x SLA / prior) would have let 900 in and queued them to the SLA's end
+    depth_rule = scheduler(config(enforce_depth=True), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert sum(admitted(depth_rule, *burst("b", 1000))) == 900
+
+
+def test_higher_classes_keep_what_they_took_over_the_last_minute():
+    sched = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    running: dict[str, int] = {}
+    for second in range(1, 61):  # one chat request a second, 5 s each: 5 slots on average
+        sched.submit(req(f"i{second}", cls="INTERACTIVE", at=second * 1000), now_ms=second * 1000)
+        serve(sched, second * 1000, {"INTERACTIVE": 5000}, running)
+    assert len(running) == 5
+    # R = (10 - 60/min x 5 s) / 20 s; free 5: 0.00025/ms x 0.8 x 1 800 s + 5
+    assert sched.depth_limit("BATCH", now_ms=MIN) == 365
+
+
+def test_slots_held_by_lower_classes_come_back_at_their_own_pace():
+    sched = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    running: dict[str, int] = {}
+    for r in burst("b", 10):
+        sched.submit(r, now_ms=0)
+    serve(sched, 0, {"BATCH": 100_000}, running)
+    for r in burst("c", 10, at=100_000):
+        sched.submit(r, now_ms=100_000)
+    serve(sched, 100_000, {"BATCH": 100_000}, running)  # ten 100 s BATCH requests hold every slot
+    # NEAR_RT can count only on BATCH's slots freeing: 10 / 100 s x 0.8 x 15 s = 1.2 of them
+    assert sched.depth_limit("NEAR_RT", now_ms=100_000) == 1
+    assert admitted(sched, *burst("n", 3, cls="NEAR_RT", at=100_000)) == [True, False, False]
+
+
+def test_a_class_backlogged_for_a_window_is_judged_by_its_measured_rate():
+    sched = scheduler(predicting(), slots=1, tenant_specs=tenants(("a", 1.0)))
+    running: dict[str, int] = {}
+    for r in burst("b", 100):
+        sched.submit(r, now_ms=0)
+    for second in range(0, 121, 10):
+        serve(sched, second * 1000, {"BATCH": 10_000}, running)
+    # the last 60 s: 6 dispatches; since the backlog began: 13 in 120 s; admission takes the lower
+    assert sched.depth_limit("BATCH", now_ms=120_000) == int(6 / MIN * 0.8 * 1_800_000)
+
+
+def test_a_small_tenant_gets_in_through_its_share_of_the_slack_and_no_further():
+    sched = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 0.5), ("b", 0.5)))
+    assert sum(admitted(sched, *burst("a", 2000))) == 730
+    # b's share (0.5) must start its k-th within the slack: -10 + k / 0.5 <= 0.2 x 1 800 s x R = 180
+    assert sum(admitted(sched, *burst("b", 200, tenant="b"))) in (94, 95)  # 95 at the float boundary
+    grants = sched.dispatch(now_ms=0)
+    assert sum(g.request.tenant == "b" for g in grants) == 5  # and fair sharing serves it at once
+
+
+def test_a_new_request_must_not_push_an_admitted_one_past_its_deadline():
+    sched = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 0.5), ("b", 0.5)))
+    running: dict[str, int] = {}
+    assert sum(admitted(sched, *burst("a", 730))) == 730
+    serve(sched, 0, {"BATCH": 20_000}, running)
+    # ten minutes on, a's newest requests have 20 minutes left; b's beyond its slack share would
+    # overtake them, so only what the class can still start before a's newest deadline gets in
+    for second in range(20, 601, 20):
+        serve(sched, second * 1000, {"BATCH": 20_000}, running)
+    now, rate = 600_000, 10 / 20_000  # measured: 10 slots of 20 s
+    assert sched.depth("BATCH") == 730 - 310
+    results = admitted(sched, *burst("b", 400, tenant="b", at=now))
+    # b gets its share of the slack (0.5 x 0.2 x 1 800 s x R = 90), not the ~300 its own deadline
+    # would allow: whatever comes in is served before a's newest, which must still start in time
+    assert 85 <= sum(results) <= 90
+    assert sched.depth("BATCH") / rate <= 1_800_000 - now
+
+
+def test_a_heavy_tenant_is_judged_by_its_own_drain():
+    cfg = predicting(enforce_depth=False)  # everyone in; the prediction is computed all the same
+    sched = scheduler(cfg, slots=1, tenant_specs=tenants(("a", 0.5), ("b", 0.5)))
+    running: dict[str, int] = {}
+    for r in burst("a", 60):
+        sched.submit(r, now_ms=0)
+    for second in range(0, 71):  # b keeps sending one every 3 s, each served at once (fair sharing)
+        if second % 3 == 0:
+            sched.submit(req(f"b{second}", tenant="b", at=second * 1000), now_ms=second * 1000)
+        serve(sched, second * 1000, {"BATCH": 1000}, running)
+    book = sched._books[("BATCH", "a")]
+    assert book.dispatched == 71 - 24 and sched.depth("BATCH") == book.waiting == 60 - book.dispatched
+    # the class drains one a second, but a gets two in three: its next starts after its queue at R_a
+    tenant_wait = (book.waiting + 1) / (book.dispatched / 70_000)
+    class_wait = (sched.depth("BATCH") + 1) / (60 / MIN)
+    assert tenant_wait > 1.4 * class_wait
+    assert sched.predicted_wait_ms("BATCH", "a", now_ms=70_000) == pytest.approx(tenant_wait)
+
+
+def test_a_client_deadline_the_prediction_cannot_meet_is_refused():
+    sched = scheduler(predicting(), slots=1, tenant_specs=tenants(("a", 1.0)))
+    admitted(sched, *burst("b", 2))
+    sched.dispatch(now_ms=0)
+    # two must start before it at 1 / 20 s: 40 s, more than 0.8 x its own 10 s
+    assert sched.submit(req("late", deadline=10_000), now_ms=0).reason == "queue_full"
+    assert sched.submit(req("patient"), now_ms=0).admitted
+
+
+def test_depth_cap_still_caps():
+    sched = scheduler(predicting(depth_cap=50), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert sum(admitted(sched, *burst("b", 100))) == 50 and sched.depth_limit("BATCH", now_ms=0) == 50
+
+
+def test_free_slots_admit_whatever_the_rate():
+    sched = scheduler(predicting(service_ms_prior=10**9), slots=4, tenant_specs=tenants(("a", 1.0)))
+    assert admitted(sched, *burst("i", 5, cls="INTERACTIVE")) == [True] * 4 + [False]
+
+
+# --- early fast-fail -----------------------------------------------------------------------------
+
+
+def slow_class(fast_fail: bool = True, tenant_specs=None):
+    """One slot, BATCH SLA 2 min, no aging, 20 s prior; requests will take 60 s."""
+    cfg = with_sla(predicting(aging="none", fast_fail=fast_fail), "BATCH", 120_000)
+    return scheduler(cfg, slots=1, tenant_specs=tenant_specs or tenants(("a", 1.0)))
+
+
+def test_a_request_the_measured_drain_cannot_start_in_time_fails_before_its_deadline():
+    sched = slow_class()
+    assert admitted(sched, *burst("b", 6)) == [True] * 5 + [False]  # 1 free + 0.8 x 120 s / 20 s
+    running: dict[str, int] = {}
+    assert serve(sched, 0, {"BATCH": 60_000}, running) == set()
+    assert sched.expire(now_ms=30_000) == []  # the assumption (1 / 20 s) never fails anyone
+    # at 60 s b0 took 60 s, not 20: measured one dispatch a minute, and a minute left for b1-b4;
+    # b1 starts now, b2 at 120 s (its deadline), b3 and b4 cannot: ended now, not at 120 s
+    assert serve(sched, 60_000, {"BATCH": 60_000}, running) == {"b3", "b4"}
+    tally = sched.counters.classes["BATCH"]
+    assert (tally.queue_timeout, tally.fast_failed) == (2, 2) and sched.state_of("b3") is None
+    assert serve(sched, 120_000, {"BATCH": 60_000}, running) == set() and sched.state_of("b2") == "running"
+
+
+def test_without_fast_fail_the_same_requests_wait_until_their_deadline():
+    sched = slow_class(fast_fail=False)
+    admitted(sched, *burst("b", 5))
+    running: dict[str, int] = {}
+    for now in (0, 60_000, 120_000):
+        assert serve(sched, now, {"BATCH": 60_000}, running) == set()
+    assert {r.id for r in sched.expire(now_ms=120_001)} == {"b3", "b4"}
+    assert sched.counters.classes["BATCH"].fast_failed == 0
+
+
+def test_a_flooding_tenants_newest_requests_go_first_a_small_tenants_stays():
+    sched = slow_class(tenant_specs=tenants(("flood", 0.9), ("small", 0.1)))
+    assert all(admitted(sched, *burst("f", 4, tenant="flood"), req("s0", tenant="small")))
+    running: dict[str, int] = {}
+    serve(sched, 0, {"BATCH": 60_000}, running)
+    failed = serve(sched, 60_000, {"BATCH": 60_000}, running)
+    # fair sharing serves s0 next and f1 at 120 s, its deadline: f2 and f3 cannot be in time
+    assert failed == {"f2", "f3"}
+    assert sched.state_of("s0") == "running"
+
+
+def test_fast_fail_runs_at_most_every_interval_and_not_without_capacity():
+    sched = slow_class()
+    admitted(sched, *burst("b", 5))
+    running: dict[str, int] = {}
+    serve(sched, 0, {"BATCH": 60_000}, running)
+    assert sched.expire(now_ms=60_000 - FAST_FAIL_EVERY_MS // 2) == []  # checked: nothing measured yet
+    sched.complete("b0", now_ms=60_000, prompt_tokens=1, output_tokens=1)
+    assert sched.expire(now_ms=60_000) == []  # b3, b4 are hopeless now, but the next check is not due
+    sched.dispatch(now_ms=60_000)
+    sched.reconfigure(now_ms=60_000, backends=[])  # every backend out: no basis for a prediction
+    assert sched.expire(now_ms=60_000 + FAST_FAIL_EVERY_MS) == []
+    sched.reconfigure(now_ms=60_000 + FAST_FAIL_EVERY_MS, backends=[backend(slots=1)])
+    assert {r.id for r in sched.expire(now_ms=60_000 + 2 * FAST_FAIL_EVERY_MS)} == {"b3", "b4"}
+
+
+def test_aging_credits_the_wait_from_which_a_class_outranks_every_other():
+    curve = AgingCurve(AgingPolicy("piecewise", REPORT_SEGMENTS))
+    assert curve.outranks_at(0) == 0.0
+    assert curve.outranks_at(1) == pytest.approx(0.8)  # beats the next level once past the linear segment
+    two = curve.outranks_at(2)  # 1 + 2.2 x ((r - 0.8) / 0.15) ** 2 > 2
+    assert two == pytest.approx(0.8 + 0.15 * (1 / 2.2) ** 0.5) and curve.boost(two) > 2 >= curve.boost(two - 1e-9)
+    assert curve.outranks_at(5) == 0.95  # preempt comes first
+    assert AgingCurve(AgingPolicy("none")).outranks_at(1) is None
+    assert AgingCurve(AgingPolicy("linear")).outranks_at(2) is None  # within one SLA it never gets there
+    sched = scheduler(predicting())
+    assert sched._plans["BATCH"].first_wait_ms == pytest.approx(two * 1_800_000, abs=1)
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["fifo", "strict", "linear"])
+def test_the_presets_other_than_fairgate_turn_prediction_off(policy):
+    queue = apply_policy(predicting(), policy).queue
+    assert (queue.admission, queue.fast_fail) == ("depth", False)
+    assert apply_policy(predicting(), Policy.FAIRGATE).queue.admission == "predicted"
+
+
+def test_fifo_lanes_put_a_new_request_behind_its_whole_class():
+    cfg = predicting(fairness=FairnessMode.FIFO)
+    sched = scheduler(cfg, slots=10, tenant_specs=tenants(("a", 0.5), ("b", 0.5)))
+    assert sum(admitted(sched, *burst("a", 2000))) == 730
+    assert sum(admitted(sched, *burst("b", 10, tenant="b"))) == 0  # no share of its own in FIFO
+
+
+def test_reconfiguring_keeps_the_backlog_history():
+    sched = scheduler(predicting(), slots=1, tenant_specs=tenants(("a", 1.0)))
+    running: dict[str, int] = {}
+    for r in burst("b", 100):
+        sched.submit(r, now_ms=0)
+    for second in range(0, 121, 10):
+        serve(sched, second * 1000, {"BATCH": 10_000}, running)
+    before = sched.depth_limit("BATCH", now_ms=120_000)
+    sched.reconfigure(now_ms=120_000, config=replace(predicting(), aging=AgingPolicy("none")))
+    assert sched.depth_limit("BATCH", now_ms=120_000) == before
+    assert sched._books[("BATCH", "a")].since_ms == 0
+
+
+def test_a_new_backlog_does_not_inherit_the_last_ones_service_time():
+    """Found by the property tests: two backlogs that begin in the same ms once shared the first's
+    service-time snapshot (the prior), so a request admitted at once looked hopeless right after."""
+    sched = scheduler(predicting(), slots=1, tenant_specs=tenants(("a", 1.0)))
+    admitted(sched, *burst("b", 2))
+    (grant,) = sched.dispatch(now_ms=0)
+    assert sched.depth_limit("BATCH", now_ms=0) == int(1 / 20_000 * 0.8 * 1_800_000)  # the 20 s prior
+    sched.complete(grant.request.id, now_ms=0, prompt_tokens=1, output_tokens=1)  # it took ~1 ms
+    assert sched.cancel("b1", now_ms=0)  # the class is empty: that backlog is over
+    admitted(sched, *burst("c", 2))  # a new one, in the same ms, with a 1 ms mean service
+    assert sched.depth_limit("BATCH", now_ms=0) == 20_000  # the cap: the prior is forgotten
