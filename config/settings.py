@@ -296,6 +296,11 @@ if FAIRGATE_SCHEDULER == "shared" and not REDIS_URL:
 FAIRGATE_DISPATCHER = env_choice("FAIRGATE_DISPATCHER", "auto", ("auto", "never"))
 # The shared scheduler's keys in Redis start with this (two deployments on one Redis: two prefixes).
 FAIRGATE_SHARED_PREFIX = env_str("FAIRGATE_SHARED_PREFIX", "fairgate:sched")
+# Intake lanes (gateway.lanes): requests below the top class run their intake (parse, token
+# estimate, downgrade rules) at most FAIRGATE_INTAKE_CONCURRENCY at a time, the most urgent class
+# first; at most FAIRGATE_INTAKE_BACKLOG of one class wait for a turn (more: 429 queue_full).
+FAIRGATE_INTAKE_CONCURRENCY = env_int("FAIRGATE_INTAKE_CONCURRENCY", 2, minimum=1)
+FAIRGATE_INTAKE_BACKLOG = env_int("FAIRGATE_INTAKE_BACKLOG", 2_000, minimum=1)
 # How long a key lookup is cached: a revoked key stops working within this time.
 FAIRGATE_AUTH_CACHE_MS = env_int("FAIRGATE_AUTH_CACHE_MS", 1_000, minimum=0)
 # Terminal states kept for GET /v1/queue/{id}: how long and how many at most.

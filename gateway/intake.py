@@ -16,6 +16,7 @@ from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher, id_in_use
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
+from gateway.lanes import lanes
 from gateway.lifecycle import PublicId, engine_id, ordered_id
 from gateway.limits import output_limit, prompt_bound
 from gateway.payload import EMBED, Payload, payload_estimate, payload_parse
@@ -107,22 +108,26 @@ class Asked:
 
 async def intake(request: HttpRequest, kind: str) -> Asked:
     """Everything before the hold; raises GatewayError for a refused request. The request's id is
-    named first (``request.fairgate_request_id``): gateway.views answers every refusal with it."""
+    named first (``request.fairgate_request_id``): gateway.views answers every refusal with it.
+    What costs nothing to read (the key, the declared class) comes first; the costly steps run in
+    the declared class's intake lane (gateway.lanes)."""
     public_id = _public_id(request)
     setattr(request, REQUEST_ID_ATTR, public_id)  # our own attribute: HttpRequest's type has none for it
     caller = await authenticate(request.headers.get("Authorization"))
-    payload = payload_parse(kind, request_body(request))
     d = await dispatcher_get()
-    d.check_model(payload.model, embeddings=kind == EMBED)
-    payload.output_limit = output_limit(payload)
     declared = _declared(request, caller, d)
-    if d.is_live(caller.tenant, public_id):
-        raise id_in_use(public_id)
     timeout_ms = _timeout_ms(request)
-    await payload_estimate(payload)
-    payload.prompt_bound = prompt_bound(payload)
-    src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
-    cls, rule = classify(d, caller, declared, payload, src_ip)
+    level = d.rules.levels[declared]
+    async with lanes().lane(level=level, top_level=min(d.rules.levels.values()), cls=declared) as in_lane:
+        payload = payload_parse(kind, request_body(request))
+        d.check_model(payload.model, embeddings=kind == EMBED)
+        payload.output_limit = output_limit(payload)
+        if d.is_live(caller.tenant, public_id):
+            raise id_in_use(public_id)
+        await payload_estimate(payload, in_lane=in_lane)
+        payload.prompt_bound = prompt_bound(payload)
+        src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
+        cls, rule = classify(d, caller, declared, payload, src_ip)
     return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms)
 
 

@@ -43,6 +43,12 @@ BILLING_WORKER_REPLACEMENTS = Counter(
     "Billing workers that ended unexpectedly (the next batch starts a new one).",
     registry=REGISTRY,
 )
+INTAKE_WAITING = Gauge(
+    "fairgate_intake_waiting",
+    "Requests waiting for a turn at intake (gateway.lanes), by declared class.",
+    ["cls"],
+    registry=REGISTRY,
+)
 COMPLETED = Counter("fairgate_requests_completed", "Requests served, by class.", ["cls"], registry=REGISTRY)
 BILLING_EARLY_HOLDS = Counter(
     "fairgate_billing_early_holds",

@@ -22,6 +22,7 @@ TEXT = "text"
 EMBED = "embed"
 UPSTREAM_PATHS = {CHAT: "/chat/completions", TEXT: "/completions", EMBED: "/embeddings"}
 THREAD_ESTIMATE_BYTES = 64 * 1024  # longer prompts are tokenized off the event loop
+LANE_THREAD_ESTIMATE_BYTES = 4 * 1024  # below the top class (gateway.lanes): from this length already
 
 
 @dataclass
@@ -177,9 +178,11 @@ def estimate(payload: Payload) -> int:
     return estimate_completion(payload.body["input" if payload.kind == EMBED else "prompt"])
 
 
-async def payload_estimate(payload: Payload) -> int:
-    """Prompt tokens with cl100k_base; long prompts are tokenized in a worker thread."""
-    if len(payload.raw) > THREAD_ESTIMATE_BYTES:
+async def payload_estimate(payload: Payload, *, in_lane: bool = False) -> int:
+    """Prompt tokens with cl100k_base; long prompts are tokenized in a worker thread (tiktoken
+    releases the GIL meanwhile), and a request in an intake lane's (``in_lane``) from a shorter
+    length, so that the event loop stays free for the top class."""
+    if len(payload.raw) > (LANE_THREAD_ESTIMATE_BYTES if in_lane else THREAD_ESTIMATE_BYTES):
         payload.prompt_tokens = await asyncio.to_thread(estimate, payload)
     else:
         payload.prompt_tokens = estimate(payload)
