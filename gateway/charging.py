@@ -116,6 +116,10 @@ class Booker:
         self._worker_ready: asyncio.Future | None = None
         self.unbooked = Unbooked(lambda ask: self.submit(ask, answer=False, urgent=False))
         self.prices: dict[str, UnitPrices] = {}  # each backend's, as the billing worker last read them
+        # Request ids whose hold's release is still to be sent (an early hold released before it
+        # was booked; a hold whose caller left while it was booked): a new hold of the same id
+        # waits for it, so the booking sees the release first (see `release_pending`).
+        self._releasing: dict[str, asyncio.Future[None]] = {}
 
     async def start(self) -> None:
         """Start the worker now (Django's start-up in it takes a second), not on the first batch,
@@ -197,11 +201,33 @@ class Booker:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (tests): what the old one left cannot be answered
             self._loop, self._pending, self._in_flight, self._linger = loop, [], False, None
+            self._releasing = {}
         future = loop.create_future() if answer else None
         self._pending.append((ask, future))
         self._urgent |= urgent
         self._send()
         return future
+
+    def release_pending(self, request_id: str) -> None:
+        """``request_id``'s hold will be released once it is booked: until `release_sent`, a new
+        hold of that id waits (`releases_sent`). Booked in the order asks are submitted, the
+        release then comes first; else the booking would give the new request the old one's open
+        hold (a retried admission, to the booking) and then release it under it."""
+        if request_id not in self._releasing:
+            self._releasing[request_id] = asyncio.get_running_loop().create_future()
+
+    def release_sent(self, request_id: str) -> None:
+        waiting = self._releasing.pop(request_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
+
+    async def releases_sent(self, request_id: str) -> None:
+        """Returns once no release of ``request_id``'s hold is still to be sent."""
+        while (waiting := self._releasing.get(request_id)) is not None:
+            await asyncio.shield(waiting)
+
+    def releasing(self, request_id: str) -> bool:
+        return request_id in self._releasing
 
     def hurry(self) -> None:
         """Someone waits for an ask: what waits goes now (or as soon as the batch out is answered)."""
@@ -326,6 +352,7 @@ class Booker:
                             answer=False,
                             urgent=False,
                         )
+                    self.release_sent(ask.request_id)
                 elif isinstance(result, BaseException):
                     future.set_exception(result)
                 else:
@@ -386,9 +413,17 @@ def _id_refused(asked: Hold, *, served: bool) -> GatewayError:
 
 
 async def _held(asked: Hold, future: asyncio.Future) -> Hold:
-    """The hold once booked; a refusal as the GatewayError the client gets."""
+    """The hold once booked; a refusal as the GatewayError the client gets. A client that leaves
+    meanwhile cancels ``future``: the Booker releases the hold once it is booked; one that leaves
+    as it was booked (its answer in, this task not resumed yet) has it released here."""
     try:
-        held: HeldEntry = await future  # a client that leaves cancels it: the Booker releases the hold
+        held: HeldEntry = await future
+    except asyncio.CancelledError:
+        if future.cancelled():
+            booker().release_pending(asked.request_id)
+        else:
+            _release_booked(future, str(Outcome.CANCELLED))
+        raise
     except BudgetExhausted as exhausted:
         raise _budget_error(exhausted) from None
     except (RequestIdUsed, RequestIdInUse) as taken:
@@ -412,6 +447,7 @@ async def hold(
         return asked
     if booker().unbooked.journal.settling(request_id):  # served here a moment ago: not booked yet
         raise _id_refused(asked, served=True)
+    await booker().releases_sent(request_id)  # an earlier request of this id ended: its release first
     future = _submit_hold(asked, fallback=True)
     future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)
@@ -507,16 +543,23 @@ class EarlyHold:
 
     def release(self, reason: str) -> None:
         """The request ended before its hold was confirmed: released once it is booked."""
-        self.future.add_done_callback(lambda future: _release_booked(future, reason))
+        if not self.future.done():
+            booker().release_pending(self.asked.request_id)
+        self.future.add_done_callback(lambda future: _release_booked(future, reason, self.asked.request_id))
 
 
-def _release_booked(future: asyncio.Future, reason: str) -> None:
-    if future.cancelled() or future.exception() is not None:  # cancelled: the Booker released it
-        return
-    held: HeldEntry = future.result()
-    booker().submit(
-        ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now(), held=held), answer=False, urgent=False
-    )
+def _release_booked(future: asyncio.Future, reason: str, request_id: str | None = None) -> None:
+    """Releases the hold ``future`` booked, if it booked one (cancelled: the Booker releases it);
+    ``request_id``: the release that was pending for it is sent."""
+    if not (future.cancelled() or future.exception() is not None):
+        held: HeldEntry = future.result()
+        booker().submit(
+            ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now(), held=held),
+            answer=False,
+            urgent=False,
+        )
+    if request_id is not None and not future.cancelled():  # cancelled: the Booker ends the wait
+        booker().release_sent(request_id)
 
 
 def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callable[[asyncio.Future], None]:
@@ -546,6 +589,8 @@ def hold_early(
     if not (settings.FAIRGATE_BILLING and settings.FAIRGATE_EARLY_HOLDS):
         return None
     if booker().unbooked.journal.settling(request_id):  # refused by `hold`, before anything goes upstream
+        return None
+    if booker().releasing(request_id):  # `hold` waits for that release first
         return None
     tokens = prompt_tokens + max_output_tokens
     estimate = rooms.early_estimate(tenant, tokens, time.monotonic())
