@@ -76,48 +76,52 @@ async def _turns(n: int = 10) -> None:
         await asyncio.sleep(0)
 
 
+async def _answer_all(worker: HeldBackWorker) -> None:
+    """Answers every batch out, and those its answers send, in order."""
+    while worker._answers:
+        worker.answer()
+        await _turns()
+
+
+def _resent_after(worker: HeldBackWorker, end_first) -> None:
+    """The first request of RID ends unserved through ``end_first`` (its hold out, unanswered);
+    the client sends the id again at once; then the billing worker answers everything."""
+
+    async def scenario() -> None:
+        await end_first()
+        again = asyncio.create_task(charging.hold(**WHAT))
+        await _turns()
+        await _answer_all(worker)
+        await again
+        assert _kinds(worker.sent) == ["HoldAsk", "ReleaseAsk", "HoldAsk"]
+
+    asyncio.run(scenario())
+
+
 def _kinds(sent: list[object]) -> list[str]:
     return [type(ask).__name__ for ask in sent if getattr(ask, "request_id", None) == RID]
 
 
 def test_an_early_hold_released_before_it_was_booked_is_released_before_the_ids_next_hold(worker):
-    async def scenario() -> None:
+    async def end_first() -> None:
         room = HeldEntry("t/other", 1, 1, None, "BATCH", 1, "m", Decimal(1), Decimal("0.01"), room=Decimal(1000))
         charging.rooms.learn("t", 10, room, time.monotonic())  # ample room: held early
         early = charging.hold_early(**WHAT)
         assert early is not None
         await _turns()  # its hold is out, not answered
         charging.release(early, reason="upstream_error")  # ended 502 before its hold was booked
-        again = asyncio.create_task(charging.hold(**WHAT))  # the client sends the same id at once
-        await _turns()
-        worker.answer()  # the early hold is booked: its release goes out now
-        await _turns()
-        while worker._answers:
-            worker.answer()
-            await _turns()
-        await again
-        assert _kinds(worker.sent) == ["HoldAsk", "ReleaseAsk", "HoldAsk"]
 
-    asyncio.run(scenario())
+    _resent_after(worker, end_first)
 
 
 def test_a_hold_whose_caller_left_while_it_was_booked_is_released_before_the_ids_next_hold(worker):
-    async def scenario() -> None:
+    async def end_first() -> None:
         first = asyncio.create_task(charging.hold(**WHAT))
         await _turns()  # its hold is out
         first.cancel()  # the client left
         await _turns()
-        again = asyncio.create_task(charging.hold(**WHAT))
-        await _turns()
-        worker.answer()  # the first hold is booked: the Booker gives it back
-        await _turns()
-        while worker._answers:
-            worker.answer()
-            await _turns()
-        await again
-        assert _kinds(worker.sent) == ["HoldAsk", "ReleaseAsk", "HoldAsk"]
 
-    asyncio.run(scenario())
+    _resent_after(worker, end_first)
 
 
 def test_a_caller_that_leaves_as_its_hold_is_booked_leaves_nothing_held(worker):
@@ -128,9 +132,7 @@ def test_a_caller_that_leaves_as_its_hold_is_booked_leaves_nothing_held(worker):
         with pytest.raises(asyncio.CancelledError):
             await first
         await _turns()
-        while worker._answers:
-            worker.answer()
-            await _turns()
+        await _answer_all(worker)
         assert _kinds(worker.sent) == ["HoldAsk", "ReleaseAsk"]
         released = [ask for ask in worker.sent if isinstance(ask, ReleaseAsk)]
         assert released[0].reason == "cancelled"
