@@ -127,7 +127,6 @@ def _burst_times(gen: dict) -> Iterator[int]:
 
 def generate(gen: dict, *, index: int, seed: int) -> list[TraceRequest]:
     """The requests of generator number ``index`` of a scenario, for ``seed``."""
-    kind = gen.get("kind")
     tenants = gen["tenant"] if isinstance(gen["tenant"], list) else [gen["tenant"]]
     out: list[TraceRequest] = []
     for t_no, tenant in enumerate(tenants):

@@ -88,12 +88,12 @@ class DispatchMixin:
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
         capacity = self._capacity
+        if self._holds:  # headroom: ended holds go, those beyond the need or the free slots go (``headroom``)
+            self._refresh_holds(now_ms)
         if not self._waiting or not capacity.any_free(now_ms):
             return grants
         if self._aging.preempt_ratio is not None and self._promote_due_ms <= now_ms:
             self._promote(now_ms)
-        if self._holds:  # headroom: ended holds go, those beyond the need go (``headroom``)
-            self._refresh_holds(now_ms)
         # Lanes and models that cannot be placed this round; sets only once something blocks.
         blocked_models: set[str] | frozenset[str] = _NOTHING_BLOCKED
         blocked_lanes: set[Lane] | frozenset[Lane] = _NOTHING_BLOCKED

@@ -7,8 +7,9 @@ slot to a lower class at once:
 
 * **need**: ``ceil(E)`` slots, at most ``max_slots``, where ``E`` is the number of top-class
   arrivals expected within ``horizon_ms``; 0 while ``E < min_expected``.
-* **hold**: when a slot frees (a completion, a failure, an upstream 429) and fewer slots are held
-  than the need, that slot is held until ``now + hold_ms``. A hold is never renewed: when it ends
+* **hold**: when a slot frees (a completion, a failure, an upstream 429) while a lower class has
+  requests waiting and fewer slots are held than the need, that slot is held until
+  ``now + hold_ms``. A hold is never renewed: when it ends
   its slot goes to whoever the dispatch order picks, and only a later freed slot may be held.
   So a slot idles at most ``hold_ms`` per hold, and the slot-time given up is at most
   ``hold_ms`` per freed slot.
@@ -34,6 +35,7 @@ import math
 from bisect import insort
 
 from .capacity import Capacity
+from .class_plans import ClassPlan
 from .forecast import ArrivalForecast
 from .model import HeadroomPolicy
 
@@ -42,13 +44,17 @@ class HeadroomMixin:
     """Needs ``_capacity`` and calls ``_apply_headroom`` from the scheduler's configuration."""
 
     _capacity: Capacity
+    _plans: dict[str, ClassPlan]
+    _depth_by_cls: dict[str, int]
     _headroom: HeadroomPolicy
     _headroom_on: bool
     _forecast: ArrivalForecast | None
     _holds: list[int]  # hold ends, ascending
+    held_slot_ms: int  # slot-ms left idle by holds so far (what headroom cost the lower classes)
 
     def _apply_headroom(self, policy: HeadroomPolicy, *, single_queue: bool) -> None:
         self._headroom = policy
+        self.held_slot_ms = getattr(self, "held_slot_ms", 0)
         self._headroom_on = policy.enabled and not single_queue
         settings = {"bucket_ms": policy.bucket_ms, "alpha": policy.profile_alpha, "recent_ms": policy.recent_ms}
         forecast = getattr(self, "_forecast", None)
@@ -84,22 +90,27 @@ class HeadroomMixin:
             return
         holds = self._holds
         while holds and holds[0] <= now_ms:
-            holds.pop(0)
-        if len(holds) < self.headroom_need(now_ms=now_ms):
+            self._hold_end(holds.pop(0), now_ms)
+        if self._lower_waiting() and len(holds) < self.headroom_need(now_ms=now_ms):
             insort(holds, now_ms + self._headroom.hold_ms)
+
+    def _lower_waiting(self) -> bool:
+        """Whether a request of a class below the top waits (else a free slot stays free anyway)."""
+        plans = self._plans
+        return any(depth and not plans[cls].privileged for cls, depth in self._depth_by_cls.items())
 
     def _refresh_holds(self, now_ms: int) -> None:
         """Before a dispatch round: drop ended holds, release those beyond the need or the free slots."""
         holds = self._holds
         while holds and holds[0] <= now_ms:
-            holds.pop(0)
+            self._hold_end(holds.pop(0), now_ms)
         if holds:
             capacity = self._capacity
             keep = min(self.headroom_need(now_ms=now_ms), capacity.total_slots)
             free = sum(max(0, s.slots - s.busy) for s in capacity.states.values() if s.enabled)
             excess = len(holds) - min(keep, free)
-            if excess > 0:
-                del holds[:excess]
+            for _ in range(max(0, excess)):
+                self._hold_end(holds.pop(0), now_ms)
 
     def _held_back(self, model: str, now_ms: int) -> bool:
         """Whether a lower-class request of ``model`` must leave the free slots to the holds."""
@@ -109,4 +120,8 @@ class HeadroomMixin:
         """A top-class request took a slot: it used a hold if fewer slots than holds are free now."""
         holds = self._holds
         if holds and self._capacity.free_slots(model, now_ms) < len(holds):
-            holds.pop(0)
+            self._hold_end(holds.pop(0), now_ms)
+
+    def _hold_end(self, end_ms: int, now_ms: int) -> None:
+        """A hold is over (ended, released or used): count the time its slot stood idle."""
+        self.held_slot_ms += max(0, min(end_ms, now_ms) - (end_ms - self._headroom.hold_ms))

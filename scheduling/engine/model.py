@@ -92,9 +92,9 @@ class HeadroomPolicy:
     (and off in the fifo/strict/linear presets)."""
 
     enabled: bool = False
-    horizon_ms: int = 2000  # hold when top-class arrivals are expected within this long
-    hold_ms: int = 4000  # a freed slot stays free at most this long
-    max_slots: int = 2  # at most this many slots held at once
+    horizon_ms: int = 4000  # hold when top-class arrivals are expected within this long
+    hold_ms: int = 8000  # a freed slot stays free at most this long
+    max_slots: int = 6  # at most this many slots held at once
     min_expected: float = 0.5  # expected top-class arrivals within the horizon that justify a hold
     bucket_ms: int = 300_000  # the time-of-day profile's bucket (divides a day)
     profile_alpha: float = 0.5  # weight of the newest day's count in its bucket's average

@@ -2,9 +2,9 @@
 
 headroom:
   enabled: true          # off unless set (and off in the fifo/strict/linear presets)
-  horizon_ms: 2000       # hold when top-class arrivals are expected within this long
-  hold_ms: 4000          # a freed slot stays free at most this long
-  max_slots: 2           # at most this many slots held at once
+  horizon_ms: 4000       # hold when top-class arrivals are expected within this long
+  hold_ms: 8000          # a freed slot stays free at most this long
+  max_slots: 6           # at most this many slots held at once
   min_expected: 0.5      # expected arrivals within the horizon that justify a hold
   bucket_ms: 300000      # the time-of-day profile's bucket (must divide a day)
   profile_alpha: 0.5     # weight of the newest day in a bucket's average
