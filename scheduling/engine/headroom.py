@@ -56,12 +56,12 @@ class HeadroomMixin:
         self._headroom = policy
         self.held_slot_ms = getattr(self, "held_slot_ms", 0)
         self._headroom_on = policy.enabled and not single_queue
-        settings = {"bucket_ms": policy.bucket_ms, "alpha": policy.profile_alpha, "recent_ms": policy.recent_ms}
+        bucket_ms, alpha, recent_ms = policy.bucket_ms, policy.profile_alpha, policy.recent_ms
         forecast = getattr(self, "_forecast", None)
         if not self._headroom_on:
             self._forecast, self._holds = None, []
-        elif forecast is None or not forecast.compatible(**settings):
-            self._forecast = ArrivalForecast(**settings)
+        elif forecast is None or not forecast.compatible(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms):
+            self._forecast = ArrivalForecast(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms)
             self._holds = getattr(self, "_holds", [])
 
     def headroom_need(self, *, now_ms: int) -> int:
