@@ -224,6 +224,13 @@ def render(data: dict) -> str:
             "",
             "### Spread (strict / fairgate with headroom off / **on**)",
             "",
+            "How to read it: *off* has more interactive 504s than strict because fair sharing inside INTERACTIVE "
+            "serves other tenants' newer requests before a busy tenant's oldest (by design, see "
+            "`scheduling/engine/dispatching.py`); holds remove the wait that causes them. The BATCH median is "
+            "reached before the ramp's peak, where most slot-time is held, so it moves little; the mean counts "
+            "the BATCH requests dispatched during the peak and shows the cost in full (compare the held idle "
+            "slot-seconds in the trade-off table). A miss is named in the last column.",
+            "",
             spread_table(data["spread"]),
             "",
             "### Trade-off: headroom setting vs interactive wait vs batch cost (fairgate, seeds "
