@@ -52,6 +52,13 @@ State = BatchLine.State
 _sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-send")  # one kombu producer at a time
 
 
+def failed_early(code: str, *, expires_at_s: float, now_s: float) -> bool:
+    """An engine's ``queue_timeout`` before the batch's window ended: early fast-fail (the engine
+    predicted the line could not start before its deadline), not the line's end: it goes back to its
+    batch, as it does when the engine stops, and is fed again later (or expires with its batch)."""
+    return code == ErrorCode.QUEUE_TIMEOUT and now_s < expires_at_s
+
+
 async def _hand_to_worker(line_pk: int, send: int) -> None:
     """Sends the line's task (send ``send`` of it) to the broker, off the event loop. In eager mode
     (no broker) the task runs right there, in a thread of its own. A broker that refuses is logged:
@@ -169,6 +176,10 @@ class Feeder:
             d.end(entry, refused.code)
             bill.end(refused.code, served=False)
             if refused.status == 503:  # the gateway is shutting down (or lost its backends): not the line's end
+                await db_call(service.line_drop)(line.pk)
+                return
+            if failed_early(refused.code, expires_at_s=line.batch.expires_at.timestamp(), now_s=time.time()):
+                self.paused_until_s = time.monotonic() + FULL_PAUSE_S  # its class cannot take it in time now
                 await db_call(service.line_drop)(line.pk)
                 return
             state = State.EXPIRED if refused.code == ErrorCode.QUEUE_TIMEOUT else State.FAILED

@@ -17,8 +17,13 @@ Common fields (ranges are ``[lo, hi]`` drawn uniformly as integers, or a single 
 Kinds:
 
 * ``poisson``: exponential inter-arrival times at ``rate_per_s`` between ``start_ms`` and
-  ``end_ms``; with ``on_ms``/``off_ms`` the source alternates on and off periods (``on-off``).
+  ``end_ms``; with ``on_ms``/``off_ms`` the source alternates on and off periods (``on-off``);
+  with ``rate_end_per_s`` the rate moves linearly from ``rate_per_s`` at ``start_ms`` to it at
+  ``end_ms`` (a ramp; drawn at the higher rate and thinned).
 * ``burst``: ``count`` requests spread evenly over ``[at_ms, at_ms + spread_ms)``.
+
+``repeat`` (default 1) runs the generator that many times, shifted by ``repeat_every_ms``
+(default a day) each time, drawing on from the same stream (the same morning on several days).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+DAY_MS = 86_400_000
 
 
 @dataclass(slots=True)
@@ -92,15 +99,22 @@ def _on(at_ms: float, start_ms: int, gen: dict) -> bool:
 
 
 def _poisson_times(rng: random.Random, gen: dict) -> Iterator[int]:
-    rate_per_ms = float(gen["rate_per_s"]) / 1000.0
+    start_rate = float(gen["rate_per_s"]) / 1000.0
+    end_rate = float(gen.get("rate_end_per_s", gen["rate_per_s"])) / 1000.0
+    rate_per_ms = max(start_rate, end_rate)
     start_ms, end_ms = int(gen.get("start_ms", 0)), int(gen["end_ms"])
     if rate_per_ms <= 0:
         return
+    ramp = end_rate != start_rate
     t = float(start_ms)
     while True:
         t += rng.expovariate(rate_per_ms)
         if t >= end_ms:
             return
+        if ramp and rng.random() * rate_per_ms > start_rate + (end_rate - start_rate) * (t - start_ms) / (
+            end_ms - start_ms
+        ):
+            continue
         if _on(t, start_ms, gen):
             yield int(t)
 
@@ -113,17 +127,22 @@ def _burst_times(gen: dict) -> Iterator[int]:
 
 def generate(gen: dict, *, index: int, seed: int) -> list[TraceRequest]:
     """The requests of generator number ``index`` of a scenario, for ``seed``."""
-    kind = gen.get("kind")
     tenants = gen["tenant"] if isinstance(gen["tenant"], list) else [gen["tenant"]]
     out: list[TraceRequest] = []
     for t_no, tenant in enumerate(tenants):
         rng = random.Random(f"{seed}:{index}:{t_no}")
-        if kind == "poisson":
-            times: Iterator[int] = _poisson_times(rng, gen)
-        elif kind == "burst":
-            times = _burst_times(gen)
-        else:
-            raise ValueError(f"generator {index}: unknown kind {kind!r}")
         prefix = gen.get("id_prefix", f"g{index}")
-        out.extend(_make(rng, gen, tenant, at_ms, f"{prefix}-{tenant}-{n}") for n, at_ms in enumerate(times))
+        every_ms = int(gen.get("repeat_every_ms", DAY_MS))
+        # lazily: each request's fields are drawn right after its time, from the same stream
+        at = (t + r * every_ms for r in range(int(gen.get("repeat", 1))) for t in _times(rng, gen, index))
+        out.extend(_make(rng, gen, tenant, at_ms, f"{prefix}-{tenant}-{n}") for n, at_ms in enumerate(at))
     return out
+
+
+def _times(rng: random.Random, gen: dict, index: int) -> Iterator[int]:
+    kind = gen.get("kind")
+    if kind == "poisson":
+        return _poisson_times(rng, gen)
+    if kind == "burst":
+        return _burst_times(gen)
+    raise ValueError(f"generator {index}: unknown kind {kind!r}")

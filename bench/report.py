@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -185,6 +186,21 @@ def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None)
     return "\n".join(parts)
 
 
+MARKED = re.compile(r"<!-- (bench\.[a-z_]+): start -->.*?<!-- \1: end -->", re.DOTALL)
+
+
+def keep_sections(old: str, new: str) -> str:
+    """``new`` with the sections other commands wrote into ``old`` between their markers
+    (``bench.sim_sweep``, ``bench.sim_headroom``) carried over, in their order, before the
+    engine-speed section (or at the end): regenerating the report does not drop them."""
+    kept = [m.group(0) for m in MARKED.finditer(old)]
+    if not kept:
+        return new
+    at = new.find("## Engine speed")
+    at = at if at >= 0 else len(new)
+    return new[:at] + "\n\n".join(kept) + "\n\n" + new[at:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "REPORT.md"))
@@ -201,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, entry in results.items():
             for policy, out in entry["runs"].items():
                 (out_dir / f"{name}.{policy}.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    Path(args.out).write_text(render(results, speed, args.seed), encoding="utf-8")
+    out = Path(args.out)
+    old = out.read_text(encoding="utf-8") if out.exists() else ""
+    out.write_text(keep_sections(old, render(results, speed, args.seed)), encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
 

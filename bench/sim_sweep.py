@@ -439,11 +439,14 @@ def render(data: dict) -> str:
     return "\n".join([*parts, END])
 
 
-def write_report(section: str, path: Path = REPORT) -> None:
+def write_report(section: str, path: Path = REPORT, *, markers: tuple[str, str] = (START, END)) -> None:
+    """``section`` (which starts and ends with ``markers``) in place of the marked one, else before
+    the engine-speed section."""
+    start, end = markers
     text = path.read_text(encoding="utf-8")
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + section + rest.split(END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         at = text.find("## Engine speed")
         at = at if at >= 0 else len(text)

@@ -45,7 +45,7 @@ class PriceVersion(models.Model):
 
 
 class SchedulerPolicy(models.Model):
-    """Singleton (pk=1): the global policy knobs of the YAML's aging, fairness and queue sections."""
+    """Singleton (pk=1): the global policy knobs of the YAML's aging, headroom, fairness and queue sections."""
 
     class AgingMode(models.TextChoices):
         PIECEWISE = "piecewise"
@@ -65,6 +65,7 @@ class SchedulerPolicy(models.Model):
     weight_source = models.CharField(max_length=32, default="quota_share")
     min_share = models.FloatField(default=0.02)
     queue = models.JSONField(default=dict, help_text="The queue section (depth_cap, codes, extensions).")
+    headroom = models.JSONField(default=dict, blank=True, help_text="The headroom section (predictive headroom).")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

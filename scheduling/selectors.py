@@ -15,6 +15,7 @@ from scheduling.engine.model import (
     ClassSpec,
     FairnessMode,
     FairnessPolicy,
+    HeadroomPolicy,
     Policy,
     QueuePolicy,
     SchedulerConfig,
@@ -117,6 +118,7 @@ def config_live() -> SchedulerConfig:
             mode=FairnessMode(policy.fairness_mode), weight_source=policy.weight_source, min_share=policy.min_share
         ),
         queue=QueuePolicy(**policy.queue),
+        headroom=HeadroomPolicy(**policy.headroom),
         downgrade_rules=rules,
         networks=networks,
         policy=Policy(policy.policy),

@@ -34,6 +34,7 @@ _M = TypeVar("_M", bound=models.Model)
 SECTIONS = (
     "classes",
     "aging",
+    "headroom",
     "tenant_fairness",
     "queue",
     "downgrade_check",
@@ -178,6 +179,8 @@ def _apply_policy_fields(config: SchedulerConfig, sections: set[str], *, actor: 
         )
     if "queue" in sections:
         values["queue"] = {k: getattr(config.queue, k) for k in config.queue.__dataclass_fields__}
+    if "headroom" in sections:
+        values["headroom"] = {k: getattr(config.headroom, k) for k in config.headroom.__dataclass_fields__}
     if values:
         policy_get()  # make sure the singleton exists
         _sync_row(SchedulerPolicy, lookup={"pk": 1}, values=values, entity="policy", actor=actor, result=result)

@@ -80,10 +80,16 @@ class DispatchMixin:
     _running_by_cls: dict[str, int]
     _model_rate: dict[str, RateWindow]
     _unqueue: Callable[[Ticket], None]
+    _holds: list[int]
+    _refresh_holds: Callable[[int], None]
+    _held_back: Callable[[str, int], bool]
+    _hold_used: Callable[[str, int], None]
 
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
         capacity = self._capacity
+        if self._holds:  # headroom: ended holds go, those beyond the need or the free slots go (``headroom``)
+            self._refresh_holds(now_ms)
         if not self._waiting or not capacity.any_free(now_ms):
             return grants
         if self._aging.preempt_ratio is not None and self._promote_due_ms <= now_ms:
@@ -241,6 +247,8 @@ class DispatchMixin:
     def _try_grant(self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant]) -> bool:
         plan = self._plans[ticket.cls]
         capacity = self._capacity
+        if self._holds and not preempt and not plan.privileged and self._held_back(ticket.model, now_ms):
+            return False  # the free slots are held for the top class's forecast arrivals
         backend = capacity.place(ticket.model, ticket.vip or plan.privileged, ticket.vip, ticket.est_tokens, now_ms)
         if backend is None:
             return False
@@ -253,6 +261,8 @@ class DispatchMixin:
         ticket.dispatched_ms = now_ms
         ticket.window_handle = capacity.occupy(backend, ticket.est_tokens, now_ms)
         self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
+        if self._holds and plan.privileged:
+            self._hold_used(ticket.model, now_ms)
         plan.dispatch_rate.add(now_ms)
         self._model_rate[ticket.model].add(now_ms)  # created with the model's first lane
         if not self._store_holds_live_tickets:

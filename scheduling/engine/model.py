@@ -87,6 +87,22 @@ class QueuePolicy:
 
 
 @dataclass(frozen=True)
+class HeadroomPolicy:
+    """Predictive headroom for the top class (``headroom.py``, ``forecast.py``); off unless ``enabled``
+    (and off in the fifo/strict/linear presets)."""
+
+    enabled: bool = False
+    horizon_ms: int = 4000  # hold when top-class arrivals are expected within this long
+    hold_ms: int = 8000  # a freed slot stays free at most this long
+    max_slots: int = 6  # at most this many slots held at once
+    min_expected: float = 0.5  # expected top-class arrivals within the horizon that justify a hold
+    bucket_ms: int = 300_000  # the time-of-day profile's bucket (divides a day)
+    profile_alpha: float = 0.5  # weight of the newest day's count in its bucket's average
+    recent_ms: int = 60_000  # time constant of the recent arrival rate
+    profile_weight: float = 0.5  # the profile's share of the forecast (the rest: the recent rate)
+
+
+@dataclass(frozen=True)
 class DowngradeRule:
     name: str
     condition: str  # source text of the `if:` expression
@@ -132,6 +148,7 @@ class SchedulerConfig:
     aging: AgingPolicy = field(default_factory=AgingPolicy)
     fairness: FairnessPolicy = field(default_factory=FairnessPolicy)
     queue: QueuePolicy = field(default_factory=QueuePolicy)
+    headroom: HeadroomPolicy = field(default_factory=HeadroomPolicy)
     downgrade_rules: tuple[DowngradeRule, ...] = ()
     networks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     policy: Policy = Policy.FAIRGATE

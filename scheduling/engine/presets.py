@@ -7,16 +7,17 @@
   cancellation as written.
 * ``linear``: boost = wait ratio (no preempt), otherwise as written.
 
-Prediction (``queue.admission: predicted``, ``queue.fast_fail``) is Fairgate's: every preset but
-``fairgate`` turns it off (admission by the depth limit, expiry at the deadline only), so the
-presets stay the baselines they were.
+Prediction (``queue.admission: predicted``, ``queue.fast_fail``) and predictive headroom
+(``headroom``) are Fairgate's: every preset but ``fairgate`` turns them off (admission by the
+depth limit, expiry at the deadline only, no held slots), so the presets stay the baselines
+they were.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .model import AgingPolicy, FairnessMode, Policy, SchedulerConfig
+from .model import AgingPolicy, FairnessMode, HeadroomPolicy, Policy, SchedulerConfig
 
 
 def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConfig:
@@ -24,6 +25,7 @@ def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConf
     if policy is Policy.FAIRGATE:
         return replace(config, policy=policy)
     unpredicted = replace(config.queue, admission="depth", fast_fail=False)
+    config = replace(config, headroom=HeadroomPolicy())  # predictive headroom is Fairgate's too
     if policy is Policy.FIFO:
         queue = replace(
             unpredicted, single_queue=True, enforce_depth=False, enforce_deadline=False, honour_cancel=False

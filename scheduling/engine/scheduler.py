@@ -18,7 +18,8 @@ wait, deadline rule, privilege) are recomputed whenever the configuration is app
 
 Admission is by the dynamic depth limit (``admission``) or, with ``queue.admission: predicted``,
 by predicted dispatch time; ``queue.fast_fail`` ends a waiting request as ``queue_timeout`` as
-soon as its predicted dispatch is past its deadline (``prediction``).
+soon as its predicted dispatch is past its deadline (``prediction``). With ``headroom.enabled`` a
+freed slot may stay free briefly for the top class's forecast arrivals (``headroom``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
 from .dispatching import DispatchMixin, PreemptEntry
 from .fairness import Lane, tenant_weights
+from .headroom import HeadroomMixin
 from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, Live, QueuePosition
 from .position import eta_ms, requests_ahead
@@ -46,7 +48,7 @@ def _live(ticket: Ticket) -> Live:
     return Live(ticket.request, STATE_NAMES[ticket.state], ticket.backend, ticket.dispatched_ms)
 
 
-class Scheduler(DispatchMixin, PredictMixin):
+class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -123,6 +125,7 @@ class Scheduler(DispatchMixin, PredictMixin):
         self._fair_lanes = config.fairness.mode != FairnessMode.FIFO and not self._single_queue
         self._predict_margin = queue.predict_margin
         self._depth_cap = queue.depth_cap
+        self._apply_headroom(config.headroom, single_queue=self._single_queue)
         self._weights()
 
     def _make_plan(self, spec: ClassSpec) -> ClassPlan:
@@ -236,6 +239,8 @@ class Scheduler(DispatchMixin, PredictMixin):
             raise ValueError(f"unknown class {request.cls!r}")
         if self._store.ticket_get(request.id) is not None:
             raise ValueError(f"request {request.id!r} is already in the scheduler")
+        if self._forecast is not None and self._plans[request.cls].privileged:
+            self._top_arrival(now_ms)
         tenant = self._tenant_specs.get(request.tenant)
         vip = request.vip or (tenant is not None and tenant.vip)
         book = self._book(request.cls, request.tenant)
@@ -354,10 +359,11 @@ class Scheduler(DispatchMixin, PredictMixin):
             raise KeyError(f"request {request_id!r} is not running")
         return ticket
 
-    def _finish_running(self, ticket: Ticket, token_delta: int, fair_delta: float) -> None:
+    def _finish_running(self, ticket: Ticket, token_delta: int, fair_delta: float, now_ms: int) -> None:
         assert ticket.backend is not None, "set on dispatch"
         self._capacity.release(ticket.backend, ticket.window_handle, token_delta)
         self._running_by_cls[ticket.cls] -= 1
+        self._slot_freed(now_ms)
         if fair_delta and ticket.charge_lane is not None:
             lane = self._lanes.get(ticket.charge_lane)
             if lane is not None and not lane.fifo:
@@ -376,7 +382,10 @@ class Scheduler(DispatchMixin, PredictMixin):
         ticket = self._running_ticket(request_id)
         actual_cost = prompt_tokens + 2 * output_tokens
         self._finish_running(
-            ticket, prompt_tokens + output_tokens - ticket.est_tokens, self._token_correction(ticket, actual_cost)
+            ticket,
+            prompt_tokens + output_tokens - ticket.est_tokens,
+            self._token_correction(ticket, actual_cost),
+            now_ms,
         )
         assert ticket.dispatched_ms is not None, "set on dispatch"
         service_ms = now_ms - ticket.dispatched_ms
@@ -386,7 +395,7 @@ class Scheduler(DispatchMixin, PredictMixin):
 
     def fail(self, request_id: RequestId, *, now_ms: int, reason: str = "upstream_error") -> None:
         ticket = self._running_ticket(request_id)
-        self._finish_running(ticket, 0, self._token_correction(ticket, 0))
+        self._finish_running(ticket, 0, self._token_correction(ticket, 0), now_ms)
         self._terminate(ticket, "failed")
 
     def requeue(self, request_id: RequestId, *, now_ms: int, backend_retry_after_ms: int = 0) -> None:
@@ -394,7 +403,7 @@ class Scheduler(DispatchMixin, PredictMixin):
         ticket = self._running_ticket(request_id)
         backend = ticket.backend
         assert backend is not None, "set on dispatch"
-        self._finish_running(ticket, -ticket.est_tokens, -ticket.charge)
+        self._finish_running(ticket, -ticket.est_tokens, -ticket.charge, now_ms)
         if backend_retry_after_ms > 0:
             self._capacity.hold(backend, now_ms + backend_retry_after_ms)
         ticket.state = WAITING
@@ -508,6 +517,8 @@ class Scheduler(DispatchMixin, PredictMixin):
         reopen = self._capacity.next_reopen_ms(now_ms)
         if reopen is not None:
             times.append(reopen)
+        if self._holds:  # a held slot goes to a lower class at its hold's end
+            times.append(self._holds[0])
         future = [t for t in times if t > now_ms]
         return min(future) if future else None
 

@@ -20,10 +20,12 @@ from scheduling.engine.model import (
     Boost,
     ClassSpec,
     DowngradeRule,
+    HeadroomPolicy,
     QueuePolicy,
     SchedulerConfig,
     TenantSpec,
 )
+from scheduling.engine.schema_headroom import headroom_dict
 from scheduling.engine.schema_sections import build_sections, format_ratio, kind_of
 
 _REQUIRED = object()
@@ -200,6 +202,11 @@ def config_to_dict(config: SchedulerConfig) -> dict[str, Any]:
         },
         "queue": _queue_dict(config.queue),
     }
+    if config.headroom != HeadroomPolicy():  # next to the aging curve
+        data = {key: data[key] for key in ("policy", "classes", "aging")} | {
+            "headroom": headroom_dict(config.headroom),
+            **data,
+        }
     if config.networks:
         data["networks"] = {name: list(cidrs) for name, cidrs in config.networks.items()}
     data["downgrade_check"] = [_rule_dict(r) for r in sorted(config.downgrade_rules, key=lambda r: r.order)]

@@ -22,11 +22,13 @@ from scheduling.engine.model import (
     DowngradeRule,
     FairnessMode,
     FairnessPolicy,
+    HeadroomPolicy,
     Policy,
     QueuePolicy,
     TenantSpec,
 )
 from scheduling.engine.rules import RuleSyntaxError, condition_names, parse_condition
+from scheduling.engine.schema_headroom import headroom_section
 
 if TYPE_CHECKING:
     from scheduling.engine.schema import Checker
@@ -35,6 +37,7 @@ SECTIONS = (
     "policy",
     "classes",
     "aging",
+    "headroom",
     "tenant_fairness",
     "queue",
     "networks",
@@ -464,6 +467,7 @@ def build_sections(ck: Checker, raw: Any) -> dict[str, Any] | None:
             root, "scheduler", "policy", ck.choice, options={p.value: p for p in Policy}, default=Policy.FAIRGATE
         ),
         "aging": _aging(ck, root["aging"]) if "aging" in root else AgingPolicy(),
+        "headroom": headroom_section(ck, root["headroom"]) if "headroom" in root else HeadroomPolicy(),
         "fairness": _fairness(ck, root["tenant_fairness"]) if "tenant_fairness" in root else FairnessPolicy(),
         "queue": _queue(ck, root["queue"]) if "queue" in root else QueuePolicy(),
         "networks": networks,

@@ -140,3 +140,17 @@ def test_backend_fallback_round_trips(loaded, tmp_path):
     assert Backend.objects.get(name="spare").fallback_for is not None
     load(EXAMPLE)  # the file does not name `spare`: disabled, kept
     assert Backend.objects.get(name="spare").enabled is False
+
+
+def test_a_headroom_section_is_stored_and_dumped_beside_aging(loaded, tmp_path):
+    part = tmp_path / "headroom.yaml"
+    part.write_text("scheduler:\n  headroom: {enabled: true, max_slots: 4, hold_ms: 3000}\n")
+    load(part)
+    headroom = config_live().headroom
+    assert (headroom.enabled, headroom.max_slots, headroom.hold_ms) == (True, 4, 3000)
+    text = config_dump_text()
+    assert text.index("  aging:") < text.index("  headroom:") < text.index("  tenant_fairness:")
+    dumped = tmp_path / "dump.yaml"
+    dumped.write_text(text)
+    load(dumped)
+    assert config_live().headroom == headroom

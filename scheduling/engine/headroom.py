@@ -1,0 +1,127 @@
+"""Predictive headroom: a freed slot stays free briefly when the top class is about to need it.
+
+With ``headroom.enabled``, the engine forecasts the top class's arrivals (``forecast``: a
+time-of-day profile blended with the recent rate; every request submitted to a class of the top
+level counts, admitted or not) and keeps a few slots free for them instead of handing each freed
+slot to a lower class at once:
+
+* **need**: ``ceil(E)`` slots, at most ``max_slots``, where ``E`` is the number of top-class
+  arrivals expected within ``horizon_ms``; 0 while ``E < min_expected``.
+* **hold**: when a slot frees (a completion, a failure, an upstream 429) while a lower class has
+  requests waiting and fewer slots are held than the need, that slot is held until
+  ``now + hold_ms``. A hold is never renewed: when it ends
+  its slot goes to whoever the dispatch order picks, and only a later freed slot may be held.
+  So a slot idles at most ``hold_ms`` per hold, and the slot-time given up is at most
+  ``hold_ms`` per freed slot.
+* **dispatch**: first the holds that ended are dropped and those beyond the need at ``now`` (the
+  soonest ending first) or beyond the free slots are released; then a request of a lower class
+  (any level below the top, outside the preempt stage) takes a slot only while more slots of its
+  model are free than are held. A top-class request takes any free slot, held ones included (it
+  uses up the hold that ends first). A request at preempt (aging's last stage) is owed service
+  now and is not held back.
+* **wake-up**: ``next_wakeup_ms`` includes the earliest hold end while requests wait, so a driver
+  that follows it (the simulator, the embedded and the shared dispatchers) grants a held slot at
+  its hold's end, never later.
+
+Holds count slots pooled across backends and models (as the depth limit's capacity does); with
+several models a hold blocks lower classes of each model until that model has more free slots
+than holds. The holds are a few integers in the engine; like the forecast they are rebuilt by a
+standby from the snapshot and the replayed steps.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+
+from .capacity import Capacity
+from .class_plans import ClassPlan
+from .forecast import ArrivalForecast
+from .model import HeadroomPolicy
+
+
+class HeadroomMixin:
+    """Needs ``_capacity`` and calls ``_apply_headroom`` from the scheduler's configuration."""
+
+    _capacity: Capacity
+    _plans: dict[str, ClassPlan]
+    _depth_by_cls: dict[str, int]
+    _headroom: HeadroomPolicy
+    _headroom_on: bool
+    _forecast: ArrivalForecast | None
+    _holds: list[int]  # hold ends, ascending
+    held_slot_ms: int  # slot-ms left idle by holds so far (what headroom cost the lower classes)
+
+    def _apply_headroom(self, policy: HeadroomPolicy, *, single_queue: bool) -> None:
+        self._headroom = policy
+        self.held_slot_ms = getattr(self, "held_slot_ms", 0)
+        self._headroom_on = policy.enabled and not single_queue
+        bucket_ms, alpha, recent_ms = policy.bucket_ms, policy.profile_alpha, policy.recent_ms
+        forecast = getattr(self, "_forecast", None)
+        if not self._headroom_on:
+            self._forecast, self._holds = None, []
+        elif forecast is None or not forecast.compatible(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms):
+            self._forecast = ArrivalForecast(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms)
+            self._holds = getattr(self, "_holds", [])
+
+    def headroom_need(self, *, now_ms: int) -> int:
+        """Slots the forecast wants free for the top class at ``now_ms`` (0: headroom off or no need)."""
+        forecast = self._forecast
+        if forecast is None:
+            return 0
+        policy = self._headroom
+        expected = forecast.expected(now_ms, policy.horizon_ms, policy.profile_weight)
+        if expected < policy.min_expected:
+            return 0
+        return min(policy.max_slots, math.ceil(expected))
+
+    def headroom_holds(self) -> tuple[int, ...]:
+        """The ends of the current holds (ms, ascending)."""
+        return tuple(self._holds)
+
+    def _top_arrival(self, now_ms: int) -> None:
+        forecast = self._forecast
+        if forecast is not None:
+            forecast.observe(now_ms)
+
+    def _slot_freed(self, now_ms: int) -> None:
+        """A running request left its slot at ``now_ms``: hold the slot if the need is not met."""
+        if self._forecast is None:
+            return
+        holds = self._holds
+        while holds and holds[0] <= now_ms:
+            self._hold_end(holds.pop(0), now_ms)
+        if self._lower_waiting() and len(holds) < self.headroom_need(now_ms=now_ms):
+            insort(holds, now_ms + self._headroom.hold_ms)
+
+    def _lower_waiting(self) -> bool:
+        """Whether a request of a class below the top waits (else a free slot stays free anyway)."""
+        plans = self._plans
+        return any(depth and not plans[cls].privileged for cls, depth in self._depth_by_cls.items())
+
+    def _refresh_holds(self, now_ms: int) -> None:
+        """Before a dispatch round: drop ended holds, release those beyond the need or the free slots."""
+        holds = self._holds
+        while holds and holds[0] <= now_ms:
+            self._hold_end(holds.pop(0), now_ms)
+        if holds:
+            capacity = self._capacity
+            keep = min(self.headroom_need(now_ms=now_ms), capacity.total_slots)
+            free = sum(max(0, s.slots - s.busy) for s in capacity.states.values() if s.enabled)
+            excess = len(holds) - min(keep, free)
+            for _ in range(max(0, excess)):
+                self._hold_end(holds.pop(0), now_ms)
+
+    def _held_back(self, model: str, now_ms: int) -> bool:
+        """Whether a lower-class request of ``model`` must leave the free slots to the holds."""
+        return self._capacity.free_slots(model, now_ms) <= len(self._holds)
+
+    def _hold_used(self, model: str, now_ms: int) -> None:
+        """A top-class request took a slot: it used a hold if fewer slots than holds are free now."""
+        holds = self._holds
+        if holds and self._capacity.free_slots(model, now_ms) < len(holds):
+            self._hold_end(holds.pop(0), now_ms)
+
+    def _hold_end(self, end_ms: int, now_ms: int) -> None:
+        """A hold is over (ended, released or used): count the time its slot stood idle."""
+        self.held_slot_ms += max(0, min(end_ms, now_ms) - (end_ms - self._headroom.hold_ms))
