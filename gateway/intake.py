@@ -51,6 +51,14 @@ def _public_id(request: HttpRequest) -> PublicId:
     return PublicId(given)
 
 
+def _job(request: HttpRequest) -> str | None:
+    """The client's ``X-Job-Id``: its requests are one job on the console (as an X-Request-Id)."""
+    given = request.headers.get("X-Job-Id")
+    if given is not None and not REQUEST_ID_RE.fullmatch(given):
+        raise invalid_request("X-Job-Id must be 1-128 characters of letters, digits and . _ : @ + = ~ -.")
+    return given
+
+
 def _timeout_ms(request: HttpRequest) -> int | None:
     raw = request.headers.get("X-Request-Timeout-Ms")
     if raw is None:
@@ -99,6 +107,7 @@ class Asked:
     rule: str | None
     timeout_ms: int | None
     downgrade_recorded: bool = False
+    job: str | None = None  # X-Job-Id
 
     @property
     def engine_id(self) -> RequestId:
@@ -123,7 +132,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     payload.prompt_bound = prompt_bound(payload)
     src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
     cls, rule = classify(d, caller, declared, payload, src_ip)
-    return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms)
+    return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms, job=_job(request))
 
 
 async def serve(request: HttpRequest, kind: str) -> HttpResponse | StreamingHttpResponse:
