@@ -11,6 +11,7 @@
   function money(text) {
     const value = parseFloat(text);
     if (!isFinite(value)) return "—";
+    if (value === 0) return "0";
     return Math.abs(value) >= 100 ? value.toFixed(0) : Math.abs(value) >= 1 ? value.toFixed(2) : value.toPrecision(2);
   }
 
@@ -22,7 +23,12 @@
     return d.toLocaleDateString([], { year: "numeric", month: "short" });
   }
 
-  function multiple(slug, points, budget, step, color) {
+  const STEP_MS = { minute: 60000, hour: 3600000, day: 86400000, month: 30 * 86400000 };
+
+  function multiple(slug, spent, budget, step, color) {
+    // from nothing one step before the first charge, so a single bucket still draws a line
+    const first = spent[0];
+    const points = [{ at: new Date(new Date(first.at).getTime() - STEP_MS[step]).toISOString(), cumulative: "0" }].concat(spent);
     const used = budget && budget.limit ? " · " + (100 * parseFloat(budget.spent) / parseFloat(budget.limit)).toPrecision(2) + " % of " + money(budget.limit) : "";
     const box = el("figure", { "class": "multiple", "data-tenant": slug }, [
       el("figcaption", {}, [el("strong", { text: slug }), el("span", { "class": "muted", text: " spent " + money(points[points.length - 1].cumulative) + used })]),
@@ -109,7 +115,7 @@
     if (shiftChart) shiftChart.destroy();
     shiftChart = new Chart(document.getElementById("shift-chart"), { type: "bar",
       data: { labels: shift.periods.map(function (p) { return p.period === 0 ? "before" : "after " + p.opened_by; }), datasets: datasets },
-      options: { animation: false, indexAxis: "y", scales: { x: { stacked: true, max: 100, title: { display: true, text: "% of requests" } }, y: { stacked: true } } } });
+      options: { animation: false, maintainAspectRatio: false, indexAxis: "y", scales: { x: { stacked: true, max: 100, title: { display: true, text: "% of requests" } }, y: { stacked: true } } } });
   }
 
   async function incentiveDraw() {

@@ -80,7 +80,7 @@
     });
     if (mixChart) mixChart.destroy();
     mixChart = new Chart(document.getElementById("mix-chart"), { type: "bar", data: { labels: months, datasets: datasets },
-      options: { animation: false, scales: { x: { stacked: true }, y: { stacked: true, max: 100, title: { display: true, text: "% of " + (measure === "request_share" ? "requests" : "spend") } } } } });
+      options: { animation: false, maintainAspectRatio: false, scales: { x: { stacked: true }, y: { stacked: true, max: 100, title: { display: true, text: "% of " + (measure === "request_share" ? "requests" : "spend") } } } } });
   }
 
   async function load() {

@@ -38,7 +38,7 @@
     });
     if (points.length && rows[rows.length - 1] !== points[points.length - 1]) rows.push(points[points.length - 1]);
     fill("timeline-table", rows.reverse(), function (p) {
-      return [new Date(p.at_ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }), p.in_queue.toLocaleString(),
+      return [new Date(p.at_ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false }), p.in_queue.toLocaleString(),
         p.interactive_p95_ms === null ? "—" : (p.interactive_p95_ms / 1000).toFixed(2) + "s", p.batch_completed.toLocaleString(), p.aging_preempts.toLocaleString()];
     });
   }

@@ -124,8 +124,8 @@
   function addCharge(c) {
     const table = document.querySelector("#charges tbody");
     table.insertBefore(el("tr", { "data-id": c.request_id }, [
-      el("td", { text: c.request_id }), el("td", { text: c["class"] }), el("td", { text: c.prompt_tokens + "/" + c.completion_tokens }),
-      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: c.amount }), el("td", { text: Live.when(c.at) }),
+      el("td", { text: c.request_id }), el("td", { text: c["class"] }), el("td", { "class": "opt", text: c.prompt_tokens + "/" + c.completion_tokens }),
+      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: c.amount }), el("td", { "class": "opt", text: Live.when(c.at) }),
     ]), table.firstChild);
     while (table.children.length > 20) table.removeChild(table.lastChild);
     if (watchId && c.request_id === watchId) {

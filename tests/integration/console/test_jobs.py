@@ -4,8 +4,10 @@ the ledger; the queue table pages with every row reachable and positions explain
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import InMemoryChannelLayer
 
@@ -87,3 +89,46 @@ def test_the_publisher_pushes_job_cards_to_their_tenant_only(world):
         await d.close()
 
     async_to_sync(scenario)()
+
+
+@pytest.mark.redis
+def test_with_the_shared_scheduler_another_process_s_requests_join_their_job(settings):
+    """A request submitted through another gateway process reaches this one only through the
+    replica of the shared engine: its job travels in the submit command."""
+    from gateway.shared import SharedDispatcher
+    from scheduling.shared.protocol import Routes, Step, submit
+    from scheduling.shared.replica import engine_of
+    from tests.integration.scheduling.test_shared_differential import _config
+
+    settings.FAIRGATE_SHARED_PREFIX = "test:console-jobs"
+    cfg = _config()
+
+    async def run() -> None:
+        d = SharedDispatcher(cfg, audit_pk=None, loop=asyncio.get_running_loop())
+        try:
+            replica = engine_of(cfg)
+            d.owner.sched = replica
+            step = Step(replica, Routes(), d.now_ms(), cfg.backends)
+            for i in range(3):  # the other process's: one runs (g1 has slots), as the dispatcher would
+                step.apply(
+                    [
+                        submit(
+                            "gw2",
+                            f"a/x{i}",
+                            tenant="a",
+                            cls="BATCH",
+                            model="m",
+                            prompt_tokens=5,
+                            expected_output_tokens=5,
+                            job="etl-42",
+                        )
+                    ]
+                )
+            step.pump()
+            tallies = job_tallies(d, "a", d.now_ms())
+            assert set(tallies) == {"etl-42"} and tallies["etl-42"].total == 3
+            assert tallies["etl-42"].running + tallies["etl-42"].waiting == 3
+        finally:
+            await d.redis.aclose()
+
+    asyncio.run(run())

@@ -35,7 +35,8 @@ def cell(page, request_id: str, column: str) -> str | None:
     """The text of one cell of the request's row, or None without such a row (read at one instant)."""
     return page.evaluate(
         "([id, column]) => { const td = document.querySelector("
-        "`#queue-table tr[data-id='${id}'] td.${column}`); return td ? td.textContent : null; }",
+        "`#queue-table tr[data-id='${id}'] td.${column}`);"
+        " return td ? (td.dataset.position ?? td.textContent) : null; }",
         [request_id, column],
     )
 
@@ -56,7 +57,7 @@ def table(page) -> list[tuple[str, str, str]]:
         for row in page.eval_on_selector_all(
             "#queue-table tbody tr[data-id]",
             "rows => rows.map(r => [r.dataset.id, r.children[3].textContent, "
-            "r.querySelector('.position').textContent])",
+            "r.querySelector('.position').dataset.position])",
         )
     ]
 

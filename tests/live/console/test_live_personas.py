@@ -153,9 +153,14 @@ def test_finance_finds_the_class_shift_and_premium_after_a_price_change(stack, b
     assert float(premium.split()[-1]) > 0, premium  # INTERACTIVE at 1.6: paid above compute cost
     heads = page.locator("#shift-table thead th").all_text_contents()
     assert any("INTERACTIVE 1.6 → 2" in h for h in heads), heads
-    assert (
-        "75 %" in page.locator("#shift-story").text_content() and "25 %" in page.locator("#shift-story").text_content()
+    page.select_option("#f-tenant", "beta")  # the story for one department: its own shares
+    page.click("#filters button[type=submit]")
+    wait_until(
+        lambda: "75 % (premium" in (page.locator("#shift-story").text_content() or ""),
+        limit_s=LIMIT_S,
+        what="beta's story",
     )
+    assert "→ 2: 25 % (premium" in (page.locator("#shift-story").text_content() or "")
     factors = page.eval_on_selector_all("#charges-table tbody tr", "rows => rows.map(r => r.children[8].textContent)")
     assert "1.6" in factors and "0.7" in factors and not [f for f in factors if f.endswith("00")], factors
     row.click()
