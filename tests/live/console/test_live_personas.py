@@ -102,6 +102,10 @@ def test_member_follows_a_job_by_its_progress_bar(stack, gate, browser):
     last_position = page.locator("#queue-table tr[data-id='rep-3'] td.position").text_content() or ""
     assert re.fullmatch(r"\d+(st|nd|rd|th) in line, 3rd of yours in BATCH", last_position), last_position
     page.screenshot(path=str(SHOTS / "job-running.png"), full_page=True)
+    page.set_viewport_size({"width": WIDTHS["phone"], "height": 900})
+    page.wait_for_function(f"() => document.documentElement.scrollWidth <= {WIDTHS['phone']}")
+    page.screenshot(path=str(SHOTS / "job-running-phone.png"), full_page=True)
+    page.set_viewport_size({"width": WIDTHS["desktop"], "height": 1000})
     for done in (1, 2, 3):  # let one through at a time: the bar grows by a quarter each
         gate.allow(1)
         card_shows(page, "report-7", {"done": str(done), "bar": f"{25 * done}%"}, f"{done} of 4 done")
