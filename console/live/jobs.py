@@ -25,12 +25,16 @@ class JobTally:
     job: str
     classes: set[str] = field(default_factory=set)
     done_ids: list[str] = field(default_factory=list)
-    failed: int = 0
+    failed_ids: list[str] = field(default_factory=list)  # ended otherwise (a stream cut short is charged too)
     waiting: int = 0
     running: int = 0
     live_ids: list[str] = field(default_factory=list)
     last_waiting: tuple | None = None  # (level, queued since, entry): the one served last
     eta_ms: int | None = None
+
+    @property
+    def failed(self) -> int:
+        return len(self.failed_ids)
 
     @property
     def total(self) -> int:
@@ -65,7 +69,7 @@ def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
             if record["state"] == Outcome.COMPLETED:
                 tally.done_ids.append(record["id"])
             else:
-                tally.failed += 1
+                tally.failed_ids.append(record["id"])
     for tally in tallies.values():
         if tally.last_waiting is not None:
             tally.eta_ms = d.live_view(tally.last_waiting[2], now_ms)["eta_ms"]
@@ -113,7 +117,7 @@ def _estimate(tally: JobTally, charged: Decimal, mean_hold: Decimal | None) -> t
     if not remaining:
         return charged, "charged"
     if tally.done_ids:
-        return money(charged + charged / len(tally.done_ids) * remaining), "mean so far"
+        return money(charged + charged / (len(tally.done_ids) + tally.failed) * remaining), "mean so far"
     if mean_hold is not None:
         return money(mean_hold * remaining), "holds (at most)"
     return None, None
@@ -123,7 +127,7 @@ def job_cards(tallies: dict[str, JobTally], *, tenant_id: int, slug: str, memo: 
     """The cards, active jobs first (in a thread: reads the ledger)."""
     cards = []
     for tally in tallies.values():
-        charged = memo.charged(tenant_id=tenant_id, slug=slug, public_ids=tally.done_ids)
+        charged = memo.charged(tenant_id=tenant_id, slug=slug, public_ids=tally.done_ids + tally.failed_ids)
         mean_hold = None
         if not tally.done_ids and tally.live_ids:
             mean_hold = memo.mean_hold(tenant_id=tenant_id, slug=slug, public_ids=tally.live_ids)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from decimal import Decimal
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -132,3 +133,40 @@ def test_with_the_shared_scheduler_another_process_s_requests_join_their_job(set
             await d.redis.aclose()
 
     asyncio.run(run())
+
+
+def test_a_jobs_money_is_its_finished_requests_charges_and_the_mean_for_the_rest(world):
+    from billing.services import budget_hold, charge_settle
+    from console.live.jobs import JobTally
+
+    amounts = []
+    for rid in ("r0", "r1"):
+        budget_hold(
+            tenant_slug=A,
+            request_id=f"{A}/{rid}",
+            class_name="BATCH",
+            model="sim-llama",
+            prompt_tokens=100,
+            max_output_tokens=50,
+        )
+        amounts.append(
+            charge_settle(request_id=f"{A}/{rid}", backend_name="sim-gpu", prompt_tokens=100, completion_tokens=40)
+        )
+    budget_hold(
+        tenant_slug=A,
+        request_id=f"{A}/r2",
+        class_name="BATCH",
+        model="sim-llama",
+        prompt_tokens=100,
+        max_output_tokens=50,
+    )
+    memo = JobMoney()
+    tally = JobTally("j", done_ids=["r0"], failed_ids=["r1"], waiting=2, live_ids=["r2", "r3"])
+    [card] = job_cards({"j": tally}, tenant_id=world[A].pk, slug=A, memo=memo)
+    charged = sum(amounts)
+    assert card["charged"] == str(charged) and card["done"] == 1 and card["failed"] == 1
+    assert card["estimated_total"] == str(charged * 2) and card["estimate_basis"] == "mean so far"
+    assert job_cards({"j": tally}, tenant_id=world[B].pk, slug=A, memo=JobMoney())[0]["charged"] == "0"  # not B's
+    first = JobTally("k", waiting=2, live_ids=["r2", "r3"])  # nothing ended: the held amount bounds it
+    [bound] = job_cards({"k": first}, tenant_id=world[A].pk, slug=A, memo=memo)
+    assert bound["estimate_basis"] == "holds (at most)" and Decimal(bound["estimated_total"]) > 0
