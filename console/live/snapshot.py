@@ -35,13 +35,16 @@ def _shown(d: Dispatcher, entries: list[Entry], *, offset: int = 0, limit: int =
     requests of its class (0 for a running one): "3rd of yours"."""
     ordered = heapq.nsmallest(offset + limit, entries, key=_order(d))
     ranks: dict[str, int] = {}
+    for entry in ordered[:offset]:  # counted only (no tuple per entry: a deep page stays cheap)
+        if entry.state != "running":
+            ranks[entry.cls] = ranks.get(entry.cls, 0) + 1
     out = []
-    for entry in ordered:
+    for entry in ordered[offset:]:
         rank = 0
         if entry.state != "running":
             rank = ranks[entry.cls] = ranks.get(entry.cls, 0) + 1
         out.append((entry, rank))
-    return out[offset:]
+    return out
 
 
 def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None, *, offset: int = 0, limit: int = MAX_ROWS) -> dict:
