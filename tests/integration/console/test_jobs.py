@@ -139,8 +139,7 @@ def test_a_jobs_money_is_its_finished_requests_charges_and_the_mean_for_the_rest
     from billing.services import budget_hold, charge_settle
     from console.live.jobs import JobTally
 
-    amounts = []
-    for rid in ("r0", "r1"):
+    for rid in ("r0", "r1", "r2"):  # r0 and r1 end charged, r2 is still held
         budget_hold(
             tenant_slug=A,
             request_id=f"{A}/{rid}",
@@ -149,17 +148,10 @@ def test_a_jobs_money_is_its_finished_requests_charges_and_the_mean_for_the_rest
             prompt_tokens=100,
             max_output_tokens=50,
         )
-        amounts.append(
-            charge_settle(request_id=f"{A}/{rid}", backend_name="sim-gpu", prompt_tokens=100, completion_tokens=40)
-        )
-    budget_hold(
-        tenant_slug=A,
-        request_id=f"{A}/r2",
-        class_name="BATCH",
-        model="sim-llama",
-        prompt_tokens=100,
-        max_output_tokens=50,
-    )
+    amounts = [
+        charge_settle(request_id=f"{A}/{rid}", backend_name="sim-gpu", prompt_tokens=100, completion_tokens=40)
+        for rid in ("r0", "r1")
+    ]
     memo = JobMoney()
     tally = JobTally("j", done_ids=["r0"], failed_ids=["r1"], waiting=2, live_ids=["r2", "r3"])
     [card] = job_cards({"j": tally}, tenant_id=world[A].pk, slug=A, memo=memo)
