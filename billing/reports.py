@@ -7,13 +7,14 @@ ledger amounts, so a report adds up to the ledger exactly.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, QuerySet, Sum
-from django.db.models.functions import TruncMonth
+from django.db.models import Count, Max, Min, QuerySet, Sum
+from django.db.models.functions import Trunc, TruncMonth
 from django.utils import timezone
 
+from billing.incentives import factor_text
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, MoneySum, money, or_zero
 from billing.periods import fiscal_tz, fiscal_year_of, year_period
@@ -21,6 +22,7 @@ from scheduling.models import PriceVersion
 from tenants.models import Tenant
 
 SHARE = Decimal("0.0001")
+ROUNDING = Decimal("0.0000005")  # half a micro-unit: the most one 6-place rounding moves an amount
 
 
 def _charges(*, tenants: QuerySet[Tenant], since: datetime | None, until: datetime | None) -> QuerySet:
@@ -39,12 +41,14 @@ def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal | None:
 def charges_by_month(
     *, tenants: QuerySet[Tenant], since: datetime | None = None, until: datetime | None = None
 ) -> list[dict]:
-    """Tenant × class × month: requests, tokens, base cost, charge, effective multiplier, overrun,
-    and unbilled (what usage priced beyond the holds, not charged)."""
+    """Tenant × class × month × price factor in force (a month with a price change has a row for
+    each factor): requests, tokens, base cost, charge, the factor (0.7, as set), the effective
+    multiplier (charge / base cost) with a note saying why where it differs from the factor,
+    overrun, and unbilled (what usage priced beyond the holds, not charged)."""
     rows = (
         _charges(tenants=tenants, since=since, until=until)
         .annotate(month=TruncMonth("at", tzinfo=fiscal_tz()))
-        .values("tenant__slug", "class_name", "month")
+        .values("tenant__slug", "class_name", "month", "factor")
         .annotate(
             requests=Count("id"),
             prompt_tokens=Sum("prompt_tokens"),
@@ -54,11 +58,13 @@ def charges_by_month(
             overrun=MoneySum("overrun"),
             unbilled=MoneySum("unbilled"),
         )
-        .order_by("tenant__slug", "month", "class_name")
+        .order_by("tenant__slug", "month", "class_name", "factor")
     )
     out = []
     for row in rows:
         base, charge = or_zero(row["base_cost"]), or_zero(row["charge"])
+        unbilled, factor = or_zero(row["unbilled"]), row["factor"]
+        effective = _ratio(charge, base)
         out.append(
             {
                 "tenant": row["tenant__slug"],
@@ -69,34 +75,54 @@ def charges_by_month(
                 "completion_tokens": row["completion_tokens"] or 0,
                 "base_cost": base,
                 "charge": charge,
-                "effective_multiplier": _ratio(charge, base),
+                "price_factor": Decimal(factor_text(factor)),
+                "effective_multiplier": effective,
+                "effective_note": _effective_note(
+                    factor=factor, effective=effective, charge=charge, base=base, unbilled=unbilled, n=row["requests"]
+                ),
                 "overrun": or_zero(row["overrun"]),
-                "unbilled": or_zero(row["unbilled"]),
+                "unbilled": unbilled,
             }
         )
     return out
 
 
+def _effective_note(
+    *, factor: Decimal, effective: Decimal | None, charge: Decimal, base: Decimal, unbilled: Decimal, n: int
+) -> str | None:
+    """Why charge / base cost is not the price factor (None where it is, to 4 places)."""
+    if effective is None or effective == factor.quantize(SHARE):
+        return None
+    if unbilled > 0:
+        return f"capped at the holds: {unbilled} of usage priced beyond them was not charged"
+    if abs(charge - base * factor) <= n * ROUNDING * (1 + factor):
+        return "each charge and base cost is rounded to 6 decimal places: on tiny amounts the ratio drifts"
+    return "charges and base costs disagree beyond rounding: see the ledger"
+
+
 def class_mix(*, tenants: QuerySet[Tenant], since: datetime | None = None, until: datetime | None = None) -> list[dict]:
     """Tenant × month × class: each class's share of the tenant's requests and spend that month."""
-    rows = charges_by_month(tenants=tenants, since=since, until=until)
+    merged: dict[tuple[str, str, str], list] = {}  # a month with a price change has a row per factor
+    for row in charges_by_month(tenants=tenants, since=since, until=until):
+        cell = merged.setdefault((row["tenant"], row["month"], row["class"]), [0, ZERO])
+        cell[0] += row["requests"]
+        cell[1] += row["charge"]
     totals: dict[tuple[str, str], list] = defaultdict(lambda: [0, ZERO])
-    for row in rows:
-        total = totals[(row["tenant"], row["month"])]
-        total[0] += row["requests"]
-        total[1] += row["charge"]
+    for (tenant, month, _), (requests, charge) in merged.items():
+        totals[(tenant, month)][0] += requests
+        totals[(tenant, month)][1] += charge
     out = []
-    for row in rows:
-        requests_total, spend_total = totals[(row["tenant"], row["month"])]
+    for (tenant, month, class_name), (requests, charge) in merged.items():
+        requests_total, spend_total = totals[(tenant, month)]
         out.append(
             {
-                "tenant": row["tenant"],
-                "month": row["month"],
-                "class": row["class"],
-                "requests": row["requests"],
-                "request_share": _ratio(Decimal(row["requests"]), Decimal(requests_total)),
-                "charge": row["charge"],
-                "spend_share": _ratio(row["charge"], spend_total),
+                "tenant": tenant,
+                "month": month,
+                "class": class_name,
+                "requests": requests,
+                "request_share": _ratio(Decimal(requests), Decimal(requests_total)),
+                "charge": charge,
+                "spend_share": _ratio(charge, spend_total),
             }
         )
     return out
@@ -151,6 +177,49 @@ def budget_burn(
             }
         )
     return out
+
+
+SERIES_STEPS = ((timedelta(hours=2), "minute"), (timedelta(days=3), "hour"), (timedelta(days=120), "day"))
+
+
+def series_step(*, first: datetime, last: datetime) -> str:
+    """The bucket that gives a burn chart tens of points, not one: minutes for a couple of hours
+    of charges, hours for a few days, days for a few months, else months."""
+    span = last - first
+    return next((step for limit, step in SERIES_STEPS if span <= limit), "month")
+
+
+def spend_series(
+    *, tenants: QuerySet[Tenant], since: datetime | None = None, until: datetime | None = None
+) -> tuple[str, list[dict]]:
+    """(step, rows): per tenant, its charges by time bucket (the step fits the span of the
+    charges) and the running total over the period, for one small chart per tenant."""
+    charges = _charges(tenants=tenants, since=since, until=until)
+    span = charges.aggregate(first=Min("at"), last=Max("at"))
+    if span["first"] is None:
+        return "day", []
+    step = series_step(first=span["first"], last=span["last"])
+    rows = (
+        charges.annotate(bucket=Trunc("at", step, tzinfo=fiscal_tz()))
+        .values("tenant__slug", "bucket")
+        .annotate(charge=MoneySum("amount"), requests=Count("id"))
+        .order_by("tenant__slug", "bucket")
+    )
+    out: list[dict] = []
+    running: dict[str, Decimal] = {}
+    for row in rows:
+        slug = row["tenant__slug"]
+        running[slug] = running.get(slug, ZERO) + or_zero(row["charge"])
+        out.append(
+            {
+                "tenant": slug,
+                "at": row["bucket"],
+                "requests": row["requests"],
+                "charge": or_zero(row["charge"]),
+                "cumulative": running[slug],
+            }
+        )
+    return step, out
 
 
 def _projected(*, spent: Decimal, starts_at: datetime, ends_at: datetime, now: datetime) -> Decimal:

@@ -19,7 +19,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import reports
+from billing import incentives, reports
 from billing.models import BudgetAlert, LedgerEntry
 from billing.periods import fiscal_tz, fiscal_year_of, year_period
 from billing.renderers import CSVRenderer
@@ -101,6 +101,40 @@ class BurnView(ReportView):
         if raw and not raw.isdigit():
             raise ValidationError({"fiscal_year": "a year, e.g. 2025"})
         return self.rows(reports.budget_burn(tenants=self.scope(), fiscal_year=int(raw) if raw else None))
+
+
+class BurnSeriesView(ReportView):
+    """Per tenant, spend by time bucket and its running total: one small chart per tenant."""
+
+    csv_name = "burn-series"
+
+    def get(self, request):
+        since, until = self.period()
+        step, rows = reports.spend_series(tenants=self.scope(), since=since, until=until)
+        return self.rows(rows, step=step)
+
+
+class ClassShiftView(ReportView):
+    """The incentive view: per tenant, each class's share of requests in each period between price
+    changes, and the premium paid (charge - base cost); ``periods`` sums the top class over all."""
+
+    csv_name = "class-shift"
+
+    def get(self, request):
+        since, until = self.period()
+        rows = incentives.class_shift(tenants=self.scope(), since=since, until=until)
+        changes = [
+            {
+                "at": c.at,
+                "class": c.class_name,
+                "old": incentives.factor_text(c.old),
+                "new": incentives.factor_text(c.new),
+            }
+            for c in incentives.price_changes(since=since, until=until)
+        ]
+        return self.rows(
+            rows, top_class=incentives.top_class(), changes=changes, periods=incentives.top_share_by_period(rows)
+        )
 
 
 class WhatIfView(ReportView):

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from billing.incentives import factor_text as plain_factor
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.model import AgingPolicy, FairnessMode
 from scheduling.engine.schema_sections import format_ratio
@@ -23,7 +24,7 @@ def factor_text(value) -> str:
     """A price factor as written (the subquery may hand SQLite's float back as 1.60000000000000)."""
     if value is None:
         return "—"
-    return f"{Decimal(str(value)).quantize(FACTOR_PLACES).normalize():f}"
+    return plain_factor(Decimal(str(value)).quantize(FACTOR_PLACES))
 
 
 def boost_curve(aging: AgingPolicy) -> dict:
@@ -53,6 +54,7 @@ def _versions(class_names: list[str]) -> dict[str, list[PriceVersion]]:
         shown = out[version.priority_class.name]
         if len(shown) < VERSIONS_SHOWN:
             version.upcoming = version.effective_at > now
+            version.factor_shown = factor_text(version.price_factor)
             shown.append(version)
     return out
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
+from billing.incentives import factor_text
 from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
 from billing.news import AlertRaised
@@ -47,7 +48,7 @@ def charge_row(entry: LedgerEntry, slug: str) -> dict:
         "model": entry.model,
         "prompt_tokens": entry.prompt_tokens,
         "completion_tokens": entry.completion_tokens,
-        "factor": str(entry.factor),
+        "factor": factor_text(entry.factor),
         "amount": str(entry.amount),
         "at": entry.at.isoformat(),
     }

@@ -20,6 +20,7 @@ urlpatterns = [
     path("keys/<str:prefix>/revoke/", views.key_revoke, name="key-revoke"),
     path("batches/<str:batch_id>/cancel/", views.batch_cancel, name="batch-cancel"),
     path("api/queue/", views.api_queue, name="api-queue"),
+    path("api/waits/", views.api_waits, name="api-waits"),
     path("api/request/<str:request_id>/", views.api_request, name="api-request"),
     path("finance/", views_staff.finance_page, name="finance"),
     path("ops/", views_staff.ops_page, name="ops"),

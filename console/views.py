@@ -19,9 +19,11 @@ from batches.files import FileRefused
 from batches.service import batch_cards
 from console import access, selectors, services
 from console.access import ADMIN, MEMBER, role_required
-from console.live.snapshot import request_card, tenant_queue
+from console.live.jobs import JobMoney, job_cards, job_tallies, waits_by_minute
+from console.live.snapshot import MAX_ROWS, request_card, tenant_queue
 
 QUEUE_ROLES = (MEMBER, ADMIN)
+MAX_PAGE = 500
 
 
 @login_required
@@ -128,16 +130,49 @@ async def _api_tenant(request: HttpRequest):
     return tenant, None
 
 
+def _page(request: HttpRequest) -> tuple[int, int] | None:
+    """?offset= and ?limit= (at most MAX_PAGE rows); None when either is not a number in range."""
+    raw_offset, raw_limit = request.GET.get("offset", "0"), request.GET.get("limit", str(MAX_ROWS))
+    if not (raw_offset.isdigit() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_PAGE:
+        return None
+    return int(raw_offset), int(raw_limit)
+
+
 async def api_queue(request: HttpRequest) -> HttpResponse:
+    """The member's queue: jobs (with progress and ``eta_ms``), batch cards, and one page of the
+    request table (``?offset=&limit=``, nearest to service first)."""
+    tenant, refused = await _api_tenant(request)
+    if refused:
+        return refused
+    page = _page(request)
+    if page is None:
+        return JsonResponse({"error": f"offset: an integer from 0; limit: an integer from 1 to {MAX_PAGE}"}, status=400)
+    from gateway.runtime import current
+
+    d = current()
+    offset, limit = page
+    queue: dict = {"total": 0, "counts": {}, "rows": [], "offset": offset, "limit": limit, "truncated": False}
+    jobs: list[dict] = []
+    if d is not None:
+        await d.fresh()
+        now_ms = d.now_ms()
+        queue = tenant_queue(d, tenant.slug, now_ms, offset=offset, limit=limit)
+        tallies = job_tallies(d, tenant.slug, now_ms)
+        jobs = await sync_to_async(job_cards)(tallies, tenant_id=tenant.pk, slug=tenant.slug, memo=JobMoney())
+    cards = await sync_to_async(batch_cards)([tenant.pk])
+    return JsonResponse({"tenant": tenant.slug, **queue, "jobs": jobs, "batches": cards.get(tenant.pk, [])})
+
+
+async def api_waits(request: HttpRequest) -> HttpResponse:
+    """The tenant's waits by class over the last hour, per minute (requests finished in this process)."""
     tenant, refused = await _api_tenant(request)
     if refused:
         return refused
     from gateway.runtime import current
 
     d = current()
-    queue = tenant_queue(d, tenant.slug, d.now_ms()) if d is not None else {"total": 0, "counts": {}, "rows": []}
-    cards = await sync_to_async(batch_cards)([tenant.pk])
-    return JsonResponse({"tenant": tenant.slug, **queue, "batches": cards.get(tenant.pk, [])})
+    rows = waits_by_minute(d, tenant.slug, d.now_ms()) if d is not None else []
+    return JsonResponse({"tenant": tenant.slug, "rows": rows})
 
 
 async def api_request(request: HttpRequest, request_id: str) -> HttpResponse:

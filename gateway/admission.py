@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypedDict
 from gateway import charging, metrics
 from gateway.dispatcher import Dispatcher, Entry
 from gateway.errors import GatewayError
-from gateway.lifecycle import Outcome
+from gateway.lifecycle import Outcome, job_of
 from scheduling.engine.model import Request
 
 if TYPE_CHECKING:
@@ -151,6 +151,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
         enqueued_ms=now_ms,
         deadline_ms=None if asked.timeout_ms is None else now_ms + asked.timeout_ms,
         vip=caller.vip,
+        job=job_of(tagged=asked.job, key_prefix=caller.key_prefix, cls=cls),
     )
     headers = _headers(asked, cls, rule)
     try:

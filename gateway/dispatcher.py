@@ -58,6 +58,7 @@ class Entry:
     requeues: int = 0
     failures: int = 0
     orphan: bool = False  # its client left, but the policy ignores cancellation (fifo preset)
+    job: str | None = None  # the client's job (Request.job): the console groups its requests by it
     extra: dict = field(default_factory=dict)
 
 
@@ -268,6 +269,7 @@ class Dispatcher:
             rule,
             now_ms,
             self.loop.create_future(),
+            job=request.job,
         )
         self.live.setdefault(request.tenant, {})[public_id] = entry
         return entry
@@ -448,4 +450,5 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
         "waited_ms": entry.waited_ms,
         "model": entry.model,
         "backend": entry.backend,
+        "job": entry.job,
     }

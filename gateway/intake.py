@@ -52,6 +52,14 @@ def _public_id(request: HttpRequest) -> PublicId:
     return PublicId(given)
 
 
+def _job(request: HttpRequest) -> str | None:
+    """The client's ``X-Job-Id``: its requests are one job on the console (as an X-Request-Id)."""
+    given = request.headers.get("X-Job-Id")
+    if given is not None and not REQUEST_ID_RE.fullmatch(given):
+        raise invalid_request("X-Job-Id must be 1-128 characters of letters, digits and . _ : @ + = ~ -.")
+    return given
+
+
 def _timeout_ms(request: HttpRequest) -> int | None:
     raw = request.headers.get("X-Request-Timeout-Ms")
     if raw is None:
@@ -100,6 +108,7 @@ class Asked:
     rule: str | None
     timeout_ms: int | None
     downgrade_recorded: bool = False
+    job: str | None = None  # X-Job-Id
 
     @property
     def engine_id(self) -> RequestId:
@@ -117,6 +126,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     d = await dispatcher_get()
     declared = _declared(request, caller, d)
     timeout_ms = _timeout_ms(request)
+    job = _job(request)
     level = d.rules.levels[declared]
     async with lanes().lane(level=level, top_level=min(d.rules.levels.values()), cls=declared) as in_lane:
         payload = payload_parse(kind, request_body(request))
@@ -128,7 +138,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
         payload.prompt_bound = prompt_bound(payload)
         src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
         cls, rule = classify(d, caller, declared, payload, src_ip)
-    return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms)
+    return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms, job=job)
 
 
 async def serve(request: HttpRequest, kind: str) -> HttpResponse | StreamingHttpResponse:

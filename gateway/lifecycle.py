@@ -48,3 +48,12 @@ def engine_id(tenant: str, public_id: PublicId) -> RequestId:
 def public_id_of(key: str) -> PublicId:
     """The client's id in an engine id."""
     return PublicId(key.partition("/")[2])
+
+
+UNTAGGED_JOB = "key/"  # "/" is not allowed in an X-Job-Id: an untagged group never meets a client's job
+
+
+def job_of(*, tagged: str | None, key_prefix: str, cls: str) -> str:
+    """A request's job: the client's ``X-Job-Id``, else its API key's and class's group
+    (``key/<prefix>/<class>``): the console shows the requests of one job as one card."""
+    return tagged if tagged else f"{UNTAGGED_JOB}{key_prefix}/{cls}"

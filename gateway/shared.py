@@ -174,6 +174,7 @@ class SharedDispatcher(Dispatcher):
                 expected_output_tokens=request.expected_output_tokens,
                 timeout_ms=timeout_ms,
                 vip=request.vip,
+                job=request.job,
             )
         )
         try:
@@ -320,4 +321,5 @@ class SharedDispatcher(Dispatcher):
             state=State.RUNNING if running else State.QUEUED,
             waited_ms=max(0, (live.dispatched_ms or request.enqueued_ms) - request.enqueued_ms) if running else 0,
             backend=live.backend,
+            job=request.job,
         )

@@ -35,6 +35,7 @@ class PriceVersion(models.Model):
     created_by = models.CharField(max_length=150, blank=True)
 
     upcoming: bool  # not a column: set on the versions a page lists, True for one not in effect yet
+    factor_shown: str  # not a column: the factor as the policy page writes it (0.7)
 
     class Meta:
         ordering = ["priority_class__level", "-effective_at", "-pk"]

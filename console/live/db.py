@@ -14,6 +14,10 @@ def tenant_ids(slugs: list[str]) -> dict[str, int]:
     return dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "pk"))
 
 
+def tenant_slugs(ids: list[int]) -> dict[int, str]:
+    return dict(Tenant.objects.filter(pk__in=ids).values_list("pk", "slug"))
+
+
 def holds_for(wanted: dict[str, tuple[int, list[str]]]) -> dict[str, dict[str, str]]:
     return {
         slug: selectors.hold_amounts(tenant_id=tenant_id, slug=slug, request_ids=ids)

@@ -31,6 +31,7 @@ from django.conf import settings
 
 from console.live import db
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
+from console.live.jobs import JobMoney, job_cards, job_tallies
 from console.live.snapshot import OpsView, queue_signature, shown_ids, tenant_queue, timeline_sample
 from console.live.timeline import Timeline
 from gateway.db import log_failure
@@ -66,6 +67,8 @@ class Publisher:
         self.budget_due: set[int] = set()
         self.budget_at_ms: dict[int, int] = {}
         self.batch_signatures: dict[int, str] = {}  # tenant id -> its batch cards as last sent
+        self.job_signatures: dict[int, str] = {}  # tenant id -> its job cards as last sent
+        self.job_money = JobMoney()
         self._next_batches_ms = 0
         self.timeline = Timeline(step_ms=sample_ms)
         self.ops = OpsView()
@@ -83,6 +86,7 @@ class Publisher:
         self.watched[tenant_id] += 1
         self.budget_due.add(tenant_id)
         self.batch_signatures.pop(tenant_id, None)  # its batch cards go out again, to the new socket too
+        self.job_signatures.pop(tenant_id, None)
 
     def unwatch(self, tenant_id: int) -> None:
         self.watched[tenant_id] -= 1
@@ -90,6 +94,7 @@ class Publisher:
             del self.watched[tenant_id]
             self.signatures.pop(self.slugs.get(tenant_id, ""), None)
             self.batch_signatures.pop(tenant_id, None)
+            self.job_signatures.pop(tenant_id, None)
 
     def notify_threadsafe(self, events: list[dict]) -> None:
         """From any thread (after a commit): ``[{"kind": "charges"|"alerts", "tenant_id", "row"}, ...]``."""
@@ -142,7 +147,7 @@ class Publisher:
         for tenant_id in list(self.pending):
             messages.setdefault(tenant_id, {"type": "update"})
         await self._add_budgets(messages, now_wall_ms)
-        await self._add_batches(messages, now_wall_ms)
+        await self._add_batches(messages, now_wall_ms, d)
         for tenant_id, payload in messages.items():
             payload.update(self._take_events(tenant_id))
             await self._send(tenant_group(tenant_id), "tenant.update", payload)
@@ -222,11 +227,13 @@ class Publisher:
             if tenant_id in budgets:
                 messages.setdefault(tenant_id, {"type": "update"})["budget"] = budgets[tenant_id]
 
-    async def _add_batches(self, messages: dict[int, dict], now_wall_ms: int) -> None:
-        """Every ``BATCHES_EVERY_MS``, the watched tenants' batch cards, sent where they changed."""
+    async def _add_batches(self, messages: dict[int, dict], now_wall_ms: int, d=None) -> None:
+        """Every ``BATCHES_EVERY_MS``, the watched tenants' batch and job cards, sent where they changed."""
         if now_wall_ms < self._next_batches_ms or not self.watched:
             return
         self._next_batches_ms = now_wall_ms + BATCHES_EVERY_MS
+        if d is not None:
+            await self._add_jobs(messages, d)
         cards = await sync_to_async(db.batches_for)(list(self.watched))
         for tenant_id in list(self.watched):
             tenant_cards = cards.get(tenant_id, [])
@@ -234,6 +241,24 @@ class Publisher:
             if self.batch_signatures.get(tenant_id, "[]") != signature:  # none and never any: nothing to send
                 self.batch_signatures[tenant_id] = signature
                 messages.setdefault(tenant_id, {"type": "update"})["batches"] = tenant_cards
+
+    async def _add_jobs(self, messages: dict[int, dict], d) -> None:
+        """The watched tenants' job cards (console.live.jobs), sent where they changed."""
+        unknown = [t for t in self.watched if t not in self.slugs]
+        if unknown:
+            found = await sync_to_async(db.tenant_slugs)(unknown)
+            self.slugs.update(found)
+            self.tenant_ids.update({v: k for k, v in found.items()})
+        now_ms = d.now_ms()
+        tallies = {t: job_tallies(d, self.slugs[t], now_ms) for t in self.watched if t in self.slugs}
+        for tenant_id, tenant_tallies in tallies.items():
+            cards = await sync_to_async(job_cards)(
+                tenant_tallies, tenant_id=tenant_id, slug=self.slugs[tenant_id], memo=self.job_money
+            )
+            signature = dumps(cards)
+            if self.job_signatures.get(tenant_id, "[]") != signature:
+                self.job_signatures[tenant_id] = signature
+                messages.setdefault(tenant_id, {"type": "update"})["jobs"] = cards
 
     async def _poll_downgrades(self) -> None:
         cursor, rows = await sync_to_async(db.downgrades_after)(self._downgrade_cursor)

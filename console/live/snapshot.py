@@ -23,23 +23,50 @@ def entry_view(d: Dispatcher, entry: Entry, now_ms: int, holds=None) -> dict:
     return row
 
 
-def _shown(d: Dispatcher, entries: list[Entry]) -> list[Entry]:
-    """Running first, then waiting by class level and age: the ones nearest to service."""
+def _order(d: Dispatcher):
+    """Running first, then waiting by class level and age: the ones nearest to service first
+    (within one tenant and class, the engine serves in this order too)."""
     levels = {c.name: c.level for c in d.config.classes}
-    return heapq.nsmallest(
-        MAX_ROWS, entries, key=lambda e: (e.state != "running", levels.get(e.cls, 99), e.queued_since_ms)
-    )
+    return lambda e: (e.state != "running", levels.get(e.cls, 99), e.queued_since_ms)
 
 
-def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None) -> dict:
+def _shown(d: Dispatcher, entries: list[Entry], *, offset: int = 0, limit: int = MAX_ROWS) -> list[tuple[Entry, int]]:
+    """One page of the tenant's requests in `_order`, each with its rank among the tenant's waiting
+    requests of its class (0 for a running one): "3rd of yours"."""
+    ordered = heapq.nsmallest(offset + limit, entries, key=_order(d))
+    ranks: dict[str, int] = {}
+    for entry in ordered[:offset]:  # counted only (no tuple per entry: a deep page stays cheap)
+        if entry.state != "running":
+            ranks[entry.cls] = ranks.get(entry.cls, 0) + 1
+    out = []
+    for entry in ordered[offset:]:
+        rank = 0
+        if entry.state != "running":
+            rank = ranks[entry.cls] = ranks.get(entry.cls, 0) + 1
+        out.append((entry, rank))
+    return out
+
+
+def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None, *, offset: int = 0, limit: int = MAX_ROWS) -> dict:
     entries = d.entries_of(slug)
     counts: dict[str, dict[str, int]] = {}
     for entry in entries:
         tally = counts.setdefault(entry.cls, {"queued": 0, "running": 0})
         tally["running" if entry.state == "running" else "queued"] += 1
-    rows = [entry_view(d, e, now_ms, holds) for e in _shown(d, entries)]
+    rows = []
+    for entry, rank in _shown(d, entries, offset=offset, limit=limit):
+        row = entry_view(d, entry, now_ms, holds)
+        row["of_yours"] = rank if row["state"] != "running" else None
+        rows.append(row)
     rows.sort(key=lambda r: (r["state"] != "running", r["position"] or 0))
-    return {"total": len(entries), "counts": counts, "rows": rows, "truncated": len(entries) > len(rows)}
+    return {
+        "total": len(entries),
+        "counts": counts,
+        "rows": rows,
+        "offset": offset,
+        "limit": limit,
+        "truncated": len(entries) > offset + len(rows) or offset > 0,
+    }
 
 
 def queue_signature(queue: dict) -> tuple:
@@ -48,13 +75,14 @@ def queue_signature(queue: dict) -> tuple:
         queue["total"],
         tuple(sorted((c, v["queued"], v["running"]) for c, v in queue["counts"].items())),
         tuple(
-            (r["id"], r["state"], r["class"], r["position"], r["eta_ms"], r["estimated_charge"]) for r in queue["rows"]
+            (r["id"], r["state"], r["class"], r["position"], r["of_yours"], r["eta_ms"], r["estimated_charge"])
+            for r in queue["rows"]
         ),
     )
 
 
 def shown_ids(d: Dispatcher, slug: str) -> list[str]:
-    return [e.public_id for e in _shown(d, d.entries_of(slug))]
+    return [e.public_id for e, _ in _shown(d, d.entries_of(slug))]
 
 
 def request_card(d: Dispatcher | None, slug: str, public_id: str) -> dict | None:

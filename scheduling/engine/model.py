@@ -177,3 +177,4 @@ class Request:
     enqueued_ms: int
     deadline_ms: int | None = None  # the client's own deadline, if any (absolute ms)
     vip: bool = False
+    job: str | None = None  # the client's job (X-Job-Id, or its key and class): a label, not policy

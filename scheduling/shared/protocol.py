@@ -6,8 +6,9 @@ commands, so nothing they write is ever unpickled.
 
 Commands (``gw`` is the sending gateway's id, answers go to its list):
 
-* ``["submit", gw, id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip]``
-  (``timeout_ms``: the client's own limit, relative, or null) → ``["admitted", id]`` or
+* ``["submit", gw, id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip, job]``
+  (``timeout_ms``: the client's own limit, relative, or null; ``job``: the client's job label, may be
+  absent) → ``["admitted", id]`` or
   ``["refused", id, reason, retry_after_ms]`` (reason ``queue_full``, ``no_backend``, ``id_in_use``);
 * ``["complete", id, prompt_tokens, output_tokens]``, ``["fail", id, reason]``: a granted request ended;
 * ``["requeue", id, retry_after_ms]``: a granted request goes back to the front (an upstream 429);
@@ -92,8 +93,21 @@ def submit(
     expected_output_tokens: int,
     timeout_ms: int | None = None,
     vip: bool = False,
+    job: str | None = None,
 ) -> Command:
-    return ["submit", gateway, request_id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip]
+    return [
+        "submit",
+        gateway,
+        request_id,
+        tenant,
+        cls,
+        model,
+        prompt_tokens,
+        expected_output_tokens,
+        timeout_ms,
+        vip,
+        job,
+    ]
 
 
 def _circuits() -> Circuits:
@@ -165,7 +179,7 @@ class Step:
     # --- the commands ----------------------------------------------------------------------
 
     def _submit(self, c: Command) -> None:
-        _, gateway, rid, tenant, cls, model, prompt_tokens, output_tokens, timeout_ms, vip = c
+        _, gateway, rid, tenant, cls, model, prompt_tokens, output_tokens, timeout_ms, vip, *rest = c
         sched, now_ms = self.sched, self.now_ms
         if rid in self.routes.of or sched.state_of(RequestId(rid)) is not None:
             self._tell(gateway, ["refused", rid, "id_in_use", None])
@@ -180,6 +194,7 @@ class Step:
             enqueued_ms=now_ms,
             deadline_ms=None if timeout_ms is None else now_ms + timeout_ms,
             vip=vip,
+            job=rest[0] if rest else None,
         )
         admission = sched.submit(request, now_ms=now_ms)
         if not admission.admitted:

@@ -3,7 +3,7 @@
 (function () {
   const el = Live.el;
   const PALETTE = ["#2563eb", "#16a34a", "#d97706", "#dc2626", "#7c3aed", "#0891b2", "#be185d", "#4b5563"];
-  let burnChart = null, mixChart = null, mixRows = [];
+  let mixChart = null, mixRows = [];
 
   function params(extra) {
     const p = new URLSearchParams();
@@ -23,12 +23,22 @@
 
   function fill(tbody, rows, cells, onClick) {
     tbody.textContent = "";
-    if (!rows.length) { tbody.appendChild(el("tr", {}, [el("td", { colspan: "9", "class": "muted", text: "No data." })])); return; }
+    if (!rows.length) { tbody.appendChild(el("tr", {}, [el("td", { colspan: "11", "class": "muted", text: "No data." })])); return; }
     rows.forEach(function (r) {
-      const tr = el("tr", {}, cells(r).map(function (c) { return el("td", { text: c === null || c === undefined ? "—" : String(c) }); }));
+      const tr = el("tr", {}, cells(r).map(function (c) {
+        if (c instanceof Node) return el("td", {}, [c]);
+        return el("td", { text: c === null || c === undefined ? "—" : String(c) });
+      }));
       if (onClick) { tr.classList.add("clickable"); tr.addEventListener("click", function () { onClick(r); }); }
       tbody.appendChild(tr);
     });
+  }
+
+  function effective(row) {
+    // charge / base cost, only where it is not the price factor, with the reason
+    if (!row.effective_note) return "";
+    return el("span", { "class": "effective", title: row.effective_note }, [
+      el("span", { text: row.effective_multiplier }), el("small", { "class": "note", text: row.effective_note })]);
   }
 
   function setCsv() {
@@ -54,30 +64,6 @@
     });
   }
 
-  function burnChartDraw(charges, burn) {
-    // cumulative spend by month per tenant, then a dashed line to the projected year-end spend
-    const months = Array.from(new Set(charges.map(function (r) { return r.month; }))).sort();
-    const datasets = [];
-    burn.forEach(function (b, i) {
-      let running = 0;
-      const points = months.map(function (m) {
-        charges.filter(function (r) { return r.tenant === b.tenant && r.month === m; }).forEach(function (r) { running += parseFloat(r.charge); });
-        return running;
-      });
-      const color = PALETTE[i % PALETTE.length];
-      datasets.push({ label: b.tenant + " spent", data: points.concat([null]), borderColor: color, backgroundColor: color, tension: 0.1 });
-      const projected = months.map(function () { return null; });
-      if (months.length) projected[months.length - 1] = points[points.length - 1];
-      projected.push(parseFloat(b.projected_spend));
-      datasets.push({ label: b.tenant + " projected", data: projected, borderColor: color, borderDash: [6, 4], pointStyle: "triangle", spanGaps: true });
-      if (b.limit) datasets.push({ label: b.tenant + " budget", data: months.concat(["year end"]).map(function () { return parseFloat(b.limit); }), borderColor: color, borderWidth: 1, pointRadius: 0, borderDash: [2, 2] });
-    });
-    const labels = months.concat(["year end"]);
-    if (burnChart) burnChart.destroy();
-    burnChart = new Chart(document.getElementById("burn-chart"), { type: "line", data: { labels: labels, datasets: datasets },
-      options: { animation: false, plugins: { legend: { position: "bottom" } }, scales: { y: { beginAtZero: true, title: { display: true, text: "spend" } } } } });
-  }
-
   function mixChartDraw() {
     const measure = document.getElementById("mix-measure").value;
     const months = Array.from(new Set(mixRows.map(function (r) { return r.month; }))).sort();
@@ -94,21 +80,18 @@
     });
     if (mixChart) mixChart.destroy();
     mixChart = new Chart(document.getElementById("mix-chart"), { type: "bar", data: { labels: months, datasets: datasets },
-      options: { animation: false, scales: { x: { stacked: true }, y: { stacked: true, max: 100, title: { display: true, text: "% of " + (measure === "request_share" ? "requests" : "spend") } } } } });
+      options: { animation: false, maintainAspectRatio: false, scales: { x: { stacked: true }, y: { stacked: true, max: 100, title: { display: true, text: "% of " + (measure === "request_share" ? "requests" : "spend") } } } } });
   }
 
   async function load() {
     setCsv();
-    const [charges, burn, mix] = await Promise.all([report("charges"), report("burn"), report("class-mix")]);
+    const [charges, mix] = await Promise.all([report("charges"), report("class-mix")]);
     fill(document.querySelector("#charges-table tbody"), charges.rows, function (r) {
-      return [r.tenant, r.month, r["class"], r.requests, r.prompt_tokens, r.completion_tokens, r.base_cost, r.charge, r.effective_multiplier, r.unbilled];
+      return [r.tenant, r.month, r["class"], r.requests, r.prompt_tokens, r.completion_tokens, r.base_cost, r.charge, r.price_factor, effective(r), r.unbilled];
     }, drill);
-    fill(document.querySelector("#burn-table tbody"), burn.rows, function (r) {
-      return [r.tenant, r.limit, r.spent, r.held, r.remaining, r.projected_spend];
-    });
     mixRows = mix.rows;
-    burnChartDraw(charges.rows, burn.rows);
     mixChartDraw();
+    Finance.views.forEach(function (view) { view(); });
   }
 
   document.getElementById("filters").addEventListener("submit", function (e) { e.preventDefault(); load(); });
@@ -133,5 +116,6 @@
       reloadTimer = setTimeout(function () { reloadTimer = null; load(); }, 5000);
     }
   });
-  load();
+  window.Finance = { report: report, fill: fill, el: el, PALETTE: PALETTE, views: [] };
+  document.addEventListener("DOMContentLoaded", load);
 })();

@@ -12,10 +12,36 @@
       { label: "aging_preempts", data: [], borderColor: "#dc2626", yAxisID: "count", pointRadius: 0 },
       { label: "interactive wait p95 (s)", data: [], borderColor: "#d97706", yAxisID: "seconds", pointRadius: 0, spanGaps: true },
     ] },
-    options: { animation: false, scales: {
-      count: { type: "linear", position: "left", beginAtZero: true },
-      seconds: { type: "linear", position: "right", beginAtZero: true, grid: { drawOnChartArea: false } } } },
+    options: { animation: false, maintainAspectRatio: false, interaction: { mode: "index", intersect: false },
+      plugins: { legend: { position: "bottom" } }, scales: {
+      x: { ticks: { maxTicksLimit: 8, maxRotation: 0 } },
+      count: { type: "linear", position: "left", beginAtZero: true, title: { display: true, text: "requests" } },
+      seconds: { type: "linear", position: "right", beginAtZero: true, title: { display: true, text: "interactive p95 (s)" }, grid: { drawOnChartArea: false } } } },
   });
+
+  function niceMax(values) {
+    // an axis top just above the data: 1, 2 or 5 × a power of ten
+    const top = Math.max.apply(null, values.filter(function (v) { return v !== null && isFinite(v); }).concat([0]));
+    if (top <= 0) return 1;
+    const power = Math.pow(10, Math.floor(Math.log10(top * 1.05)));
+    const step = [1, 2, 5, 10].find(function (m) { return m * power >= top * 1.05; });
+    return step * power;
+  }
+
+  function timelineTable() {
+    // the field report's table: one row per minute (its first sample), newest first
+    const rows = [];
+    let minute = null;
+    points.forEach(function (p) {
+      const m = Math.floor(p.at_ms / 60000);
+      if (m !== minute) { rows.push(p); minute = m; }
+    });
+    if (points.length && rows[rows.length - 1] !== points[points.length - 1]) rows.push(points[points.length - 1]);
+    fill("timeline-table", rows.reverse(), function (p) {
+      return [new Date(p.at_ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false }), p.in_queue.toLocaleString(),
+        p.interactive_p95_ms === null ? "—" : (p.interactive_p95_ms / 1000).toFixed(2) + "s", p.batch_completed.toLocaleString(), p.aging_preempts.toLocaleString()];
+    });
+  }
 
   function redraw() {
     const cutoff = Date.now() - HOUR_MS;
@@ -25,7 +51,10 @@
     chart.data.datasets[1].data = points.map(function (p) { return p.batch_completed; });
     chart.data.datasets[2].data = points.map(function (p) { return p.aging_preempts; });
     chart.data.datasets[3].data = points.map(function (p) { return p.interactive_p95_ms === null ? null : p.interactive_p95_ms / 1000; });
+    chart.options.scales.count.max = niceMax(chart.data.datasets.slice(0, 3).flatMap(function (d) { return d.data; }));
+    chart.options.scales.seconds.max = niceMax(chart.data.datasets[3].data);
     chart.update();
+    timelineTable();
   }
 
   function fill(id, rows, cells) {

@@ -11,12 +11,31 @@
   let receivedAt = Date.now();
   let watchId = null;
   let lastCard = null;
+  let lastPush = null;
 
   function classCell(r) {
     if (r.declared_class && r.declared_class !== r["class"]) {
       return r["class"] + " (declared " + r.declared_class + ", rule " + r.downgrade_rule + ")";
     }
     return r["class"];
+  }
+
+  function ordinal(n) {
+    const tens = n % 100, ones = n % 10;
+    const suffix = tens >= 11 && tens <= 13 ? "th" : ones === 1 ? "st" : ones === 2 ? "nd" : ones === 3 ? "rd" : "th";
+    return n + suffix;
+  }
+
+  function position(r) {
+    // the engine's place in the model's line (every department), then among your own of that class
+    if (r.position === null || r.position === undefined) return "—";
+    const mine = r.of_yours ? ", " + ordinal(r.of_yours) + " of yours in " + r["class"] : "";
+    return ordinal(r.position) + " in line" + mine;
+  }
+
+  function jobName(job) {
+    if (!job) return "—";
+    return job.indexOf("key/") === 0 ? "untagged" : job;
   }
 
   function waited(r) {
@@ -26,16 +45,18 @@
   function renderRows() {
     tbody.textContent = "";
     if (!rows.length) {
-      tbody.appendChild(el("tr", { "class": "empty" }, [el("td", { colspan: "8", text: "Nothing waiting or running." })]));
+      tbody.appendChild(el("tr", { "class": "empty" }, [el("td", { colspan: "9", text: "Nothing waiting or running." })]));
       return;
     }
     rows.forEach(function (r) {
       tbody.appendChild(el("tr", { "data-id": r.id, "class": r.state }, [
-        el("td", { text: r.id }), el("td", { text: classCell(r) }), el("td", { text: r.model }),
-        el("td", { text: r.state }), el("td", { "class": "position", text: r.position === null ? "—" : String(r.position) }),
+        el("td", { text: r.id }), el("td", { text: classCell(r) }), el("td", { "class": "opt", text: r.model }),
+        el("td", { text: r.state }),
+        el("td", { "class": "position", "data-position": r.position === null ? "—" : String(r.position), text: position(r) }),
         el("td", { "class": "eta", text: r.state === "running" ? "running" : ms(r.eta_ms) }),
-        el("td", { "class": "waited", text: ms(waited(r)) }),
-        el("td", { "class": "money", text: r.estimated_charge === null || r.estimated_charge === undefined ? "—" : "≤ " + r.estimated_charge }),
+        el("td", { "class": "waited opt", text: ms(waited(r)) }),
+        el("td", { "class": "money opt", text: r.estimated_charge === null || r.estimated_charge === undefined ? "—" : "≤ " + r.estimated_charge }),
+        el("td", { "class": "opt", text: jobName(r.job) }),
       ]));
     });
   }
@@ -47,9 +68,36 @@
       counts.appendChild(el("span", { "class": "count", "data-class": cls, text: cls + ": " + c.queued + " waiting, " + c.running + " running" }));
     });
     total.textContent = queue.total ? "(" + queue.total + ")" : "";
+    const first = (queue.offset || 0) + 1, last = (queue.offset || 0) + queue.rows.length;
     more.hidden = !queue.truncated;
-    more.textContent = queue.truncated ? "Showing the " + queue.rows.length + " nearest to service of " + queue.total + "." : "";
+    more.textContent = queue.truncated ? "Showing " + first + "–" + last + " of " + queue.total + ", nearest to service first." : "";
+    pager.hidden = queue.total <= PAGE && !offset;
+    document.getElementById("page-label").textContent = first + "–" + last + " of " + queue.total;
+    document.getElementById("page-prev").disabled = !offset;
+    document.getElementById("page-next").disabled = last >= queue.total;
   }
+
+  // Paging: the first page is pushed live; a further one is read from the queue API every 2 s.
+  const PAGE = 50;
+  const pager = document.getElementById("queue-pager");
+  let offset = 0, pageTimer = null;
+  async function fetchPage() {
+    const query = new URLSearchParams(window.CONSOLE_TENANT_QUERY.replace(/^\?/, ""));
+    query.set("offset", offset); query.set("limit", PAGE);
+    const response = await fetch("/console/api/queue/?" + query, { credentials: "same-origin" });
+    if (!response.ok || !offset) return;
+    const queue = await response.json();
+    rows = queue.rows; receivedAt = Date.now(); renderRows(); renderCounts(queue);
+  }
+  function turn(by) {
+    offset = Math.max(0, offset + by);
+    clearInterval(pageTimer);
+    pageTimer = offset ? setInterval(fetchPage, 2000) : null;
+    if (offset) fetchPage();
+    else if (lastPush) { rows = lastPush.rows; receivedAt = Date.now(); renderRows(); renderCounts(lastPush); }
+  }
+  document.getElementById("page-prev").addEventListener("click", function () { turn(-PAGE); });
+  document.getElementById("page-next").addEventListener("click", function () { turn(PAGE); });
 
   function renderCard(request, charge, found) {
     card.hidden = false;
@@ -76,8 +124,8 @@
   function addCharge(c) {
     const table = document.querySelector("#charges tbody");
     table.insertBefore(el("tr", { "data-id": c.request_id }, [
-      el("td", { text: c.request_id }), el("td", { text: c["class"] }), el("td", { text: c.prompt_tokens + "/" + c.completion_tokens }),
-      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: c.amount }), el("td", { text: Live.when(c.at) }),
+      el("td", { text: c.request_id }), el("td", { text: c["class"] }), el("td", { "class": "opt", text: c.prompt_tokens + "/" + c.completion_tokens }),
+      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: c.amount }), el("td", { "class": "opt", text: Live.when(c.at) }),
     ]), table.firstChild);
     while (table.children.length > 20) table.removeChild(table.lastChild);
     if (watchId && c.request_id === watchId) {
@@ -112,12 +160,14 @@
 
   const socket = Live.connect(window.CONSOLE_WS, function (msg) {
     if (msg.type === "update") {
-      if (msg.queue) { rows = msg.queue.rows; receivedAt = Date.now(); renderRows(); renderCounts(msg.queue); cardFromRows(); }
+      if (msg.queue) lastPush = msg.queue;
+      if (msg.queue && !offset) { rows = msg.queue.rows; receivedAt = Date.now(); renderRows(); renderCounts(msg.queue); cardFromRows(); }
       (msg.charges || []).forEach(addCharge);
       (msg.downgrades || []).forEach(function (d) { addEvent("downgrades", d.request_id + ": " + d.from + " → " + d.to + " (rule " + d.rule + ")"); });
       (msg.alerts || []).forEach(function (a) { addEvent("alerts", a.budget + " crossed " + a.threshold_pct + "%: spent " + a.spent + " of " + a.limit); });
       if (msg.budget) setBudget(msg.budget);
       if (msg.batches) BatchCards.render(msg.batches);
+      if (msg.jobs) JobCards.render(msg.jobs);
     } else if (msg.type === "card" && msg.id === watchId) {
       lastCard = msg;
       renderCard(msg.request, msg.charge, msg.found);

@@ -72,7 +72,16 @@ def test_queue_api_names_own_tenant_even_when_asked_for_another(member_b):
     assert body["tenant"] == "sales"
 
 
-@pytest.mark.parametrize("report", ["charges", "burn", "class-mix", "ledger", "alerts"])
+def test_queue_api_pages_are_bounded_and_the_waits_are_the_callers(member_b):
+    body = member_b.client.get("/console/api/queue/?offset=0&limit=10").json()
+    assert body["jobs"] == [] and (body["offset"], body["limit"]) == (0, 10)
+    assert member_b.client.get("/console/api/queue/?limit=0").status_code == 400
+    assert member_b.client.get("/console/api/queue/?limit=501").status_code == 400
+    assert member_b.client.get("/console/api/queue/?offset=-1").status_code == 400
+    assert member_b.client.get("/console/api/waits/?tenant=support").json()["tenant"] == "sales"
+
+
+@pytest.mark.parametrize("report", ["charges", "burn", "burn-series", "class-mix", "class-shift", "ledger", "alerts"])
 def test_billing_reports_do_not_leak_across_tenants(member_b, finance, report):
     rows_b = member_b.client.get(f"/api/billing/{report}/", HTTP_ACCEPT="application/json").json()["rows"]
     assert all(row.get("tenant") in (None, "sales") for row in rows_b)

@@ -204,6 +204,40 @@ def test_terminal_log_is_bounded_by_age_and_count():
     assert log.get("t", "c", now_ms=1020) is None  # older than an hour (here: 1 s)
 
 
+def test_terminal_log_keeps_each_tenants_jobs_and_forgets_them_with_their_records():
+    log = TerminalLog(keep_ms=1000, max_entries=3)
+    log.add("t", "a", {"state": "completed", "job": "j1"}, now_ms=0)
+    log.add("t", "b", {"state": "failed", "job": "j1"}, now_ms=10)
+    log.add("u", "a", {"state": "completed", "job": "j1"}, now_ms=20)  # another tenant's job of that name
+    assert [r["state"] for r in log.jobs_of("t", now_ms=20)["j1"]] == ["completed", "failed"]
+    log.add("t", "a", {"state": "cancelled", "job": "j2"}, now_ms=30)  # re-added: moves to its new job
+    assert {job: len(rs) for job, rs in log.jobs_of("t", now_ms=30).items()} == {"j1": 1, "j2": 1}
+    assert log.jobs_of("t", now_ms=1015) == {"j2": [{"state": "cancelled", "job": "j2"}]}  # b aged out
+    assert log.jobs_of("u", now_ms=1025) == {}
+
+
+def test_a_job_is_the_clients_tag_or_its_key_and_class():
+    from gateway.lifecycle import job_of
+
+    assert job_of(tagged="nightly-report", key_prefix="abcd", cls="BATCH") == "nightly-report"
+    assert job_of(tagged=None, key_prefix="abcd", cls="BATCH") == "key/abcd/BATCH"
+
+
+def test_the_shared_submit_command_carries_the_job_and_old_commands_still_apply():
+    from scheduling.engine import Scheduler
+    from scheduling.shared.protocol import Routes, Step, submit
+
+    config = _config()
+    sched = Scheduler(config, tenants=config.tenants, backends=config.backends)
+    step = Step(sched, Routes(), 0, config.backends)
+    step.apply(
+        [submit("gw", "t/x", tenant="t", cls="BATCH", model="m", prompt_tokens=1, expected_output_tokens=1, job="j")]
+    )
+    step.apply([["submit", "gw", "t/y", "t", "BATCH", "m", 1, 1, None, False]])  # from a gateway before jobs
+    jobs = {live.request.id: live.request.job for live in sched.requests_of("t")}
+    assert jobs == {"t/x": "j", "t/y": None}
+
+
 def test_terminal_log_re_adding_an_id_makes_it_newest():
     log = TerminalLog(keep_ms=1000, max_entries=2)
     log.add("t", "a", {"state": "completed"}, now_ms=0)

@@ -1,0 +1,175 @@
+"""A member's HTTP requests as jobs: those a client tags with one ``X-Job-Id`` (untagged: those of
+one API key and class, ``gateway.lifecycle.job_of``) are one card with progress (done, failed,
+waiting, running), the ETA to its last request, its charges so far and an estimated total.
+
+Two halves: `job_tallies` reads the dispatcher on its event loop (live requests through every
+process; finished ones from this process's terminal log, an hour of them), `job_cards` adds the
+money from the ledger in a thread (each finished request's charge is read once, then memoised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from billing.models import LedgerEntry
+from billing.money import ZERO, money
+from gateway.dispatcher import Entry
+from gateway.lifecycle import UNTAGGED_JOB, Outcome, State
+
+SAMPLE_HOLDS = 200  # live requests whose holds price a job's remainder before any of it has ended
+MEMO_MAX = 200_000
+
+
+@dataclass
+class JobTally:
+    job: str
+    classes: set[str] = field(default_factory=set)
+    done_ids: list[str] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)  # ended otherwise (a stream cut short is charged too)
+    waiting: int = 0
+    running: int = 0
+    live_ids: list[str] = field(default_factory=list)
+    last_waiting: Entry | None = None  # the live request its job will see served last
+    eta_ms: int | None = None
+
+    @property
+    def failed(self) -> int:
+        return len(self.failed_ids)
+
+    @property
+    def total(self) -> int:
+        return len(self.done_ids) + self.failed + self.waiting + self.running
+
+
+def _count_live(d, slug: str, tallies: dict[str, JobTally], levels: dict[str, int]) -> None:
+    """Live requests by job, in a few passes of comprehensions (a tenant may have 12,000 waiting)."""
+    by_job: dict[str, list] = {}
+    for entry in d.entries_of(slug):
+        if entry.job:
+            by_job.setdefault(entry.job, []).append(entry)
+    for job, entries in by_job.items():
+        tally = tallies.setdefault(job, JobTally(job))
+        waiting = [e for e in entries if e.state != State.RUNNING]
+        tally.waiting, tally.running = len(waiting), len(entries) - len(waiting)
+        tally.classes.update({e.cls for e in entries})
+        tally.live_ids = [e.public_id for e in entries[:SAMPLE_HOLDS]]
+        if waiting:  # served last: the lowest class, the newest in it
+            tally.last_waiting = max(waiting, key=lambda e: (levels.get(e.cls, 99), e.queued_since_ms))
+
+
+def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
+    """Per job of ``slug``: its live and finished requests (read on the dispatcher's loop)."""
+    levels = {c.name: c.level for c in d.config.classes}
+    tallies: dict[str, JobTally] = {}
+    _count_live(d, slug, tallies, levels)
+    for job, records in d.terminal.jobs_of(slug, now_ms=now_ms).items():
+        tally = tallies.setdefault(job, JobTally(job))
+        for record in records:
+            tally.classes.add(record["class"])
+            if record["state"] == Outcome.COMPLETED:
+                tally.done_ids.append(record["id"])
+            else:
+                tally.failed_ids.append(record["id"])
+    for tally in tallies.values():
+        if tally.last_waiting is not None:
+            tally.eta_ms = d.live_view(tally.last_waiting, now_ms)["eta_ms"]
+        elif tally.running:
+            tally.eta_ms = 0
+    return tallies
+
+
+def job_label(job: str) -> tuple[str, bool]:
+    """(what the card is called, whether the client tagged it)."""
+    if job.startswith(UNTAGGED_JOB):
+        prefix, _, cls = job.removeprefix(UNTAGGED_JOB).partition("/")
+        return f"Untagged · key {prefix}… · {cls}", False
+    return job, True
+
+
+class JobMoney:
+    """Charges of finished requests (memoised: a charge never changes) and holds of live ones."""
+
+    def __init__(self) -> None:
+        self.charges: dict[str, Decimal] = {}  # ledger request id -> charged amount
+
+    def charged(self, *, tenant_id: int, slug: str, public_ids: list[str]) -> Decimal:
+        ids = [f"{slug}/{public_id}" for public_id in public_ids]
+        missing = [i for i in ids if i not in self.charges]
+        if missing:
+            if len(self.charges) > MEMO_MAX:
+                self.charges.clear()
+            rows = LedgerEntry.objects.of_requests(missing).filter(tenant_id=tenant_id)
+            for request_id, kind, amount in rows.values_list("request_id", "kind", "amount"):
+                if kind == LedgerEntry.Kind.CHARGE:
+                    self.charges[request_id] = amount
+        return sum((self.charges.get(i, ZERO) for i in ids), ZERO)
+
+    @staticmethod
+    def mean_hold(*, tenant_id: int, slug: str, public_ids: list[str]) -> Decimal | None:
+        ids = [f"{slug}/{public_id}" for public_id in public_ids[:SAMPLE_HOLDS]]
+        rows = LedgerEntry.objects.of_requests(ids).filter(tenant_id=tenant_id)
+        amounts = [amount for kind, amount in rows.values_list("kind", "amount") if kind == LedgerEntry.Kind.HOLD]
+        return sum(amounts, ZERO) / len(amounts) if amounts else None
+
+
+def _estimate(tally: JobTally, charged: Decimal, mean_hold: Decimal | None) -> tuple[Decimal | None, str | None]:
+    remaining = tally.waiting + tally.running
+    if not remaining:
+        return charged, "charged"
+    if tally.done_ids:
+        return money(charged + charged / (len(tally.done_ids) + tally.failed) * remaining), "mean so far"
+    if mean_hold is not None:
+        return money(mean_hold * remaining), "holds (at most)"
+    return None, None
+
+
+def job_cards(tallies: dict[str, JobTally], *, tenant_id: int, slug: str, memo: JobMoney) -> list[dict]:
+    """The cards, active jobs first (in a thread: reads the ledger)."""
+    cards = []
+    for tally in tallies.values():
+        charged = memo.charged(tenant_id=tenant_id, slug=slug, public_ids=tally.done_ids + tally.failed_ids)
+        mean_hold = None
+        if not tally.done_ids and tally.live_ids:
+            mean_hold = memo.mean_hold(tenant_id=tenant_id, slug=slug, public_ids=tally.live_ids)
+        estimate, basis = _estimate(tally, charged, mean_hold)
+        label, tagged = job_label(tally.job)
+        cards.append(
+            {
+                "job": tally.job,
+                "label": label,
+                "tagged": tagged,
+                "classes": sorted(tally.classes),
+                "total": tally.total,
+                "done": len(tally.done_ids),
+                "failed": tally.failed,
+                "waiting": tally.waiting,
+                "running": tally.running,
+                "eta_ms": tally.eta_ms,
+                "charged": str(charged),
+                "estimated_total": None if estimate is None else str(estimate),
+                "estimate_basis": basis,
+            }
+        )
+    cards.sort(key=lambda c: (not (c["waiting"] or c["running"]), not c["tagged"], c["label"]))
+    return cards
+
+
+def waits_by_minute(d, slug: str, now_ms: int) -> list[dict]:
+    """The tenant's finished requests of the last hour (this process's terminal log), by minute
+    of their end and class: how many, their mean and their longest wait in the queue."""
+    cells: dict[tuple[str, str], list[int]] = {}
+    for records in d.terminal.jobs_of(slug, now_ms=now_ms).values():
+        for record in records:
+            minute = str(record.get("finished_at", ""))[:16]
+            cells.setdefault((minute, record["class"]), []).append(int(record.get("waited_ms") or 0))
+    return [
+        {
+            "minute": minute,
+            "class": cls,
+            "requests": len(waits),
+            "mean_wait_ms": sum(waits) // len(waits),
+            "max_wait_ms": max(waits),
+        }
+        for (minute, cls), waits in sorted(cells.items())
+    ]
