@@ -351,7 +351,11 @@ class Dispatcher:
         self._entry_drop(entry)
         record = describe(entry, position=None)
         record["finished_at"] = timezone.now().isoformat()
-        self.terminal.add(entry.tenant, entry.public_id, record, now_ms=now_ms)
+        self._ended(entry.tenant, entry.public_id, record, now_ms)
+
+    def _ended(self, tenant: str, public_id: str, record: dict, now_ms: int) -> None:
+        """A finished request's record, for GET /v1/queue/{id} and the console (the terminal log)."""
+        self.terminal.add(tenant, public_id, record, now_ms=now_ms)
 
     # --- the pump ------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from gateway.dispatcher import Dispatcher, Entry, admission_refused, id_in_use, queue_timeout_error
+from gateway.ended_shared import EndedStream
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, PublicId, State, engine_id, public_id_of
 from scheduling.engine import Grant, Scheduler, apply_policy
@@ -73,6 +74,14 @@ class SharedDispatcher(Dispatcher):
         self._answers: asyncio.Task[None] | None = None
         self._role: asyncio.Task[None] | None = None
         self._elsewhere: asyncio.Future[Grant] = loop.create_future()  # the future of other processes' requests
+        self.ended = EndedStream(
+            self.redis,
+            keys.ended,
+            gateway=self.gateway_id,
+            keep_ms=settings.FAIRGATE_TERMINAL_KEEP_MS,
+            max_entries=settings.FAIRGATE_TERMINAL_MAX,
+        )
+        self._ended_follower: asyncio.Task[None] | None = None
 
     @classmethod
     async def create(cls) -> Dispatcher:
@@ -84,6 +93,10 @@ class SharedDispatcher(Dispatcher):
 
     def _start(self) -> None:
         self._answers = self.loop.create_task(self.client.run(), name="fairgate-shared-answers")
+        self._ended_follower = self.loop.create_task(
+            self.ended.follow(self._ended_elsewhere, now_ms=self.now_ms(), stop=self._stop),
+            name="fairgate-shared-ended",
+        )
         if settings.FAIRGATE_DISPATCHER == "auto":  # a standby follows the steps until it holds the lease
             self._role = self.loop.create_task(self.owner.run(stop=self._stop), name="fairgate-shared-owner")
         else:
@@ -103,11 +116,23 @@ class SharedDispatcher(Dispatcher):
             if settings.FAIRGATE_DISPATCHER != "auto":
                 self._role.cancel()
             await asyncio.gather(self._role, return_exceptions=True)
-        if self._answers is not None:
-            self._answers.cancel()
-            await asyncio.gather(self._answers, return_exceptions=True)
+        for task in (self._answers, self._ended_follower):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self.ended.close()
         await super().close()
         await self.redis.aclose()
+
+    # --- finished requests: every process's, in each one's terminal log ------------------------
+
+    def _ended(self, tenant: str, public_id: str, record: dict, now_ms: int) -> None:
+        super()._ended(tenant, public_id, record, now_ms)
+        self.ended.publish(tenant, public_id, record)
+
+    def _ended_elsewhere(self, tenant: str, public_id: str, record: dict, ended_ms: int) -> None:
+        """Another process's finished request (gateway.ended_shared)."""
+        self.terminal.add(tenant, public_id, record, now_ms=ended_ms)
 
     # --- the engine: the shared one's replica, for reads ---------------------------------------
 

@@ -79,6 +79,11 @@ class Keys:
     def out(self, gateway: str) -> str:
         return f"{self.prefix}:out:{gateway}"
 
+    @property
+    def ended(self) -> str:
+        """Finished requests' records, for every gateway process (gateway.ended_shared)."""
+        return f"{self.prefix}:ended"
+
     def gateway(self, gateway: str) -> str:
         return f"{self.prefix}:gw:{gateway}"
 

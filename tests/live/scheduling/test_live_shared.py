@@ -246,3 +246,35 @@ def test_a_circuit_opened_by_failures_through_one_gateway_keeps_the_other_away(t
     finally:
         second.stop()
         first.stop()
+
+
+def test_a_request_finished_through_one_process_is_found_through_every_other(tmp_path, start_sim):
+    """GET /v1/queue/{id} and the console's job cards read the terminal log of finished requests;
+    each process appends its own to the shared stream, so one that ended through the first process
+    is found through the second, and through a third started after it ended (read back at start)."""
+    sim, first, second = _shared(tmp_path, start_sim, latency_ms=5)
+    third = None
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        served = first.http(first.keys["batch"], timeout=30).post(
+            "/v1/chat/completions", json=body, headers={"X-Request-Id": "done-1", "X-Job-Id": "report-1"}
+        )
+        assert served.status_code == 200
+        through_first = first.http(first.keys["batch"]).get("/v1/queue/done-1").json()
+        assert through_first["state"] == "completed" and through_first["job"] == "report-1"
+
+        def read(gateway) -> dict:
+            answer = gateway.http(gateway.keys["batch"]).get("/v1/queue/done-1")
+            return answer.json() if answer.status_code == 200 else {}
+
+        def ended(record: dict) -> bool:  # (a moment after the end, another process may still see it run)
+            return record.get("state") == "completed"
+
+        found = wait_for(lambda: read(second), ended, what="the finished request found through the other process")
+        assert found == through_first
+        third = another_process(first, name="a process started after the request ended")
+        assert wait_for(lambda: read(third), ended, what="the finished request found after a start") == through_first
+    finally:
+        for gateway in (third, second, first):
+            if gateway is not None:
+                gateway.stop()

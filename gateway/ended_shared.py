@@ -1,0 +1,90 @@
+"""Finished requests seen by every gateway process (the shared scheduler's terminal log).
+
+A request ends in the process that served it: its record (outcome, waits, charge, job) goes into
+that process's terminal log, which answers ``GET /v1/queue/{id}`` for an hour and feeds the
+console's job cards. With several processes behind a load balancer the next call may reach
+another process, which must give the same answer. So each process also appends its records to
+one Redis stream (``<prefix>:ended``, trimmed to about ``FAIRGATE_TERMINAL_MAX`` entries), and
+follows that stream into its own log: a record reaches the others within a read, and a process
+that starts reads the last ``FAIRGATE_TERMINAL_KEEP_MS`` of it first (stream ids are the time in
+ms). Appends are sent without waiting, in one pipeline per turn of the event loop; a record that
+cannot be appended (Redis out of reach) is logged and stays in its own process's log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+READ_BLOCK_MS = 1_000
+READ_COUNT = 1_000
+Add = Callable[[str, str, dict, int], None]  # (tenant, public id, record, ended at ms) -> the local log
+Read = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]  # XREAD's answer (no decoding)
+
+
+class EndedStream:
+    def __init__(self, redis: Redis, key: str, *, gateway: str, keep_ms: int, max_entries: int) -> None:
+        self.redis = redis
+        self.key = key
+        self.gateway = gateway.encode()
+        self.keep_ms = keep_ms
+        self.max_entries = max_entries
+        self._pending: list[dict[bytes, bytes]] = []
+        self._flush: asyncio.Handle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def publish(self, tenant: str, public_id: str, record: dict) -> None:
+        """Appends ``record`` soon (with the others of this turn); never waits."""
+        self._pending.append(
+            {b"g": self.gateway, b"t": tenant.encode(), b"p": public_id.encode(), b"r": json.dumps(record).encode()}
+        )
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_soon(self._send)
+
+    def _send(self) -> None:
+        self._flush = None
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._append(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _append(self, batch: list[dict[bytes, bytes]]) -> None:
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for fields in batch:
+                    pipe.xadd(self.key, fields, maxlen=self.max_entries, approximate=True)  # type: ignore[arg-type]
+                await pipe.execute()
+        except Exception as failed:  # Redis out of reach: the records stay in this process's log
+            log.warning("could not share %d finished requests with the other processes: %r", len(batch), failed)
+
+    async def follow(self, add: Add, *, now_ms: int, stop: asyncio.Event) -> None:
+        """Adds the other processes' records to this one's log (``add``): first those of the last
+        ``keep_ms``, then each as it comes, until ``stop``."""
+        last = f"{max(0, now_ms - self.keep_ms)}-0"
+        while not stop.is_set():
+            try:
+                found = cast(Read, await self.redis.xread({self.key: last}, count=READ_COUNT, block=READ_BLOCK_MS))
+            except Exception as failed:
+                log.warning("could not read the other processes' finished requests: %r", failed)
+                await asyncio.sleep(1)
+                continue
+            for _key, entries in found or ():
+                for entry_id, fields in entries:
+                    last = entry_id.decode()
+                    if fields.get(b"g") != self.gateway:
+                        ended_ms = int(last.split("-", 1)[0])
+                        add(fields[b"t"].decode(), fields[b"p"].decode(), json.loads(fields[b"r"]), ended_ms)
+
+    async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._send()
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
