@@ -33,7 +33,10 @@ def _shared(tmp_path, start_sim, latency_ms: int = 150):
         backends=[backend("gpu", f"{sim.url}/v1", slots=SLOTS)],
         queue={"enforce_depth": False},  # all of them wait: the point is who gets the slots
     )
-    settings = {"FAIRGATE_SCHEDULER": "shared", "FAIRGATE_SHARED_PREFIX": f"fairgate:test:shared:{os.getpid()}:{secrets.token_hex(4)}"}
+    settings = {
+        "FAIRGATE_SCHEDULER": "shared",
+        "FAIRGATE_SHARED_PREFIX": f"fairgate:test:shared:{os.getpid()}:{secrets.token_hex(4)}",
+    }
     first = start_gateway(tmp_path, yaml_text, {"batch": ("acme", "BATCH")}, **settings)
     second = another_process(first)
     return sim, first, second
