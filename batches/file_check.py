@@ -1,0 +1,105 @@
+"""A batch input file's lines, checked once, when the file is uploaded: parsed as the gateway would
+parse each request (batches.lines), its prompt estimated with tiktoken and bounded, and the
+results stored a row per line (FileLine), so that creating a batch from the file only reads
+them (batches.service.batch_create) and the feeder never tokenizes a line.
+
+A file whose lines do not check is still stored (as OpenAI's Files API stores it): its first bad
+line is recorded, and a batch created from it is refused with a 400 naming that line. The models
+are checked at create, against the backends configured then.
+
+The check of a large file is seconds of CPU (a 100 MB file: about 4 s, mostly tiktoken), so the
+API runs it in a process of its own (`file_check_off_process`, at a lower CPU priority), where it
+holds neither the gateway's event loop, nor its GIL, nor its database thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from batches.files import file_chunks
+from batches.lines import URLS, LineRefused, lines_parse
+from batches.models import BatchFile, FileLine
+from gateway.limits import prompt_bound
+from gateway.payload import estimate
+
+log = logging.getLogger(__name__)
+CHECK_NICE = 10  # the checking process yields the CPU to the serving ones
+BULK_ROWS = 200
+
+
+def file_lines_check(*, file_id: str) -> BatchFile:
+    """Checks the file's lines and stores the result (again, if it was checked before): its lines,
+    or its first bad line's number and message. Returns the file as stored."""
+    found = BatchFile.objects.get(pk=file_id)
+    try:
+        lines = lines_parse(file_chunks(found), endpoint=None, served=None)
+        error, error_line = "", None
+    except LineRefused as refused:
+        lines, error, error_line = [], refused.message, refused.line
+    rows = (
+        FileLine(
+            file_id=file_id,
+            number=line.number,
+            custom_id=line.custom_id,
+            model=line.payload.model,
+            estimated_tokens=estimate(line.payload),
+            bound_tokens=prompt_bound(line.payload),
+            output_limit=line.payload.output_limit,
+            body=line.payload.body,
+        )
+        for line in lines
+    )
+    with transaction.atomic():
+        FileLine.objects.filter(file_id=file_id).delete()
+        FileLine.objects.bulk_create(rows, batch_size=BULK_ROWS)
+        found.checked_at, found.check_error, found.check_error_line = timezone.now(), error, error_line
+        found.endpoint = URLS[lines[0].payload.kind] if lines else ""
+        found.save(update_fields=["checked_at", "check_error", "check_error_line", "endpoint"])
+    return found
+
+
+def _child_start() -> None:
+    os.nice(CHECK_NICE)
+    import django
+
+    django.setup()
+
+
+def _child_check(file_id: str) -> None:
+    try:
+        file_lines_check(file_id=file_id)
+    finally:
+        connections.close_all()
+
+
+_pool: ProcessPoolExecutor | None = None
+
+
+def _checker() -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None:  # spawned, not forked: the serving process has threads and an event loop
+        context = multiprocessing.get_context("spawn")
+        _pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_child_start)
+    return _pool
+
+
+async def file_check_off_process(file_id: str) -> bool:
+    """Checks an uploaded file in the checking process; False if that failed (the file stays
+    unchecked, and a batch created from it checks it then)."""
+    global _pool
+    try:
+        await asyncio.get_running_loop().run_in_executor(_checker(), _child_check, file_id)
+    except Exception:
+        log.exception("the lines of file %s could not be checked at upload; a batch made from it checks them", file_id)
+        broken, _pool = _pool, None
+        if broken is not None:
+            broken.shutdown(wait=False, cancel_futures=True)
+        return False
+    return True
