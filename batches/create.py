@@ -76,8 +76,9 @@ def _terms_checked(found: BatchFile, endpoint: str, served: Mapping[str, bool]) 
     bad: list[tuple[int, str]] = []
     if found.check_error:
         bad.append((found.check_error_line or 1, found.check_error))
-    elif found.endpoint != endpoint:
-        bad.append((1, f"Line 1: 'url' must be the batch's endpoint {endpoint}, not {found.endpoint!r}."))
+    if found.endpoint and found.endpoint != endpoint:  # every checked line names the first line's url
+        first = min(first_of_model.values())
+        bad.append((first, f"Line {first}: 'url' must be the batch's endpoint {endpoint}, not {found.endpoint!r}."))
     for model, number in first_of_model.items():
         problem = model_error(model, ENDPOINTS[endpoint], served)
         if problem is not None:

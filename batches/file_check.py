@@ -4,7 +4,8 @@ results stored a row per line (FileLine), so that creating a batch from the file
 them (batches.service.batch_create) and the feeder never tokenizes a line.
 
 A file whose lines do not check is still stored (as OpenAI's Files API stores it): its first bad
-line is recorded, and a batch created from it is refused with a 400 naming that line. The models
+line is recorded (and the good lines before it), and a batch created from it is refused with a
+400 naming that line, or an earlier one whose model is not served. The models
 are checked at create, against the backends configured then.
 
 The check of a large file is seconds of CPU (a 100 MB file: about 4 s, mostly tiktoken), so the
@@ -24,7 +25,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from batches.files import file_chunks
-from batches.lines import URLS, LineRefused, lines_parse
+from batches.lines import URLS, Line, LineRefused, lines_read
 from batches.models import BatchFile, FileLine
 from gateway.limits import prompt_bound
 from gateway.payload import estimate
@@ -38,11 +39,12 @@ def file_lines_check(*, file_id: str) -> BatchFile:
     """Checks the file's lines and stores the result (again, if it was checked before): its lines,
     or its first bad line's number and message. Returns the file as stored."""
     found = BatchFile.objects.get(pk=file_id)
+    lines: list[Line] = []  # a bad line's predecessors are kept too: a create names the first bad line
+    error, error_line = "", None
     try:
-        lines = lines_parse(file_chunks(found), endpoint=None, served=None)
-        error, error_line = "", None
+        lines.extend(lines_read(file_chunks(found), endpoint=None, served=None))
     except LineRefused as refused:
-        lines, error, error_line = [], refused.message, refused.line
+        error, error_line = refused.message, refused.line
     rows = (
         FileLine(
             file_id=file_id,

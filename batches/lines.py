@@ -129,29 +129,35 @@ def _line(number: int, raw: bytes, endpoint: str | None, served: Mapping[str, bo
     return custom_id, payload
 
 
-def lines_parse(chunks: Iterable[bytes], *, endpoint: str | None, served: Mapping[str, bool] | None) -> list[Line]:
-    """Every line of the file, checked; raises LineRefused at the first bad one. ``served`` maps
-    each configured model to whether it embeds (None: models are not checked here, as at upload,
-    when the batch's backends are not known yet). ``endpoint`` None: every line must name the
-    first line's url (one of ENDPOINTS), as at upload, before the batch names its endpoint."""
+def lines_read(chunks: Iterable[bytes], *, endpoint: str | None, served: Mapping[str, bool] | None) -> Iterator[Line]:
+    """Each line of the file, checked, in order; raises LineRefused at the first bad one (the lines
+    before it were yielded). ``served`` maps each configured model to whether it embeds (None:
+    models are not checked here, as at upload, when the batch's backends are not known yet).
+    ``endpoint`` None: every line must name the first line's url (one of ENDPOINTS), as at
+    upload, before the batch names its endpoint."""
     if endpoint is not None and endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
-    lines: list[Line] = []
+    count = 0
     seen: dict[str, int] = {}
     for number, raw in _split(chunks):
         if not raw.strip():
             continue
-        if len(lines) == settings.FAIRGATE_BATCH_MAX_LINES:
+        if count == settings.FAIRGATE_BATCH_MAX_LINES:
             raise LineRefused(number, f"a batch has at most {settings.FAIRGATE_BATCH_MAX_LINES} lines here.")
         custom_id, payload = _line(number, raw, endpoint, served)
         endpoint = endpoint or URLS[payload.kind]  # the first line's url: every line's
         if custom_id in seen:
             raise LineRefused(number, f"custom_id '{custom_id}' is also line {seen[custom_id]}'s.")
         seen[custom_id] = number
-        lines.append(Line(number, custom_id, payload))
-    if not lines:
+        count += 1
+        yield Line(number, custom_id, payload)
+    if not count:
         raise LineRefused(1, "the file has no requests.")
-    return lines
+
+
+def lines_parse(chunks: Iterable[bytes], *, endpoint: str | None, served: Mapping[str, bool] | None) -> list[Line]:
+    """Every line of the file, checked (`lines_read`): all of them, or LineRefused at the first bad one."""
+    return list(lines_read(chunks, endpoint=endpoint, served=served))
 
 
 def line_payload(line) -> Payload:

@@ -16,6 +16,7 @@ from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
 State = BatchLine.State
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def _batch(tenant: Tenant, lines: int, *, created_offset_s: int = 0) -> Batch:
@@ -32,7 +33,7 @@ def _batch(tenant: Tenant, lines: int, *, created_offset_s: int = 0) -> Batch:
     made = BatchLine.objects.bulk_create(
         BatchLine(batch=batch, number=n, custom_id=f"c{n}") for n in range(1, lines + 1)
     )
-    LineBody.objects.bulk_create(LineBody(line_id=line.pk, body={"model": "m"}) for line in made)
+    LineBody.objects.bulk_create(LineBody(line_id=line.pk, body=BODY) for line in made)
     return batch
 
 
