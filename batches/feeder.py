@@ -44,6 +44,7 @@ from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
 FEED_S = 0.2
+WATCH_S = 0.05  # sent lines are watched for their ends this often
 IDLE_FEED_S = 1.0  # while no batch has lines to feed: a tick a second, not five
 FINALIZE_S = 1.0
 FULL_PAUSE_S = 1.0  # after the engine refused a line for room
@@ -77,12 +78,39 @@ class Feeder:
         self.idle = False  # the last claim found nothing, and nothing is here
 
     async def run(self) -> None:
+        watching = spawn(self.watch())
+        try:
+            while True:
+                await asyncio.sleep(IDLE_FEED_S if self.idle else FEED_S)
+                try:
+                    await self.tick()
+                except Exception:
+                    log_failure(log, "the batch feeder's tick failed")
+        finally:
+            watching.cancel()
+
+    async def watch(self) -> None:
+        """Its sent lines, every WATCH_S: a line a worker ended frees its slot at once (a slot
+        held after its line ended is a slot no interactive request can have), a lapsed one is
+        sent again."""
         while True:
-            await asyncio.sleep(IDLE_FEED_S if self.idle else FEED_S)
+            await asyncio.sleep(WATCH_S)
+            if not self.waiting:
+                continue
             try:
-                await self.tick()
+                await self._watched()
             except Exception:
-                log_failure(log, "the batch feeder's tick failed")
+                log_failure(log, "the batch feeder's watch of its sent lines failed")
+
+    async def _watched(self) -> None:
+        ended, again = await batch_db_call(leases.lines_watch)(list(self.waiting))
+        for pk, end in ended.items():
+            waiter = self.waiting.pop(pk, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(end)
+        for pk, send in again:
+            metrics.RESENT.inc()
+            await _hand_to_worker(pk, send)
 
     async def tick(self) -> None:
         now_s = time.monotonic()
@@ -104,15 +132,6 @@ class Feeder:
                 self.lines[line.pk] = task
                 task.add_done_callback(functools.partial(self._gone, line.pk))
             self.idle = not claimed and not self.lines
-        if self.waiting:
-            ended, again = await batch_db_call(leases.lines_watch)(list(self.waiting))
-            for pk, end in ended.items():
-                waiter = self.waiting.pop(pk)
-                if not waiter.done():
-                    waiter.set_result(end)
-            for pk, send in again:
-                metrics.RESENT.inc()
-                await _hand_to_worker(pk, send)
         queued = [pk for pk in self.lines if pk not in self.waiting]
         if queued:
             for pk in await batch_db_call(service.batches_cancelled)(queued):

@@ -9,19 +9,13 @@ line is recorded (and the good lines before it), and a batch created from it is 
 are checked at create, against the backends configured then.
 
 The check of a large file is seconds of CPU (a 100 MB file: about 4 s, mostly tiktoken), so the
-API runs it in a process of its own (`file_check_off_process`, at a lower CPU priority), where it
+API runs it in a process of its own (batches.check_process, at a lower CPU priority), where it
 holds neither the gateway's event loop, nor its GIL, nor its database thread.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
-
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from batches.files import file_chunks
@@ -30,8 +24,6 @@ from batches.models import BatchFile, FileLine
 from gateway.limits import prompt_bound
 from gateway.payload import estimate
 
-log = logging.getLogger(__name__)
-CHECK_NICE = 10  # the checking process yields the CPU to the serving ones
 BULK_ROWS = 200
 
 
@@ -65,43 +57,3 @@ def file_lines_check(*, file_id: str) -> BatchFile:
         found.endpoint = URLS[lines[0].payload.kind] if lines else ""
         found.save(update_fields=["checked_at", "check_error", "check_error_line", "endpoint"])
     return found
-
-
-def _child_start() -> None:
-    os.nice(CHECK_NICE)
-    import django
-
-    django.setup()
-
-
-def _child_check(file_id: str) -> None:
-    try:
-        file_lines_check(file_id=file_id)
-    finally:
-        connections.close_all()
-
-
-_pool: ProcessPoolExecutor | None = None
-
-
-def _checker() -> ProcessPoolExecutor:
-    global _pool
-    if _pool is None:  # spawned, not forked: the serving process has threads and an event loop
-        context = multiprocessing.get_context("spawn")
-        _pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_child_start)
-    return _pool
-
-
-async def file_check_off_process(file_id: str) -> bool:
-    """Checks an uploaded file in the checking process; False if that failed (the file stays
-    unchecked, and a batch created from it checks it then)."""
-    global _pool
-    try:
-        await asyncio.get_running_loop().run_in_executor(_checker(), _child_check, file_id)
-    except Exception:
-        log.exception("the lines of file %s could not be checked at upload; a batch made from it checks them", file_id)
-        broken, _pool = _pool, None
-        if broken is not None:
-            broken.shutdown(wait=False, cancel_futures=True)
-        return False
-    return True

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from batches import create, files, service
+from batches.check_process import file_check_off_process
 from batches.db import batch_db_call
-from batches.file_check import file_check_off_process
 from batches.forecast import Pool
 from batches.models import BatchFile
 from gateway.auth import authenticate

@@ -5,7 +5,6 @@ stops granting, lets its running lines finish and ends with their output."""
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 
@@ -179,10 +178,11 @@ def test_an_embeddings_batch_runs_on_its_endpoint(stack):
 
 
 CHECKED = """
+import json
 from batches.models import BatchFile
 found = BatchFile.objects.get(pk={file_id!r})
 rows = found.checked_lines.order_by("number").values_list("number", "custom_id", "estimated_tokens", "output_limit")
-print(found.checked_at is not None, repr(found.check_error), list(rows))
+print(json.dumps([found.checked_at is not None, found.check_error, [list(row) for row in rows]]))
 """
 
 
@@ -190,12 +190,13 @@ def test_an_uploaded_file_is_checked_at_upload_and_the_create_only_reads_the_res
     gateway, _ = stack
     sdk = gateway.sdk("fin")
     good = upload(sdk, [chat_line("a", "one two three"), chat_line("b")])
-    checked, error, rows = gateway.shell(CHECKED.format(file_id=good)).strip().split(" ", 2)
-    assert (checked, error) == ("True", "''")  # by the checking process, before the upload was answered
-    assert [(n, c, limit) for n, c, _, limit in ast.literal_eval(rows)] == [(1, "a", 5), (2, "b", 5)]
-    assert all(tokens > 0 for _, _, tokens, _ in ast.literal_eval(rows))  # each line's estimate, stored
+    checked, error, rows = json.loads(gateway.shell(CHECKED.format(file_id=good)).strip())
+    assert (checked, error) == (True, "")  # by the checking process, before the upload was answered
+    assert [(n, c, limit) for n, c, _, limit in rows] == [(1, "a", 5), (2, "b", 5)]
+    assert all(tokens > 0 for _, _, tokens, _ in rows)  # each line's estimate, stored
     bad = upload(sdk, [chat_line("a"), {**chat_line("b"), "method": "GET"}])  # stored: a file is not a batch yet
-    assert gateway.shell(CHECKED.format(file_id=bad)).strip().startswith("True 'Line 2: ")
+    checked, error, rows = json.loads(gateway.shell(CHECKED.format(file_id=bad)).strip())
+    assert (checked, error, [row[0] for row in rows]) == (True, "Line 2: 'method' must be POST.", [1])
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.batches.create(input_file_id=bad, endpoint="/v1/chat/completions", completion_window="24h")
     assert "Line 2: 'method' must be POST." in refused.value.message
