@@ -108,3 +108,12 @@ def test_request_counts_are_one_query_of_counts_by_state(world, django_assert_nu
     with django_assert_num_queries(1):
         counts = service.counts_of(batch)
     assert counts == {"total": 6, "completed": 2, "failed": 2}
+
+
+def test_a_check_written_in_parts_stores_every_line_once_and_a_recheck_replaces_them(world, monkeypatch):
+    monkeypatch.setattr(file_check, "PART_ROWS", 2)  # five lines: parts of 2, 2 and 1
+    found = _upload(world, [chat_line(f"c{n}") for n in range(5)])
+    again = file_check.file_lines_check(file_id=found.id)
+    numbers = FileLine.objects.filter(file=found).order_by("number").values_list("number", "custom_id")
+    assert list(numbers) == [(n + 1, f"c{n}") for n in range(5)]
+    assert again.checked_at > found.checked_at and again.check_error == ""
