@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from batches.file_check import file_lines_check
+from batches.file_check import file_lines_check, wal_checkpoint
 from batches.files import FileRefused, file_get
 from batches.forecast import forecast
 from batches.lines import ENDPOINTS, Terms, model_error
@@ -65,6 +65,7 @@ def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
             expires_at=now + window,
         )
         lines_copy(batch_id=batch.id, file_id=found.id)
+    wal_checkpoint()
     return batch
 
 

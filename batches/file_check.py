@@ -15,7 +15,7 @@ holds neither the gateway's event loop, nor its GIL, nor its database thread.
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from batches.files import file_chunks
@@ -51,7 +51,18 @@ def file_lines_check(*, file_id: str) -> BatchFile:
     found.checked_at, found.check_error, found.check_error_line = timezone.now(), error, error_line
     found.endpoint = endpoint
     found.save(update_fields=["checked_at", "check_error", "check_error_line", "endpoint"])
+    wal_checkpoint()
     return found
+
+
+def wal_checkpoint() -> None:
+    """On SQLite, after writing a large file's lines: their pages moved from the write-ahead log
+    into the database now, by this call (a passive checkpoint: it waits for no reader or writer).
+    Otherwise the next small commits — a line claimed, sent, ended, by the feeder or a worker —
+    each run a part of that checkpoint on its own thread, and a line's slot waits for it."""
+    if connection.vendor == "sqlite" and not connection.in_atomic_block:  # (not inside a transaction)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 def _row(file_id: str, line: Line) -> FileLine:
