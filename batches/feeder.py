@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,22 +28,23 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 from batches import leases, metrics, service, tasks
-from batches.lines import ENDPOINTS
+from batches.db import batch_db_call
+from batches.lines import line_payload
 from batches.models import BatchLine
 from billing.heartbeats import process_owner
 from gateway import admission, charging
 from gateway.auth import caller_of
-from gateway.db import db_call, log_failure
+from gateway.db import log_failure
 from gateway.errors import ErrorCode, GatewayError
 from gateway.exchange import spawn
 from gateway.intake import Asked, classify
 from gateway.lifecycle import Outcome, PublicId
-from gateway.limits import output_limit, prompt_bound
-from gateway.payload import EMBED, payload_estimate, payload_parse
+from gateway.payload import EMBED, payload_estimate
 from gateway.runtime import dispatcher_get
 
 log = logging.getLogger(__name__)
 FEED_S = 0.2
+WATCH_S = 0.05  # sent lines are watched for their ends this often
 IDLE_FEED_S = 1.0  # while no batch has lines to feed: a tick a second, not five
 FINALIZE_S = 1.0
 FULL_PAUSE_S = 1.0  # after the engine refused a line for room
@@ -85,24 +85,53 @@ class Feeder:
         self.idle = False  # the last claim found nothing, and nothing is here
 
     async def run(self) -> None:
+        watching = spawn(self.watch())
+        try:
+            while True:
+                await asyncio.sleep(IDLE_FEED_S if self.idle else FEED_S)
+                try:
+                    await self.tick()
+                except Exception:
+                    log_failure(log, "the batch feeder's tick failed")
+        finally:
+            watching.cancel()
+
+    async def watch(self) -> None:
+        """Its sent lines, every WATCH_S: a line a worker ended frees its slot at once (a slot
+        held after its line ended is a slot no interactive request can have), a lapsed one is
+        sent again."""
         while True:
-            await asyncio.sleep(IDLE_FEED_S if self.idle else FEED_S)
+            await asyncio.sleep(WATCH_S)
+            if not self.waiting:
+                continue
             try:
-                await self.tick()
+                await self._watched()
             except Exception:
-                log_failure(log, "the batch feeder's tick failed")
+                log_failure(log, "the batch feeder's watch of its sent lines failed")
+
+    async def _watched(self) -> None:
+        ended, again = await batch_db_call(leases.lines_watch)(list(self.waiting))
+        for pk, end in ended.items():
+            waiter = self.waiting.pop(pk, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(end)
+        for pk, send in again:
+            metrics.RESENT.inc()
+            await _hand_to_worker(pk, send)
 
     async def tick(self) -> None:
         now_s = time.monotonic()
-        if self.idle and not self.lines and not await db_call(service.batches_open)():
+        if self.idle and not self.lines and not await batch_db_call(service.batches_open)():
             if not self.tallied_quiet:  # no batch is open anywhere: the counts stay as they are
                 self.tallied_quiet = True
-                await db_call(metrics.refresh)()
+                await batch_db_call(metrics.refresh)()
             return  # one small query a second, not the claim, finalize and tally queries
         self.tallied_quiet = False
         room = settings.FAIRGATE_BATCH_LINES_PER_PROCESS - len(self.lines)
         if room > 0 and now_s >= self.paused_until_s:
-            claimed = await db_call(service.lines_claim)(owner=process_owner(), room=room, after=self.claimed_after)
+            claimed = await batch_db_call(service.lines_claim)(
+                owner=process_owner(), room=room, after=self.claimed_after
+            )
             if claimed:
                 self.claimed_after = max(line.batch_id for line in claimed)
             for line in claimed:
@@ -110,26 +139,17 @@ class Feeder:
                 self.lines[line.pk] = task
                 task.add_done_callback(functools.partial(self._gone, line.pk))
             self.idle = not claimed and not self.lines
-        if self.waiting:
-            ended, again = await db_call(leases.lines_watch)(list(self.waiting))
-            for pk, end in ended.items():
-                waiter = self.waiting.pop(pk)
-                if not waiter.done():
-                    waiter.set_result(end)
-            for pk, send in again:
-                metrics.RESENT.inc()
-                await _hand_to_worker(pk, send)
         queued = [pk for pk in self.lines if pk not in self.waiting]
         if queued:
-            for pk in await db_call(service.batches_cancelled)(queued):
+            for pk in await batch_db_call(service.batches_cancelled)(queued):
                 if pk in self.lines and pk not in self.waiting:  # not sent meanwhile: a sent line is the worker's
                     self.lines[pk].cancel()
         if now_s - self.finalized_at_s >= FINALIZE_S:
             self.finalized_at_s = now_s
-            await db_call(service.batches_finalize)()
+            await batch_db_call(service.batches_finalize)()
         if now_s - self.tallied_at_s >= metrics.TALLY_S:
             self.tallied_at_s = now_s
-            await db_call(metrics.refresh)()
+            await batch_db_call(metrics.refresh)()
 
     def _gone(self, pk: int, _task: asyncio.Task) -> None:
         self.lines.pop(pk, None)
@@ -139,10 +159,9 @@ class Feeder:
         caller = await caller_of(batch.key_prefix)
         if caller is None:
             raise GatewayError(401, ErrorCode.INVALID_API_KEY, "The key that created the batch was revoked.")
-        payload = payload_parse(ENDPOINTS[batch.endpoint], json.dumps(line.body).encode())
-        payload.output_limit = output_limit(payload)
-        await payload_estimate(payload)
-        payload.prompt_bound = prompt_bound(payload)
+        payload = line_payload(line)
+        if line.estimated_tokens is None:  # a line made without its upload's check
+            await payload_estimate(payload)
         d = await dispatcher_get()
         d.check_model(payload.model, embeddings=payload.kind == EMBED)  # still served? (503: not now)
         cls, rule = classify(d, caller, batch.priority_class, payload, None)
@@ -158,16 +177,16 @@ class Feeder:
         except GatewayError as refused:
             if refused.status in (429, 503):  # no room in the engine, or no backend, now: fed later
                 self.paused_until_s = time.monotonic() + FULL_PAUSE_S
-                await db_call(service.line_unclaim)(line.pk)
+                await batch_db_call(service.line_unclaim)(line.pk)
             else:
                 await _ended(line.pk, State.FAILED, refused.code, refused.message)
             return
         except asyncio.CancelledError:  # before its hold or admission: nothing of it is held now
-            spawn(db_call(service.line_drop)(line.pk))
+            spawn(batch_db_call(service.line_drop)(line.pk))
             raise
         except Exception:
             log_failure(log, "batch line %s could not be admitted; it goes back to its batch", line.pk)
-            spawn(db_call(service.line_drop)(line.pk))
+            spawn(batch_db_call(service.line_drop)(line.pk))
             return
         d, entry, bill = asked.d, admitted.entry, admitted.bill
         try:
@@ -176,7 +195,7 @@ class Feeder:
             d.end(entry, refused.code)
             bill.end(refused.code, served=False)
             if refused.status == 503:  # the gateway is shutting down (or lost its backends): not the line's end
-                await db_call(service.line_drop)(line.pk)
+                await batch_db_call(service.line_drop)(line.pk)
                 return
             if failed_early(refused.code, expires_at_s=line.batch.expires_at.timestamp(), now_s=time.time()):
                 self.paused_until_s = time.monotonic() + FULL_PAUSE_S  # its class cannot take it in time now
@@ -188,14 +207,14 @@ class Feeder:
         except asyncio.CancelledError:  # its batch was cancelled (or this process stops)
             d.end(entry, Outcome.CANCELLED)
             bill.end(Outcome.CANCELLED, served=False)
-            spawn(db_call(service.line_drop)(line.pk))
+            spawn(batch_db_call(service.line_drop)(line.pk))
             raise
         # Granted: from here on nothing may stop half-way (a cancel now is too late for this line).
         await asyncio.shield(spawn(self._granted(line.pk, d, entry, bill, grant.backend)))
 
     async def _granted(self, pk: int, d, entry, bill: admission.Bill, backend: str) -> None:
         assert isinstance(bill.held, charging.Hold)  # admitted with early=False: booked
-        send = await db_call(leases.line_sent)(pk, backend, bill.held.request_id)
+        send = await batch_db_call(leases.line_sent)(pk, backend, bill.held.request_id)
         if not send:  # its batch was cancelled
             d.end(entry, Outcome.CANCELLED)
             bill.end(Outcome.CANCELLED, served=False)
@@ -217,7 +236,7 @@ class Feeder:
 
 
 async def _ended(pk: int, state: str, code: str, message: str) -> None:
-    await db_call(service.line_end)(pk, state, {"code": str(code), "message": message})
+    await batch_db_call(service.line_end)(pk, state, {"code": str(code), "message": message})
 
 
 _running: asyncio.Task | None = None

@@ -26,12 +26,11 @@ from decimal import Decimal
 from django.conf import settings
 
 from batches.files import FileRefused
-from batches.lines import Line
+from batches.lines import Terms
 from batches.models import Batch, BatchLine
 from billing.errors import UnknownModel
 from billing.pricing import charge_of, upper_bound_base_cost
 from billing.selectors import hold_terms
-from gateway.limits import prompt_bound
 
 
 @dataclass(frozen=True)
@@ -45,23 +44,23 @@ class Pool:
         return sum(slots for served, slots in self.backends if served & models)
 
 
-def _holds(lines: Sequence[Line]) -> list[Decimal]:
-    """Each line's base cost at its hold (before the class's factor)."""
-    bases = []
+def _holds(lines: Sequence[Terms]) -> list[Decimal]:
+    """Each line's base cost at its hold (before the class's factor); lines alike cost alike."""
+    costs: dict[tuple[str, int, int], Decimal] = {}
     for line in lines:
-        payload = line.payload
+        terms = (line.model, line.prompt_bound, line.output_limit)
+        if terms in costs:
+            continue
         try:
-            bases.append(
-                upper_bound_base_cost(
-                    model=payload.model, prompt_tokens=prompt_bound(payload), completion_tokens=payload.output_limit
-                )
+            costs[terms] = upper_bound_base_cost(
+                model=line.model, prompt_tokens=line.prompt_bound, completion_tokens=line.output_limit
             )
         except UnknownModel:
-            raise FileRefused(400, f"Line {line.number}: no enabled backend serves model '{payload.model}'.") from None
-    return bases
+            raise FileRefused(400, f"Line {line.number}: no enabled backend serves model '{line.model}'.") from None
+    return [costs[(line.model, line.prompt_bound, line.output_limit)] for line in lines]
 
 
-def _money(tenant_slug: str, class_name: str, lines: Sequence[Line], at: datetime) -> dict:
+def _money(tenant_slug: str, class_name: str, lines: Sequence[Terms], at: datetime) -> dict:
     """The batch's cost bound and its budget's room; FileRefused(402) if no line could be held."""
     bases = _holds(lines)
     remaining, factor, cheapest = hold_terms(tenant_slug=tenant_slug, class_name=class_name, at=at)
@@ -79,9 +78,9 @@ def _money(tenant_slug: str, class_name: str, lines: Sequence[Line], at: datetim
     }
 
 
-def _time(lines: Sequence[Line], pool: Pool, created_at: datetime, expires_at: datetime) -> dict:
+def _time(lines: Sequence[Terms], pool: Pool, created_at: datetime, expires_at: datetime) -> dict:
     ahead = BatchLine.objects.filter(batch__status=Batch.Status.IN_PROGRESS).exclude(state__in=BatchLine.ENDED).count()
-    slots = pool.slots_for({line.payload.model for line in lines})
+    slots = pool.slots_for({line.model for line in lines})
     if slots <= 0:
         return {"lines_ahead": ahead, "slots": 0, "done_in_s": None, "fits_window": False}
     done_in_s = math.ceil((ahead + len(lines)) * pool.service_ms / slots / 1000)
@@ -95,7 +94,7 @@ def _time(lines: Sequence[Line], pool: Pool, created_at: datetime, expires_at: d
 
 
 def forecast(
-    *, tenant_slug: str, class_name: str, lines: Sequence[Line], pool: Pool, created_at: datetime, expires_at: datetime
+    *, tenant_slug: str, class_name: str, lines: Sequence[Terms], pool: Pool, created_at: datetime, expires_at: datetime
 ) -> dict:
     """The batch's forecast (stored with it, shown in its object and the console), or
     FileRefused(402) when its budget cannot hold even its cheapest line."""

@@ -24,12 +24,39 @@ class BatchFile(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)  # deleted then by beat (batches.sweep); None: kept
     key_prefix = models.CharField(max_length=32, blank=True)  # the API key that uploaded it
+    # Its lines as a batch input, checked once at upload (batches.file_check): None, not yet (a
+    # batch created from it checks it then); check_error names the first bad line ("" if none).
+    checked_at = models.DateTimeField(null=True, blank=True)
+    check_error = models.TextField(blank=True)
+    check_error_line = models.PositiveIntegerField(null=True, blank=True)
+    endpoint = models.CharField(max_length=64, blank=True)  # the url its lines name (checked, else "")
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "id"])]
 
     def __str__(self) -> str:
         return f"{self.id} ({self.filename})"
+
+
+class FileLine(models.Model):
+    """A checked line of an uploaded batch file (batches.file_check): what a batch created from the
+    file copies into its lines, so the create neither parses nor tokenizes. ``body`` is the last
+    column: reading the others does not read it."""
+
+    file = models.ForeignKey(BatchFile, on_delete=models.CASCADE, related_name="checked_lines")
+    number = models.PositiveIntegerField()  # its line in the file
+    custom_id = models.CharField(max_length=128)
+    model = models.CharField(max_length=200)
+    estimated_tokens = models.PositiveIntegerField()  # cl100k_base estimate of its prompt (scheduling)
+    bound_tokens = models.PositiveIntegerField()  # its prompt's upper bound (the hold: gateway.limits)
+    output_limit = models.PositiveIntegerField()  # per choice, held and sent upstream
+    body = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["file", "number"], name="file_line_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.file_id}:{self.number}"
 
 
 class Batch(models.Model):
@@ -90,7 +117,6 @@ class BatchLine(models.Model):
     batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
     number = models.PositiveIntegerField()  # its line in the input file
     custom_id = models.CharField(max_length=128)
-    body = models.JSONField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     owner = models.CharField(max_length=64, blank=True)  # the gateway process that claimed it
     backend = models.CharField(max_length=64, blank=True)  # granted
@@ -107,10 +133,29 @@ class BatchLine(models.Model):
     error = models.JSONField(null=True, blank=True)  # {"code", "message"} (failed, cancelled, expired)
     charge = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Said at upload (FileLine); None for a line made without them: the feeder then works them out.
+    estimated_tokens = models.PositiveIntegerField(null=True, blank=True)
+    bound_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_limit = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["batch", "custom_id"], name="batch_line_custom_id_unique")]
-        indexes = [models.Index(fields=["state", "batch"]), models.Index(fields=["batch", "number"])]
+        indexes = [
+            models.Index(fields=["state", "batch"]),
+            models.Index(fields=["batch", "number"]),
+            models.Index(fields=["batch", "state", "number"]),  # counts by state, pending lines in order
+        ]
 
     def __str__(self) -> str:
         return f"{self.batch_id}:{self.custom_id} ({self.state})"
+
+
+class LineBody(models.Model):
+    """A batch line's request body, in a table of its own: a line's row changes state several times
+    while it runs, and without its body (tens of KB) each change writes a small row."""
+
+    line = models.OneToOneField(BatchLine, primary_key=True, on_delete=models.CASCADE, related_name="content")
+    body = models.JSONField()
+
+    def __str__(self) -> str:
+        return f"body of line {self.line_id}"

@@ -1,6 +1,6 @@
 """Batches in the database (synchronous: the API views and the feeder run these off the event loop).
 
-A batch is created whole from a file its lines check (batches.lines) or not at all; its lines are
+A batch is created whole from a file its lines check (batches.create) or not at all; its lines are
 then claimed by gateway processes (`lines_claim`, never twice: a claim is a conditional UPDATE),
 sent to Celery workers once granted, and ended by the worker (completed, failed) or here
 (cancelled, expired). A batch with no line left to run is finalized: its output and error files
@@ -10,7 +10,7 @@ written in OpenAI's line format, its status completed, cancelled or expired.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from io import BytesIO
@@ -21,9 +21,8 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from batches import leases
-from batches.files import FileRefused, file_chunks, file_get, file_record, file_store
-from batches.forecast import Pool, forecast
-from batches.lines import ENDPOINTS, LineRefused, lines_parse
+from batches.files import FileRefused, file_record, file_store
+from batches.forecast import Pool
 from batches.models import Batch, BatchFile, BatchLine
 from gateway.lifecycle import ordered_id
 
@@ -57,55 +56,6 @@ class Asked:
     priority_class: str
     metadata: dict | None
     pool: Pool
-
-
-def batch_create(asked: Asked, *, served: Mapping[str, bool]) -> Batch:
-    """The batch and all its lines, or FileRefused (400 naming the first bad line, 404 for a file
-    that is not the tenant's, 402 for a budget that cannot hold any line). ``served``: each
-    configured model, and whether it embeds."""
-    if asked.endpoint not in ENDPOINTS:
-        raise FileRefused(400, f"'endpoint' must be one of {', '.join(ENDPOINTS)}; got '{asked.endpoint[:64]}'.")
-    window = WINDOWS.get(asked.completion_window)
-    if window is None:
-        raise FileRefused(400, f"'completion_window' must be one of {', '.join(WINDOWS)}.")
-    found = file_get(tenant_id=asked.tenant_id, file_id=asked.input_file_id)
-    if found.purpose != BatchFile.Purpose.BATCH:
-        raise FileRefused(400, f"File '{found.id}' is not a batch input file (purpose {found.purpose}).")
-    try:
-        lines = lines_parse(file_chunks(found), endpoint=asked.endpoint, served=served)
-    except LineRefused as refused:
-        raise FileRefused(400, f"File '{found.id}': {refused.message}") from None
-    now = timezone.now()
-    said = forecast(
-        tenant_slug=asked.tenant_slug,
-        class_name=asked.priority_class,
-        lines=lines,
-        pool=asked.pool,
-        created_at=now,
-        expires_at=now + window,
-    )
-    with transaction.atomic():
-        batch = Batch.objects.create(
-            id=batch_id_new(),
-            tenant_id=asked.tenant_id,
-            key_prefix=asked.key_prefix,
-            endpoint=asked.endpoint,
-            input_file=found,
-            completion_window=asked.completion_window,
-            priority_class=asked.priority_class,
-            metadata=asked.metadata,
-            forecast=said,
-            created_at=now,
-            expires_at=now + window,
-        )
-        BatchLine.objects.bulk_create(
-            (
-                BatchLine(batch=batch, number=line.number, custom_id=line.custom_id, body=line.payload.body)
-                for line in lines
-            ),
-            batch_size=1000,
-        )
-    return batch
 
 
 def batch_get(*, tenant_id: int, batch_id: str) -> Batch:
@@ -146,12 +96,11 @@ def batch_cancel(*, tenant_id: int, batch_id: str) -> Batch:
 
 
 def counts_of(batch: Batch) -> dict[str, int]:
-    got = batch.lines.aggregate(
-        total=Count("id"),
-        completed=Count("id", filter=Q(state=State.COMPLETED)),
-        failed=Count("id", filter=~Q(state__in=(State.COMPLETED, State.PENDING, State.CLAIMED, State.SENT))),
-    )
-    return {"total": got["total"], "completed": got["completed"], "failed": got["failed"]}
+    """request_counts: one count per state in SQL (the index on batch and state covers it)."""
+    by_state = dict(batch.lines.order_by().values_list("state").annotate(n=Count("id")))
+    completed = by_state.get(State.COMPLETED, 0)
+    ended = sum(by_state.get(state, 0) for state in BatchLine.ENDED)
+    return {"total": sum(by_state.values()), "completed": completed, "failed": ended - completed}
 
 
 CARDS_ENDED_S = 3600  # ended batches stay on the console's cards this long
@@ -288,7 +237,8 @@ def lines_claim(*, owner: str, room: int, after: str = "") -> list[BatchLine]:
             state=State.CLAIMED, owner=owner, feeds=F("feeds") + 1
         ):
             claimed.append(pk)
-    return list(BatchLine.objects.select_related("batch").filter(pk__in=claimed).order_by("batch_id", "number"))
+    found = BatchLine.objects.select_related("batch", "content").filter(pk__in=claimed)
+    return list(found.order_by("batch_id", "number"))
 
 
 def line_unclaim(pk: int) -> None:

@@ -11,8 +11,9 @@ whichever run ends first, once; so a line appears once in the output and once in
 
 from __future__ import annotations
 
-import json
 import logging
+import os
+import threading
 
 import httpx
 from celery import shared_task
@@ -22,23 +23,40 @@ from django.utils import timezone
 
 from batches import files, service
 from batches.leases import line_start, renewer
-from batches.lines import ENDPOINTS
+from batches.lines import line_payload
 from batches.models import BatchLine
 from billing.services import charge_settle, hold_release
 from gateway.lifecycle import PublicId, engine_id
-from gateway.limits import output_limit
-from gateway.payload import Payload, estimate, payload_parse, upstream_body
+from gateway.payload import estimate, upstream_body
 from scheduling.models import Backend
 
 log = logging.getLogger(__name__)
 State = BatchLine.State
+CLIENT_KEEPALIVE = 64  # idle connections kept to the backends (a worker runs up to its threads' lines at once)
 
 
-def _request(line: BatchLine) -> Payload:
-    """The line as it goes upstream (its output limit as the hold covers it)."""
-    payload = payload_parse(ENDPOINTS[line.batch.endpoint], json.dumps(line.body).encode())
-    payload.output_limit = output_limit(payload)
-    return payload
+class _Upstream:
+    """One HTTP client per worker process for every line it runs (its pool of connections to the
+    backends reused, not a client built and torn down per line); a forked pool child makes its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+        self._pid = 0
+
+    def client(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None or self._pid != os.getpid():
+                timeout = httpx.Timeout(
+                    settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS / 1000,
+                    connect=settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS / 1000,
+                )
+                limits = httpx.Limits(max_connections=None, max_keepalive_connections=CLIENT_KEEPALIVE)
+                self._client, self._pid = httpx.Client(timeout=timeout, limits=limits), os.getpid()
+            return self._client
+
+
+upstream = _Upstream()
 
 
 def _ledger_key(line: BatchLine) -> str:
@@ -74,7 +92,7 @@ def _finish(line: BatchLine, *, status: int, body: object, usage: dict | None) -
 
 @shared_task(name="batches.run_line", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_line(line_pk: int, send: int = 0) -> None:
-    line = BatchLine.objects.select_related("batch", "batch__tenant").filter(pk=line_pk).first()
+    line = BatchLine.objects.select_related("batch", "batch__tenant", "content").filter(pk=line_pk).first()
     if line is None or line.state != State.SENT:
         return  # ended already: a redelivered task
     if not line_start(line_pk, send or line.sends):
@@ -86,18 +104,14 @@ def run_line(line_pk: int, send: int = 0) -> None:
 
 def _run(line: BatchLine) -> None:
     backend = Backend.objects.filter(name=line.backend).first()
-    payload = _request(line)
-    timeout = httpx.Timeout(
-        settings.FAIRGATE_UPSTREAM_READ_TIMEOUT_MS / 1000, connect=settings.FAIRGATE_UPSTREAM_CONNECT_TIMEOUT_MS / 1000
-    )
+    payload = line_payload(line)
     try:
         if backend is None:
             raise httpx.ConnectError(f"backend {line.backend!r} is no longer configured")
-        response = httpx.post(
+        response = upstream.client().post(
             f"{backend.url.rstrip('/')}{payload.upstream_path}",
             content=upstream_body(payload),
             headers={"Content-Type": "application/json", "X-Request-Id": service.public_id_of(line)},
-            timeout=timeout,
         )
     except httpx.HTTPError as failed:
         log.warning("batch line %s: the backend failed: %r", line.pk, failed)
@@ -112,7 +126,7 @@ def _run(line: BatchLine) -> None:
         return
     usage = answer.get("usage") if isinstance(answer, dict) else None
     if not isinstance(usage, dict):  # served without a count: charged for the estimated prompt, as over HTTP
-        usage = {"prompt_tokens": estimate(payload), "completion_tokens": 0}
+        usage = {"prompt_tokens": payload.prompt_tokens or estimate(payload), "completion_tokens": 0}
     _finish(line, status=response.status_code, body=answer, usage=usage)
 
 

@@ -1,7 +1,9 @@
 """The Files API (OpenAI's shape; the `openai` SDK's ``client.files`` works unchanged):
 ``POST /v1/files`` (multipart: ``file``, ``purpose=batch``), ``GET /v1/files``,
 ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``, ``DELETE /v1/files/{id}``. A tenant sees
-its own files only (another tenant's are 404). Storage and database calls run off the event loop."""
+its own files only (another tenant's are 404). Storage and database calls run off the event loop;
+an uploaded batch file's lines are checked before the upload is answered, in a process of its own
+(batches.file_check), and a batch is created in the batches' database thread (batches.create)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from batches import files, service
+from batches import create, files, service
+from batches.check_process import file_check_off_process
+from batches.db import batch_db_call
 from batches.forecast import Pool
 from batches.models import BatchFile
 from gateway.auth import authenticate
@@ -43,6 +47,8 @@ async def _upload(request: HttpRequest) -> HttpResponse:
         purpose=form.get("purpose", ""),
         keep_s=keep_s,
     )
+    if record.purpose == BatchFile.Purpose.BATCH:  # its lines checked now, once, off this process
+        await file_check_off_process(record.id)
     return json_response(files.file_object(record))
 
 
@@ -173,7 +179,7 @@ async def _batch_create(request: HttpRequest) -> HttpResponse:
         metadata=metadata,
         pool=pool,
     )
-    batch = await db_call(service.batch_create)(asked, served=served)
+    batch = await batch_db_call(create.batch_create)(asked, served=served)
     return json_response(await db_call(service.batch_object)(batch))
 
 

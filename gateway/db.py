@@ -20,6 +20,7 @@ import functools
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -32,8 +33,9 @@ T = TypeVar("T")
 DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError, DatabaseUnavailable)
 
 
-def db_call(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
-    """``await db_call(fn)(...)``: run ``fn`` in the one thread-sensitive worker with a usable
+def db_call(fn: Callable[P, T], *, thread: ThreadPoolExecutor | None = None) -> Callable[P, Awaitable[T]]:
+    """``await db_call(fn)(...)``: run ``fn`` in the one thread-sensitive worker (or in ``thread``,
+    a single-thread executor of the caller's, with a connection of its own) with a usable
     connection. ``fn`` runs twice when its first run failed on a connection that broke while idle,
     so it must be a read or a write that may be repeated (the gateway's are: key and configuration
     reads, the start-up release of leftover holds, downgrade events, which are re-sent after any
@@ -51,6 +53,8 @@ def db_call(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
             connection.close()
         return fn(*args, **kwargs)
 
+    if thread is not None:
+        return sync_to_async(run, thread_sensitive=False, executor=thread)
     return sync_to_async(run, thread_sensitive=True)
 
 

@@ -21,7 +21,7 @@ from bench.surge.traffic import Clock, batch_bodies
 
 ENDPOINT = "/v1/chat/completions"
 ENDED = ("completed", "failed", "expired", "cancelled")
-CALL_TIMEOUT_S = 600.0  # an upload of ~100 MB, and a create that checks every line of it
+CALL_TIMEOUT_S = 600.0  # an upload of ~100 MB, whose lines the gateway checks before it answers
 
 
 def batch_jsonl(plan: SurgePlan, prompts: Prompts | None = None) -> bytes:

@@ -10,12 +10,13 @@ import pytest
 from django.utils import timezone
 
 from batches import leases, service
-from batches.models import Batch, BatchLine
+from batches.models import Batch, BatchLine, LineBody
 from billing.models import GatewayProcess
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
 State = BatchLine.State
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def _batch(tenant: Tenant, lines: int, *, created_offset_s: int = 0) -> Batch:
@@ -29,9 +30,10 @@ def _batch(tenant: Tenant, lines: int, *, created_offset_s: int = 0) -> Batch:
         created_at=now + timedelta(seconds=created_offset_s),
         expires_at=now + timedelta(hours=24),
     )
-    BatchLine.objects.bulk_create(
-        BatchLine(batch=batch, number=n, custom_id=f"c{n}", body={"model": "m"}) for n in range(1, lines + 1)
+    made = BatchLine.objects.bulk_create(
+        BatchLine(batch=batch, number=n, custom_id=f"c{n}") for n in range(1, lines + 1)
     )
+    LineBody.objects.bulk_create(LineBody(line_id=line.pk, body=BODY) for line in made)
     return batch
 
 

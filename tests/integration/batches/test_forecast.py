@@ -55,7 +55,12 @@ def _said(lines, *, slots: int = 4, service_ms: float = 1000.0, tenant: str = "a
     now = timezone.now()
     pool = Pool(backends=((frozenset({"m"}), slots),), service_ms=service_ms)
     return forecast(
-        tenant_slug=tenant, class_name="BATCH", lines=lines, pool=pool, created_at=now, expires_at=now + DAY
+        tenant_slug=tenant,
+        class_name="BATCH",
+        lines=[line.terms for line in lines],
+        pool=pool,
+        created_at=now,
+        expires_at=now + DAY,
     )
 
 

@@ -177,6 +177,34 @@ def test_an_embeddings_batch_runs_on_its_endpoint(stack):
     assert all(line["response"]["body"]["data"][0]["object"] == "embedding" for line in out)
 
 
+CHECKED = """
+import json
+from batches.models import BatchFile
+found = BatchFile.objects.get(pk={file_id!r})
+rows = found.checked_lines.order_by("number").values_list("number", "custom_id", "estimated_tokens", "output_limit")
+print(json.dumps([found.checked_at is not None, found.check_error, [list(row) for row in rows]]))
+"""
+
+
+def test_an_uploaded_file_is_checked_at_upload_and_the_create_only_reads_the_result(stack):
+    gateway, _ = stack
+    sdk = gateway.sdk("fin")
+    good = upload(sdk, [chat_line("a", "one two three"), chat_line("b")])
+    checked, error, rows = json.loads(gateway.shell(CHECKED.format(file_id=good)).strip())
+    assert (checked, error) == (True, "")  # by the checking process, before the upload was answered
+    assert [(n, c, limit) for n, c, _, limit in rows] == [(1, "a", 5), (2, "b", 5)]
+    assert all(tokens > 0 for _, _, tokens, _ in rows)  # each line's estimate, stored
+    bad = upload(sdk, [chat_line("a"), {**chat_line("b"), "method": "GET"}])  # stored: a file is not a batch yet
+    checked, error, rows = json.loads(gateway.shell(CHECKED.format(file_id=bad)).strip())
+    assert (checked, error, [row[0] for row in rows]) == (True, "Line 2: 'method' must be POST.", [1])
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.batches.create(input_file_id=bad, endpoint="/v1/chat/completions", completion_window="24h")
+    assert "Line 2: 'method' must be POST." in refused.value.message
+    batch = sdk.batches.create(input_file_id=good, endpoint="/v1/chat/completions", completion_window="24h")
+    assert ended(sdk, batch.id, gateway=gateway).request_counts.completed == 2
+    assert "Traceback" not in gateway.log()
+
+
 def test_a_malformed_file_is_refused_whole_naming_its_first_bad_line(stack):
     gateway, _ = stack
     sdk = gateway.sdk("fin")

@@ -1,0 +1,85 @@
+"""A batch input file's lines, checked once, when the file is uploaded: parsed as the gateway would
+parse each request (batches.lines), its prompt estimated with tiktoken and bounded, and the
+results stored a row per line (FileLine), so that creating a batch from the file only reads
+them (batches.service.batch_create) and the feeder never tokenizes a line.
+
+A file whose lines do not check is still stored (as OpenAI's Files API stores it): its first bad
+line is recorded (and the good lines before it), and a batch created from it is refused with a
+400 naming that line, or an earlier one whose model is not served. The models
+are checked at create, against the backends configured then.
+
+The check of a large file is seconds of CPU (a 100 MB file: about 4 s, mostly tiktoken), so the
+API runs it in a process of its own (batches.check_process, at a lower CPU priority), where it
+holds neither the gateway's event loop, nor its GIL, nor its database thread.
+"""
+
+from __future__ import annotations
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from batches.files import file_chunks
+from batches.lines import URLS, Line, LineRefused, lines_read
+from batches.models import BatchFile, FileLine
+from gateway.limits import prompt_bound
+from gateway.payload import estimate
+
+PART_ROWS = 200  # lines written per transaction (~3 MB at the surge's 17 KB a line)
+
+
+def file_lines_check(*, file_id: str) -> BatchFile:
+    """Checks the file's lines and stores the result (again, if it was checked before): its lines,
+    or its first bad line's number and message (and the good lines before it). The lines are
+    written a few hundred at a time, each part in a short transaction of its own (on SQLite a
+    long one would hold the database's write lock for the whole check); the file counts as
+    checked only once the last part is in (``checked_at``, set last). Returns the file as stored."""
+    found = BatchFile.objects.get(pk=file_id)
+    with transaction.atomic():
+        BatchFile.objects.filter(pk=file_id).update(checked_at=None, check_error="", check_error_line=None, endpoint="")
+        FileLine.objects.filter(file_id=file_id).delete()
+    error, error_line, endpoint = "", None, ""
+    part: list[FileLine] = []
+    try:
+        for line in lines_read(file_chunks(found), endpoint=None, served=None):
+            endpoint = endpoint or URLS[line.payload.kind]
+            part.append(_row(file_id, line))
+            if len(part) == PART_ROWS:
+                _write(part)
+    except LineRefused as refused:
+        error, error_line = refused.message, refused.line
+    _write(part)
+    found.checked_at, found.check_error, found.check_error_line = timezone.now(), error, error_line
+    found.endpoint = endpoint
+    found.save(update_fields=["checked_at", "check_error", "check_error_line", "endpoint"])
+    wal_checkpoint()
+    return found
+
+
+def wal_checkpoint() -> None:
+    """On SQLite, after writing a large file's lines: their pages moved from the write-ahead log
+    into the database now, by this call (a passive checkpoint: it waits for no reader or writer).
+    Otherwise the next small commits — a line claimed, sent, ended, by the feeder or a worker —
+    each run a part of that checkpoint on its own thread, and a line's slot waits for it."""
+    if connection.vendor == "sqlite" and not connection.in_atomic_block:  # (not inside a transaction)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+
+def _row(file_id: str, line: Line) -> FileLine:
+    payload = line.payload
+    return FileLine(
+        file_id=file_id,
+        number=line.number,
+        custom_id=line.custom_id,
+        model=payload.model,
+        estimated_tokens=estimate(payload),
+        bound_tokens=prompt_bound(payload),
+        output_limit=payload.output_limit,
+        body=payload.body,
+    )
+
+
+def _write(part: list[FileLine]) -> None:
+    with transaction.atomic():
+        FileLine.objects.bulk_create(part)
+    part.clear()
