@@ -199,7 +199,7 @@ class Feeder:
                 return
             if failed_early(refused.code, expires_at_s=line.batch.expires_at.timestamp(), now_s=time.time()):
                 self.paused_until_s = time.monotonic() + FULL_PAUSE_S  # its class cannot take it in time now
-                await db_call(service.line_drop)(line.pk)
+                await batch_db_call(service.line_drop)(line.pk)
                 return
             state = State.EXPIRED if refused.code == ErrorCode.QUEUE_TIMEOUT else State.FAILED
             await _ended(line.pk, state, refused.code, refused.message)
