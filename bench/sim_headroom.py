@@ -256,20 +256,22 @@ def timeout_notes(rows: list[dict]) -> list[str]:
     if not lines:
         return []
     return [
-        "Interactive timeouts with headroom on (time of day, and the engine's state when each one expired):",
+        "Interactive timeouts with headroom on (hours into their morning, and the engine's state as each expired):",
         "",
         *lines,
         "",
-        "Why: at the peak the need is at `max_slots` (10) and every hold is in use; a Poisson run of chat "
-        "arrivals beyond the ten held slots queues behind BATCH turnovers, which with fewer slots (x0.75) or "
-        "longer service (x1.25) come about 0.7 s apart, and fair sharing inside INTERACTIVE serves other tenants' "
-        "newer requests before the oldest. In the first morning (no profile) or on the recent rate alone the need "
-        "rises a minute behind the ramp, so a burst can find no hold at all. Sizing the need as a 95% Poisson "
-        "quantile of the forecast arrivals instead of their mean was tried and not kept: it removed the recent-rate "
-        "miss but not the two at the cap, and cost BATCH about 2% more median wait as shipped and 7% at slots x0.75 "
-        "(enough to break the 10% target there). The remaining lever is configuration: `max_slots` 12 "
-        "(trade-off table) had no timeouts at +10% BATCH mean wait. Also not done: a batch filling an idle pool "
-        "all at once gets no headroom, because holds start only when a slot frees.",
+        "Why: two kinds. At the peak (service x1.25, seed 1, 1.66 h) the need is at `max_slots` (10) and every "
+        "hold is in use: a Poisson run of chat arrivals beyond the ten held slots queues behind BATCH turnovers, "
+        "which with longer service come about 0.7 s apart, and fair sharing inside INTERACTIVE serves other "
+        "tenants' newer requests before the oldest. Early in the morning (slots x0.75 seed 3, recent rate only "
+        "seed 2: 0.3-0.8 h) chat is sparse, the forecast's need is 0 (below `min_expected`) or was just raised, "
+        "and holds form only as slots free, so two chat requests close together find none; with 36 slots (x0.75) "
+        "slots turn over more slowly. Sizing the need as a 95% Poisson quantile of the forecast arrivals instead "
+        "of their mean (tried with the same runs, not kept) removed the recent-rate miss and one of service "
+        "x1.25's two, not slots x0.75's, and cost BATCH about 2% more median wait as shipped and 7% at slots "
+        "x0.75 (enough to break the 10% target there). The lever left is configuration: `max_slots` 12 "
+        "(trade-off table) had no timeouts at +10% BATCH mean wait. Also not done: a batch filling an idle "
+        "pool all at once gets no headroom, because holds start only when a slot frees.",
         "",
     ]
 
