@@ -111,3 +111,18 @@ def retry_after_ms(excess: int, drain_per_ms: float, sla_ms: int) -> int:
     if drain_per_ms <= 0:
         return max(1, sla_ms)
     return max(1, min(sla_ms, math.ceil(max(excess, 1) / drain_per_ms)))
+
+
+def poisson_at_least(count: int, mean: float) -> float:
+    """``P(N >= count)`` for ``N`` Poisson with ``mean`` (exact sum; normal beyond 500 terms)."""
+    if count <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+    if count > 500:
+        return 0.5 * math.erfc((count - 0.5 - mean) / math.sqrt(2 * mean))
+    term = below = math.exp(-mean)
+    for k in range(1, count):
+        term *= mean / k
+        below += term
+    return max(0.0, 1.0 - below)

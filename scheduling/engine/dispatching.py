@@ -78,6 +78,7 @@ class DispatchMixin:
     _waiting: int
     _promoted: int
     _running_by_cls: dict[str, int]
+    _started_sum: dict[str, int]
     _model_rate: dict[str, RateWindow]
     _unqueue: Callable[[Ticket], None]
     _holds: list[int]
@@ -261,6 +262,7 @@ class DispatchMixin:
         ticket.dispatched_ms = now_ms
         ticket.window_handle = capacity.occupy(backend, ticket.est_tokens, now_ms)
         self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
+        self._started_sum[ticket.cls] = self._started_sum.get(ticket.cls, 0) + now_ms
         if self._holds and plan.privileged:
             self._hold_used(ticket.model, now_ms)
         plan.dispatch_rate.add(now_ms)

@@ -42,6 +42,23 @@ know: a higher class rising above its last minute's rate, or a prior below the t
 time of a class that never completed anything (set ``service_ms_prior`` no lower than the
 slowest class's service); the measured rate replaces the assumption after a minute.
 
+**Fresh slots** (admission and the prediction of a wait). ``R`` counts a slot's turnovers at the
+steady pace ``1 / service_ms``, which holds for a slot whose request is as likely to be anywhere
+in its run (on average half done). A slot filled now is not: its first turnover is a whole
+service time away, half a turnover less than ``R`` counts within any horizon ``T`` (``min(T /
+service_ms, 1/2)`` less, for ``T`` shorter than it). So a request also needs ``G`` starts that
+will not come: the ``F`` free slots the queue fills now, and the class's running slots younger
+than half a service time on average (their mean age ``a``, from the sum of their start times,
+O(1)): ``G = F x min(T / s, 1/2) + n x min(T / s, max(0, 1/2 - a / s))``. It matters when the
+horizon is a few service times or less (a chat burst onto a pool a BATCH burst just filled).
+
+**Chance** (admission on a short horizon). When the time to the deadline is shorter than the
+class's mean service time, most slots turn over at most once before it and the count of
+turnovers is a chance, not its mean: close to Poisson with mean ``R x left`` (many slots, each
+ending at an unknown point of its run). Such a request is admitted only when ``P(N >= ceil(must
++ G)) >= 1 - MISS_RISK`` (5 %): otherwise a chat request admitted onto a pool held by long BATCH
+requests waits for a turnover that, one time in four or five, does not come within its 3 s.
+
 **Admission** (``queue.admission: predicted``, with ``enforce_depth``). A new request with
 ``left`` ms to its deadline (``min(enqueued + sla, the client's own)``) and margin ``m`` is
 admitted when its class holds fewer than ``depth_cap`` and either a slot is free for it or:
@@ -104,6 +121,7 @@ from .outcomes import Admission
 from .store import Ticket
 
 FAST_FAIL_EVERY_MS = 250  # the fast-fail check runs at most this often (when expire runs)
+MISS_RISK = 0.05  # the chance of missing its deadline that admission accepts for a request on a short horizon
 UNKNOWN_MS = math.inf  # backlog start of a class whose requests were found in the store at start-up
 
 
@@ -124,6 +142,7 @@ class PredictMixin:
     _capacity: Capacity
     _depth_by_cls: dict[str, int]
     _running_by_cls: dict[str, int]
+    _started_sum: dict[str, int]
     _higher: dict[str, tuple[str, ...]]
     _higher_rates: dict[str, tuple[tuple[adm.RateWindow, str], ...]]
     _cls_service: dict[str, adm.ServiceMean]
@@ -222,11 +241,12 @@ class PredictMixin:
         engine tracks backlogs only then), else it is the assumption."""
         plan = self._plans[cls]
         usable = self._usable_slots(plan)
-        must = self._higher_waiting(plan) + self._ahead(cls, tenant, 1) - self._free_now(usable)
+        free = self._free_now(usable)
+        must = self._higher_waiting(plan) + self._ahead(cls, tenant, 1) - free
         if must <= 0:
             return 0.0
         rate = self._drain(plan, usable, now_ms).rate_per_ms
-        wait_ms = must / rate if rate > 0 else math.inf
+        wait_ms = (must + self._fresh_deficit(cls, free, must / rate, now_ms)) / rate if rate > 0 else math.inf
         book = self._book(cls, tenant)
         tenant_rate = self._tenant_drain(book, now_ms)
         if tenant_rate is not None:
@@ -234,6 +254,20 @@ class PredictMixin:
         return wait_ms
 
     # ------------------------------------------------------------------ admission
+    def _fresh_deficit(self, cls: str, free: int, horizon_ms: float, now_ms: int) -> float:
+        """``G``: the starts a rate ``R`` over-counts within ``horizon_ms`` because the slots the
+        class fills are fresh (module docstring, *fresh slots*)."""
+        service_ms = self._service_now(cls)
+        if horizon_ms <= 0 or service_ms <= 0:
+            return 0.0
+        cap = min(0.5, horizon_ms / service_ms)
+        deficit = max(0, free) * cap
+        running = self._running_by_cls.get(cls, 0)
+        if running > 0:
+            age_ms = now_ms - self._started_sum.get(cls, 0) / running
+            deficit += running * min(cap, max(0.0, 0.5 - age_ms / service_ms))
+        return deficit
+
     def _predicted_refusal(
         self, plan: ClassPlan, book: TenantInClass, tenant: str, deadline_ms: int, now_ms: int
     ) -> Admission | None:
@@ -243,7 +277,8 @@ class PredictMixin:
         depth = self._depth_by_cls.get(cls, 0)
         capacity = self._capacity
         usable = capacity.total_slots - (0 if plan.privileged else capacity.total_reserved)
-        base = self._higher_waiting(plan) - max(0, usable - sum(self._running_by_cls.values()))  # H - F
+        free = max(0, usable - sum(self._running_by_cls.values()))
+        base = self._higher_waiting(plan) - free  # H - F
         if depth < self._depth_cap and base + depth + 1 <= 0:
             return None  # a slot is free for it
         rate = self._drain(plan, usable, now_ms).rate_per_ms
@@ -253,16 +288,32 @@ class PredictMixin:
         tenant_rate = None if book.since_ms is None else self._tenant_drain(book, now_ms)
         if tenant_rate is not None and book.waiting + 1 > tenant_rate * margin * left_ms:
             return _queue_full(book.waiting + 1 - tenant_rate * margin * left_ms, tenant_rate, plan)
+        share = (book.waiting + 1) / self._tenant_weight.get(tenant, self._unknown_weight) if self._fair_lanes else 0.0
         if self._fair_lanes:
-            share = (book.waiting + 1) / self._tenant_weight.get(tenant, self._unknown_weight)
-            if base + share <= rate * (1 - margin) * left_ms:
-                return None  # within its tenant's share of the slack
-        excess = base + depth + 1 - rate * margin * left_ms
+            slack_ms = (1 - margin) * left_ms
+            if base + share + self._fresh_deficit(cls, free, slack_ms, now_ms) <= rate * slack_ms:
+                return self._unlikely(cls, base + share, free, rate, left_ms, now_ms)  # within its share of the slack
+        horizon_ms = margin * left_ms
+        excess = base + depth + 1 + self._fresh_deficit(cls, free, horizon_ms, now_ms) - rate * horizon_ms
         if excess <= 0 and self._fair_lanes:  # it fits its own deadline: does it fit those it may overtake?
             promised_ms = self._earliest_promise_ms(cls, tenant, depth + 1)
             if promised_ms is not None and promised_ms < deadline_ms:
-                excess = base + depth + 1 - rate * margin * max(0, promised_ms - now_ms)
-        return None if excess <= 0 else _queue_full(excess, rate, plan)
+                horizon_ms = margin * max(0, promised_ms - now_ms)
+                excess = base + depth + 1 + self._fresh_deficit(cls, free, horizon_ms, now_ms) - rate * horizon_ms
+        if excess > 0:
+            return _queue_full(excess, rate, plan)
+        must = base + (min(depth + 1, share) if self._fair_lanes else depth + 1)
+        return self._unlikely(cls, must, free, rate, left_ms, now_ms)
+
+    def _unlikely(self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int) -> Admission | None:
+        """A ``queue_full`` when the wait fits on average but a slot-turnover count as likely as not
+        reaching ``must`` by the deadline is too likely (module docstring, *chance*); else None."""
+        if left_ms >= self._service_now(cls) or must <= 0:
+            return None  # the slots turn over more than once: the count is close to its mean
+        need = math.ceil(must + self._fresh_deficit(cls, free, left_ms, now_ms))
+        if adm.poisson_at_least(need, rate * left_ms) >= 1 - MISS_RISK:
+            return None
+        return Admission(False, "queue_full", adm.retry_after_ms(need, rate, self._plans[cls].sla_ms))
 
     def _tenant_drain(self, book: TenantInClass, now_ms: int) -> float | None:
         """``R_u``: the tenant's dispatches per ms in the class since its backlog there began, once
@@ -293,7 +344,13 @@ class PredictMixin:
         """The class depth the model admits for requests behind their whole class (``depth_limit``)."""
         usable = self._usable_slots(plan)
         rate = self._drain(plan, usable, now_ms).rate_per_ms
-        fits = rate * self._predict_margin * plan.sla_ms + self._free_now(usable) - self._higher_waiting(plan)
+        free, horizon_ms = self._free_now(usable), self._predict_margin * plan.sla_ms
+        fits = (
+            rate * horizon_ms
+            + free
+            - self._higher_waiting(plan)
+            - self._fresh_deficit(plan.spec.name, free, horizon_ms, now_ms)
+        )
         return max(0, min(int(fits), self._depth_cap))
 
     # ------------------------------------------------------------------ early fast-fail

@@ -74,6 +74,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._promoted = 0
         self._depth_by_cls: dict[str, int] = {}
         self._running_by_cls: dict[str, int] = {}
+        self._started_sum: dict[str, int] = {}  # by class: the sum of its running requests' dispatched_ms
         self._backlog_since: dict[str, float] = {}  # by class: when its queue last became non-empty
         self._backlog_base: dict[str, int] = {}  # by class: its dispatch count at that moment
         self._backlog_service: dict[str, tuple[float, float]] = {}  # by class: (that moment, mean service then)
@@ -177,7 +178,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._class_lanes = {}
         self._promote_due_ms = float("inf")
         self._promoted = self._waiting = 0
-        self._depth_by_cls, self._running_by_cls = {}, {}
+        self._depth_by_cls, self._running_by_cls, self._started_sum = {}, {}, {}
         self._backlog_since, self._backlog_base = {}, {}
         old_book_since = {key: (book.since_ms, book.base) for key, book in self._books.items()}
         for book in self._books.values():
@@ -187,6 +188,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
             ticket.book = self._book(ticket.cls, ticket.tenant)
             if ticket.state == RUNNING:
                 self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
+                self._started_sum[ticket.cls] = self._started_sum.get(ticket.cls, 0) + (ticket.dispatched_ms or 0)
             elif ticket.state == WAITING:
                 ticket.promoted = False
                 self._enqueue(ticket, front=False, lift=False)
@@ -363,6 +365,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         assert ticket.backend is not None, "set on dispatch"
         self._capacity.release(ticket.backend, ticket.window_handle, token_delta)
         self._running_by_cls[ticket.cls] -= 1
+        self._started_sum[ticket.cls] -= ticket.dispatched_ms or 0
         self._slot_freed(now_ms)
         if fair_delta and ticket.charge_lane is not None:
             lane = self._lanes.get(ticket.charge_lane)

@@ -59,3 +59,15 @@ def test_regenerating_the_report_keeps_the_sweeps_sections(tmp_path: Path):
     assert text.index("## `surge`") < text.index("sweep") < text.index("headroom") < text.index("## Engine speed")
     assert text.startswith("# Report (new)") and text.endswith("new rows\n")
     assert report.keep_sections("nothing marked", fresh) == fresh
+
+
+def test_the_report_says_where_each_interactive_timeout_came_from():
+    on = row(0, 1, 1000) | {
+        "timeout_states": [{"t_ms": 86_400_000 + 9_000_000, "need": 10, "holds": 0, "chat_waiting": 9}]
+    }
+    missed = {"label": "slots x0.75", "seed": 3, "strict": row(1400, 9, 1000), "off": row(1300, 70, 1000), "on": on}
+    clean = {**missed, "seed": 1, "on": row(0, 0, 1000) | {"timeout_states": []}}
+    notes = sim_headroom.timeout_notes([clean, missed])
+    assert notes[2] == "- slots x0.75 / seed 3: 2.50 h: need 10, holds 0, 9 chat waiting"
+    assert [line for line in notes if line.startswith("- ")] == [notes[2]]  # the clean run has no line
+    assert sim_headroom.timeout_notes([clean]) == []

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduling.engine import FairnessMode, apply_policy
+from scheduling.engine.admission import poisson_at_least
+from scheduling.engine.prediction import MISS_RISK
 from scheduling.engine.store import WAITING
 from tests.unit.engine.engine_helpers import config, with_sla
 from tests.unit.engine.test_hot_path import CheckedHarness
@@ -102,6 +105,11 @@ class Predicting:
         drain = sched._drain(plan, usable, now)
         higher, free = sched._higher_waiting(plan), sched._free_now(usable)
         assert not sched._hopeless(ticket, plan, higher, free, drain, now), rid
+        left = ticket.deadline_ms - now
+        must = higher + sched._ahead(ticket.cls, ticket.tenant, 0) - free
+        if must > 0 and left < sched._service_now(ticket.cls):  # a short horizon: the count is a chance
+            need = math.ceil(must + sched._fresh_deficit(ticket.cls, free, left, now))
+            assert poisson_at_least(need, drain.rate_per_ms * left) >= 1 - MISS_RISK, rid
 
     def tick(self):
         super().tick()
