@@ -47,6 +47,7 @@ FEED_S = 0.2
 WATCH_S = 0.05  # sent lines are watched for their ends this often
 IDLE_FEED_S = 1.0  # while no batch has lines to feed: a tick a second, not five
 FINALIZE_S = 1.0
+FINALIZE_RESEND_S = 30.0  # a batch still not finalized this long after its task was sent: sent again
 FULL_PAUSE_S = 1.0  # after the engine refused a line for room
 State = BatchLine.State
 _sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-send")  # one kombu producer at a time
@@ -59,18 +60,34 @@ def failed_early(code: str, *, expires_at_s: float, now_s: float) -> bool:
     return code == ErrorCode.QUEUE_TIMEOUT and now_s < expires_at_s
 
 
+async def _send_task(task, *args: object) -> None:
+    """Sends ``task`` to the broker, off the event loop (one kombu producer at a time). In eager
+    mode (no broker) the task runs right there, in a thread of its own."""
+    apply = functools.partial(task.apply_async, args=list(args))
+    if task.app.conf.task_always_eager:
+        await asyncio.to_thread(apply)
+    else:
+        await asyncio.get_running_loop().run_in_executor(_sender, apply)
+
+
 async def _hand_to_worker(line_pk: int, send: int) -> None:
-    """Sends the line's task (send ``send`` of it) to the broker, off the event loop. In eager mode
-    (no broker) the task runs right there, in a thread of its own. A broker that refuses is logged:
-    the line's lease lapses, and it is sent again."""
-    apply = functools.partial(tasks.run_line.apply_async, args=[line_pk, send])
+    """Sends the line's task (send ``send`` of it). A broker that refuses is logged: the line's
+    lease lapses, and it is sent again."""
     try:
-        if tasks.run_line.app.conf.task_always_eager:
-            await asyncio.to_thread(apply)
-        else:
-            await asyncio.get_running_loop().run_in_executor(_sender, apply)
+        await _send_task(tasks.run_line, line_pk, send)
     except Exception:
         log_failure(log, "batch line %s could not be handed to the workers; it is sent again later", line_pk)
+
+
+async def _finalize_elsewhere(batch_pk: str) -> None:
+    """A batch with no line left to run goes to a worker to be finalized (its files built from
+    every line: seconds of CPU for a large one, which in this process would hold the GIL against
+    the event loop). A broker that refuses is logged: it is sent again later, and beat's sweep
+    finalizes it too."""
+    try:
+        await _send_task(tasks.finalize, batch_pk)
+    except Exception:
+        log_failure(log, "batch %s could not be handed to the workers to finalize; it is sent again later", batch_pk)
 
 
 class Feeder:
@@ -79,6 +96,7 @@ class Feeder:
         self.waiting: dict[int, asyncio.Future] = {}  # sent lines: pk -> the worker's end
         self.paused_until_s = 0.0
         self.finalized_at_s = 0.0
+        self.finalize_sent: dict[str, float] = {}  # batch pk -> when its finalize task was sent
         self.tallied_at_s = 0.0
         self.claimed_after = ""  # the last batch claimed from: the next claim starts after it
         self.tallied_quiet = False  # counted since the last open batch ended
@@ -146,7 +164,12 @@ class Feeder:
                     self.lines[pk].cancel()
         if now_s - self.finalized_at_s >= FINALIZE_S:
             self.finalized_at_s = now_s
-            await batch_db_call(service.batches_finalize)()
+            ready = await batch_db_call(service.batches_ready)()
+            self.finalize_sent = {b: at_s for b, at_s in self.finalize_sent.items() if b in ready}
+            for batch_pk in ready:
+                if now_s - self.finalize_sent.get(batch_pk, -FINALIZE_RESEND_S) >= FINALIZE_RESEND_S:
+                    self.finalize_sent[batch_pk] = now_s
+                    spawn(_finalize_elsewhere(batch_pk))
         if now_s - self.tallied_at_s >= metrics.TALLY_S:
             self.tallied_at_s = now_s
             await batch_db_call(metrics.refresh)()

@@ -333,40 +333,46 @@ def batches_expire() -> int:
     ).update(state=State.EXPIRED, ended_at=timezone.now(), error=EXPIRED_ERROR)
 
 
-def batches_finalize() -> int:
-    """Finalizes every batch with no line left to run (files written, status set: completed,
-    cancelled, or expired if a line expired). Returns how many were finalized."""
-    now = timezone.now()
+def batches_ready() -> list[str]:
+    """Settles what is left over (lines of gone processes go back to their batch; the pending lines
+    of a cancelling batch are cancelled), then the batches with no line left to run, to finalize."""
     lines_of_the_gone_back()
     BatchLine.objects.filter(  # went back to pending (no room in the engine) after the cancel
         batch__status=Status.CANCELLING, state=State.PENDING
-    ).update(state=State.CANCELLED, ended_at=now, error=CANCELLED_ERROR)
-    done = 0
+    ).update(state=State.CANCELLED, ended_at=timezone.now(), error=CANCELLED_ERROR)
     candidates = Batch.objects.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING)).exclude(
         lines__state__in=(State.PENDING, State.CLAIMED, State.SENT)
     )
-    for batch in candidates.select_related("tenant"):
-        with transaction.atomic():
-            locked = Batch.objects.select_for_update().get(pk=batch.pk)
-            if (
-                locked.status not in (Status.IN_PROGRESS, Status.CANCELLING)
-                or locked.lines.exclude(state__in=BatchLine.ENDED).exists()
-            ):
-                continue
-            lines = list(locked.lines.order_by("number"))
-            locked.tenant = batch.tenant
-            locked.output_file = _write_file(
-                locked, [line for line in lines if line.state == State.COMPLETED], "output"
-            )
-            locked.error_file = _write_file(locked, [line for line in lines if line.state != State.COMPLETED], "errors")
-            ended = timezone.now()
-            locked.finalizing_at = ended
-            if locked.status == Status.CANCELLING:
-                locked.status, locked.cancelled_at = Status.CANCELLED, ended
-            elif any(line.state == State.EXPIRED for line in lines):
-                locked.status, locked.expired_at = Status.EXPIRED, ended
-            else:
-                locked.status, locked.completed_at = Status.COMPLETED, ended
-            locked.save()
-            done += 1
-    return done
+    return list(candidates.values_list("pk", flat=True))
+
+
+def batch_finalize(pk: str) -> bool:
+    """Finalizes the batch ``pk`` if no line of it is left to run: its output and error files
+    written, its status set (completed, cancelled, or expired if a line expired). The heavy part
+    of a batch's end (every line read, the files built), so serving processes hand it to a worker
+    (``batches.finalize``). Returns whether it was finalized now (False: not ready, or done already)."""
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().get(pk=pk)  # its tenant is read below, not locked
+        if (
+            locked.status not in (Status.IN_PROGRESS, Status.CANCELLING)
+            or locked.lines.exclude(state__in=BatchLine.ENDED).exists()
+        ):
+            return False
+        lines = list(locked.lines.order_by("number"))
+        locked.output_file = _write_file(locked, [line for line in lines if line.state == State.COMPLETED], "output")
+        locked.error_file = _write_file(locked, [line for line in lines if line.state != State.COMPLETED], "errors")
+        ended = timezone.now()
+        locked.finalizing_at = ended
+        if locked.status == Status.CANCELLING:
+            locked.status, locked.cancelled_at = Status.CANCELLED, ended
+        elif any(line.state == State.EXPIRED for line in lines):
+            locked.status, locked.expired_at = Status.EXPIRED, ended
+        else:
+            locked.status, locked.completed_at = Status.COMPLETED, ended
+        locked.save()
+    return True
+
+
+def batches_finalize() -> int:
+    """Finalizes every batch with no line left to run (`batch_finalize`); returns how many."""
+    return sum(batch_finalize(pk) for pk in batches_ready())

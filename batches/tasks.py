@@ -130,6 +130,13 @@ def _run(line: BatchLine) -> None:
     _finish(line, status=response.status_code, body=answer, usage=usage)
 
 
+@shared_task(name="batches.finalize", ignore_result=True)
+def finalize(batch_pk: str) -> bool:
+    """A batch with no line left to run, finalized (service.batch_finalize: every line read, the
+    output and error files written) in a worker, not in the serving process that noticed it."""
+    return service.batch_finalize(batch_pk)
+
+
 @shared_task(name="batches.sweep", ignore_result=True)
 def sweep() -> dict[str, int]:
     """Beat's, every ``FAIRGATE_BATCH_SWEEP_S``: lines of batches past their window expire, batches

@@ -127,3 +127,24 @@ def test_claims_are_shared_by_tenant_not_by_batch_and_every_tenant_comes_in_turn
     after = max(line.batch_id for line in first)
     turn = service.lines_claim(owner="a", room=2, after=after)
     assert late.id in {line.batch_id for line in turn}  # the next claim starts after them
+
+
+def test_a_batch_is_ready_to_finalize_only_once_no_line_is_left_and_its_task_finalizes_it_once(tenants):
+    """Serving processes only ask which batches are ready (`batches_ready`) and hand each to a
+    worker (`batches.finalize`): building the files of a large batch is seconds of CPU that in the
+    serving process would hold the GIL against the event loop (a stall at the end of make surge)."""
+    from batches import tasks
+
+    batch = _batch(tenants[0], 3)
+    claimed = service.lines_claim(owner="a", room=3)
+    service.line_end(claimed[0].pk, State.COMPLETED, None)
+    assert batch.id not in service.batches_ready()  # two lines still claimed
+    assert tasks.finalize(batch.id) is False
+    for line in claimed[1:]:
+        service.line_end(line.pk, State.FAILED, {"code": "upstream_error", "message": "x"})
+    assert service.batches_ready() == [batch.id]
+    assert tasks.finalize(batch.id) is True
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.COMPLETED and batch.output_file.lines == 1 and batch.error_file.lines == 2
+    assert tasks.finalize(batch.id) is False  # a second copy of the task does nothing
+    assert service.batches_ready() == []
