@@ -128,7 +128,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     timeout_ms = _timeout_ms(request)
     job = _job(request)
     level = d.rules.levels[declared]
-    async with lanes().lane(level=level, top_level=min(d.rules.levels.values()), cls=declared) as in_lane:
+    async with lanes().lane(level=level, top_level=d.rules.top_level, cls=declared) as in_lane:
         payload = payload_parse(kind, request_body(request))
         d.check_model(payload.model, embeddings=kind == EMBED)
         payload.output_limit = output_limit(payload)

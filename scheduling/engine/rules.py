@@ -384,6 +384,7 @@ class CompiledRules:
         classes: Sequence[ClassSpec],
     ) -> None:
         self.levels = {c.name: c.level for c in classes}
+        self.top_level = min(self.levels.values(), default=0)  # the most urgent class's level
         self.networks = parse_networks(networks)
         self.rules = tuple(self._compile(r) for r in sorted(rules, key=lambda r: r.order) if r.enabled)
 

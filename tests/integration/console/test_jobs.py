@@ -15,23 +15,13 @@ from channels.layers import InMemoryChannelLayer
 from console.live.jobs import JobMoney, job_cards, job_label, job_tallies, waits_by_minute
 from console.live.snapshot import tenant_queue
 from gateway.lifecycle import job_of
-from scheduling.engine.model import Request
 from tests.integration.console.conftest import A, B
+from tests.integration.console.test_publisher import _admit as admit
 from tests.integration.console.test_publisher import _dispatcher, _drain, _one_slot_config, _publisher_for_a_and_b
 
 
 def _admit(d, tenant: str, rid: str, *, job: str | None, cls: str = "BATCH"):
-    request = Request(
-        id=f"{tenant}/{rid}",
-        tenant=tenant,
-        cls=cls,
-        model="sim-llama",
-        prompt_tokens=10,
-        expected_output_tokens=10,
-        enqueued_ms=d.now_ms(),
-        job=job_of(tagged=job, key_prefix="abcd1234", cls=cls),
-    )
-    return d.admit_now(request, public_id=rid, declared_class=cls, rule=None)
+    return admit(d, tenant, rid, cls, job=job_of(tagged=job, key_prefix="abcd1234", cls=cls))
 
 
 def test_requests_group_as_jobs_with_progress_eta_and_pages(world):

@@ -28,7 +28,7 @@ def _dispatcher(config) -> Dispatcher:
     return Dispatcher(config, audit_pk=None, loop=asyncio.get_running_loop())
 
 
-def _admit(d: Dispatcher, tenant: str, rid: str, cls: str = "BATCH"):
+def _admit(d: Dispatcher, tenant: str, rid: str, cls: str = "BATCH", *, job: str | None = None):
     request = Request(
         id=f"{tenant}/{rid}",
         tenant=tenant,
@@ -37,6 +37,7 @@ def _admit(d: Dispatcher, tenant: str, rid: str, cls: str = "BATCH"):
         prompt_tokens=10,
         expected_output_tokens=10,
         enqueued_ms=d.now_ms(),
+        job=job,
     )
     return d.admit_now(request, public_id=rid, declared_class=cls, rule=None)
 
