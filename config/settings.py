@@ -166,6 +166,11 @@ FAIRGATE_EARLY_HOLD_ROOM_MS = env_int("FAIRGATE_EARLY_HOLD_ROOM_MS", 1000, minim
 # How long a booking no request waits for now (a journaled settlement, a release, an early hold)
 # may wait for others to share its batch (gateway.charging): fewer, fuller transactions.
 FAIRGATE_BILLING_LINGER_MS = env_int("FAIRGATE_BILLING_LINGER_MS", 10, minimum=0)
+# The settlement journal (billing/journal.py) syncs at most this often: each fdatasync costs the
+# gateway CPU whatever it carries; an answer's end may wait up to this long for its line's sync.
+FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = env_int("FAIRGATE_JOURNAL_SYNC_INTERVAL_MS", 2, minimum=0)
+# Syncs by a small process of the gateway's own (billing/journal_sync.py); off: by a thread.
+FAIRGATE_JOURNAL_SYNCER = env_bool("FAIRGATE_JOURNAL_SYNCER", True)
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
 # PostgreSQL: booking statements are prepared on the server after this many runs (billing/statements.py);
 # 0 never prepares (behind a transaction-pooling proxy that cannot keep prepared statements).

@@ -48,6 +48,12 @@ def publish_committed(events: list[dict]) -> None:
 
 
 def _on_charges_booked(sender, charges: list, **kwargs) -> None:
+    from console.live.publisher import publisher_running
+
+    publisher = publisher_running()
+    if publisher is not None and publisher.on_its_loop():  # a row only where someone watches
+        publisher.add_charges(charges, lambda entry: selectors.charge_row(entry, ""))
+        return
     publish_committed(
         [{"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")} for e in charges]
     )

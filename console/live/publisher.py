@@ -101,6 +101,20 @@ class Publisher:
         if events and self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.add_events, events)
 
+    def add_charges(self, charges: list, row) -> None:
+        """On the publisher's own loop (a gateway announcing what its billing worker booked): each
+        charge's ``row(entry)`` is made only for the tenants watched here; finance hears of every one."""
+        for entry in charges:
+            self.finance_pending.add(entry.tenant_id)
+            if entry.tenant_id in self.watched:
+                self.add_event({"kind": "charges", "tenant_id": entry.tenant_id, "row": row(entry)})
+
+    def on_its_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
+
     def add_events(self, events: list[dict]) -> None:
         for event in events:
             self.add_event(event)

@@ -1,0 +1,52 @@
+"""The settlement journal's syncer: a small process of each gateway's own (billing.journal) that
+``fdatasync``s the journal's files, so that neither the sync's system time nor a thread taking
+the GIL back from the event loop is paid by the gateway's loop.
+
+Standard library only; started as ``python -I billing/journal_sync.py``. Reads one request per
+line on stdin, ``[seq, [path, ...]]`` (JSON), syncs each file (the gateway wrote the lines before
+asking), and answers ``[seq, errno]`` on stdout (0: every file is on disk). A file that is gone is
+synced: the gateway removes a segment only once every settlement in it is booked. Ends at the end
+of its input (the gateway stopped or died), not at a signal, so it never ends before its gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+KEEP_OPEN = 8  # files kept open between requests (a journal writes to one segment at a time)
+
+
+def _sync(path: str, open_fds: dict[str, int]) -> None:
+    fd = open_fds.get(path)
+    if fd is None:
+        try:
+            fd = os.open(path, os.O_RDONLY)  # fdatasync syncs the file, whichever descriptor asks
+        except FileNotFoundError:
+            return
+        open_fds[path] = fd
+    os.fdatasync(fd)
+
+
+def serve(requests, answers) -> None:
+    open_fds: dict[str, int] = {}
+    for raw in requests:
+        seq, paths = json.loads(raw)
+        error = 0
+        for path in paths:
+            try:
+                _sync(path, open_fds)
+            except OSError as failed:
+                error = failed.errno or -1
+        for stale in [p for p in open_fds if p not in paths][: max(len(open_fds) - KEEP_OPEN, 0)]:
+            os.close(open_fds.pop(stale))
+        answers.write(json.dumps([seq, error]).encode() + b"\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    for stop in (signal.SIGINT, signal.SIGTERM):  # its gateway's stop or death ends its input: it ends then
+        signal.signal(stop, signal.SIG_IGN)
+    serve(sys.stdin.buffer, sys.stdout.buffer)
