@@ -180,7 +180,11 @@ class Booker:
             if done.exception() is None:
                 result.set_result(charged)
             else:  # the journal failed: the answer waits for the booking (an ask booked twice books once)
-                self.submit(ask).add_done_callback(lambda booked: result.done() or result.set_result(booked.result()))
+                self.submit(ask).add_done_callback(booked)
+
+        def booked(done: asyncio.Future) -> None:
+            if not result.done():
+                result.set_result(done.result())
 
         durable.add_done_callback(on_disk)
         return result
