@@ -1,0 +1,158 @@
+"""The journal's syncer: a line is on disk when its future is done, whether a process of the
+journal's own syncs it (the default) or the journal's thread does; a syncer that dies, before or
+while a sync is out, hands its work to the thread and nothing waits for ever; syncs are spaced by
+the interval; a settlement whose journal line failed is told its charge from its booking."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from billing import journal
+from billing.booking import SettleAsk
+from billing.journal import Journal
+
+AT = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+
+
+def settle(rid: str) -> SettleAsk:
+    return SettleAsk(request_id=rid, backend_name="gpu", prompt_tokens=10, completion_tokens=5, at=AT)
+
+
+@pytest.fixture(autouse=True)
+def var_dir(tmp_path, settings):
+    settings.VAR_DIR = tmp_path
+    settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = 0
+    return tmp_path
+
+
+def lines_on_disk() -> list[str]:
+    return [line for path in sorted(journal.journal_dir().glob("*.jsonl")) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("syncer", [True, False], ids=["syncer", "thread"])
+def test_every_line_is_on_disk_when_its_future_is_done(settings, syncer):
+    settings.FAIRGATE_JOURNAL_SYNCER = syncer
+
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        for round_ in range(3):
+            kept = [mine.keep(settle(f"t/r{round_}-{i}")) for i in range(4)]
+            await asyncio.gather(*kept)
+            assert len(lines_on_disk()) == 4 * (round_ + 1)
+        assert (mine._syncer is not None) is syncer
+        process = mine._syncer.process if mine._syncer else None
+        mine.close()
+        if process is not None:
+            assert process.poll() is not None  # closed with its journal
+
+    asyncio.run(scenario())
+
+
+def test_a_syncer_killed_before_a_sync_hands_it_to_the_thread():
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))
+        assert mine._syncer is not None
+        mine._syncer.process.kill()
+        mine._syncer.process.wait()
+        await mine.keep(settle("t/r2"))  # asked of a dead syncer: synced by the thread
+        assert len(lines_on_disk()) == 2 and mine._syncer is None
+        await mine.keep(settle("t/r3"))  # and from now on by the thread
+        assert len(lines_on_disk()) == 3
+        mine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_syncer_that_dies_with_a_sync_out_hands_it_to_the_thread():
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))
+        syncer = mine._syncer
+        assert syncer is not None
+        os.kill(syncer.process.pid, signal.SIGSTOP)  # it will not answer
+        out = mine.keep(settle("t/r2"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert mine._syncing is not None and not out.done()  # asked, not answered
+        os.kill(syncer.process.pid, signal.SIGKILL)
+        await asyncio.wait_for(out, 30)  # the end of its pipe: the thread syncs what it had
+        assert len(lines_on_disk()) == 2 and mine._syncer is None
+        mine.close()
+
+    asyncio.run(scenario())
+
+
+def test_syncs_start_no_sooner_than_the_interval_after_the_last(settings, monkeypatch):
+    settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = 60_000  # the test decides when the next one may go
+    delays: list[float] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        real_call_later = loop.call_later
+
+        def call_later(delay, callback, *args):
+            delays.append(delay)
+            return real_call_later(0, callback, *args)  # not a minute: the spacing asked is what is checked
+
+        monkeypatch.setattr(loop, "call_later", call_later)
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))  # the first: at once (no sync before it)
+        assert delays == []
+        await mine.keep(settle("t/r2"))  # the next: put off to the interval after the first
+        assert len(delays) == 1 and 59 < delays[0] <= 60
+        mine.close()
+
+    asyncio.run(scenario())
+    assert len(lines_on_disk()) == 2
+
+
+def test_a_settlement_whose_line_could_not_be_synced_is_told_its_charge_once_booked(tmp_path, settings, monkeypatch):
+    """The answer's end waits for the booking instead (booked twice, charged once: booking is
+    idempotent per request id)."""
+    from billing.booking import Charged
+    from billing.inflight import held_clear
+    from gateway import charging
+    from tests.unit.gateway.test_id_resent_before_its_release import HeldBackWorker
+
+    settings.FAIRGATE_BILLING = True
+    settings.FAIRGATE_BILLING_LINGER_MS = 0
+    books = charging.Booker()
+    fake = HeldBackWorker()
+    monkeypatch.setattr(charging, "_booker", books)
+    monkeypatch.setattr(books, "_ready_worker", lambda: fake)
+    monkeypatch.setattr(fake, "_result", staticmethod(lambda ask: Charged(Decimal("0.25"))))
+    held_clear()
+
+    def failed_sync(fds):
+        raise OSError(5, "Input/output error")
+
+    settings.FAIRGATE_JOURNAL_SYNCER = False
+    real_write = journal._write
+    monkeypatch.setattr(journal, "_write", lambda ops, sync=True: failed_sync([]))
+    books.prices = {"gpu": charging.UnitPrices(Decimal("0.001"), Decimal("0.002"))}
+    held = charging.Hold("t", "t/r1", "BATCH", "m", 10, 5, amount=Decimal("1"), factor=Decimal("0.5"))
+
+    async def scenario() -> None:
+        told = charging.settle(held, backend="gpu", prompt_tokens=10, output_tokens=5)
+        assert told is not None
+        while not (fake._answers and books._pending):  # the first booking out; the answer's own behind it
+            assert not told.done()
+            await asyncio.sleep(0.01)
+        fake.answer()  # the booking nobody waits for
+        await asyncio.sleep(0)
+        assert not told.done() and len(fake._answers) == 1  # the answer waits for its own
+        fake.answer()
+        assert await told == Charged(Decimal("0.25"))
+        monkeypatch.setattr(journal, "_write", real_write)
+        books.unbooked.close()
+
+    asyncio.run(scenario())
+    assert [type(ask).__name__ for ask in fake.sent] == ["SettleAsk", "SettleAsk"]
+    held_clear()
