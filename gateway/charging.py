@@ -111,6 +111,7 @@ class Booker:
         self._in_flight = False
         self._urgent = False  # an ask someone waits for is pending
         self._linger: asyncio.TimerHandle | None = None  # sends the pending asks that may linger
+        self._pending_since = 0.0  # when the oldest pending ask was submitted (the loop's clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: billing_worker.Worker | None = None
         self._worker_ready: asyncio.Future | None = None
@@ -205,6 +206,8 @@ class Booker:
             self._loop, self._pending, self._in_flight, self._linger = loop, [], False, None
             self._releasing = {}
         future = loop.create_future() if answer else None
+        if not self._pending:
+            self._pending_since = loop.time()
         self._pending.append((ask, future))
         self._urgent |= urgent
         self._send()
@@ -262,10 +265,12 @@ class Booker:
         once were measured no faster at saturation; four slower.)"""
         if not self._pending or self._in_flight:
             return
-        if not self._urgent:  # only asks that may linger: once the batch out is answered, they wait
-            if self._linger is None:
-                self._linger = self._asks_loop.call_later(settings.FAIRGATE_BILLING_LINGER_MS / 1000, self.hurry)
-            return
+        if not self._urgent:  # only asks that may linger: until the oldest has waited the linger
+            wait_s = self._pending_since + settings.FAIRGATE_BILLING_LINGER_MS / 1000 - self._asks_loop.time()
+            if wait_s > 0:
+                if self._linger is None:
+                    self._linger = self._asks_loop.call_later(wait_s, self.hurry)
+                return
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
