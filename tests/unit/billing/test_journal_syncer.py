@@ -6,6 +6,7 @@ the interval; a settlement whose journal line failed is told its charge from its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from datetime import UTC, datetime
@@ -117,23 +118,27 @@ def test_a_settlement_whose_line_could_not_be_synced_is_told_its_charge_once_boo
     """The answer's end waits for the booking instead (booked twice, charged once: booking is
     idempotent per request id)."""
     from billing.booking import Charged
-    from billing.inflight import held_clear
     from gateway import charging
+    from tests.support.booker import booker_with
     from tests.unit.gateway.test_id_resent_before_its_release import HeldBackWorker
 
-    settings.FAIRGATE_BILLING = True
-    settings.FAIRGATE_BILLING_LINGER_MS = 0
-    books = charging.Booker()
     fake = HeldBackWorker()
-    monkeypatch.setattr(charging, "_booker", books)
-    monkeypatch.setattr(books, "_ready_worker", lambda: fake)
     monkeypatch.setattr(fake, "_result", staticmethod(lambda ask: Charged(Decimal("0.25"))))
-    held_clear()
+    stack = contextlib.ExitStack()
+    books = stack.enter_context(
+        booker_with(
+            fake,
+            tmp_path=tmp_path,
+            settings=settings,
+            monkeypatch=monkeypatch,
+            FAIRGATE_BILLING_LINGER_MS=0,
+            FAIRGATE_JOURNAL_SYNCER=False,
+        )
+    )
 
     def failed_sync(fds):
         raise OSError(5, "Input/output error")
 
-    settings.FAIRGATE_JOURNAL_SYNCER = False
     real_write = journal._write
     monkeypatch.setattr(journal, "_write", lambda ops, sync=True: failed_sync([]))
     books.prices = {"gpu": charging.UnitPrices(Decimal("0.001"), Decimal("0.002"))}
@@ -151,8 +156,7 @@ def test_a_settlement_whose_line_could_not_be_synced_is_told_its_charge_once_boo
         fake.answer()
         assert await told == Charged(Decimal("0.25"))
         monkeypatch.setattr(journal, "_write", real_write)
-        books.unbooked.close()
+        stack.close()
 
     asyncio.run(scenario())
     assert [type(ask).__name__ for ask in fake.sent] == ["SettleAsk", "SettleAsk"]
-    held_clear()

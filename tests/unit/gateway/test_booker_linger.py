@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 import pytest
 
 from billing.booking import ReleaseAsk
-from billing.inflight import held_clear
 from gateway import charging
+from tests.support.booker import booker_with
 from tests.unit.gateway.test_id_resent_before_its_release import HeldBackWorker
 
 LINGER_MS = 200
@@ -21,17 +21,11 @@ AT = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 
 @pytest.fixture
 def worker(tmp_path, settings, monkeypatch):
-    settings.VAR_DIR = tmp_path
-    settings.FAIRGATE_BILLING = True
-    settings.FAIRGATE_BILLING_LINGER_MS = LINGER_MS
-    books = charging.Booker()
     fake = HeldBackWorker()
-    monkeypatch.setattr(charging, "_booker", books)
-    monkeypatch.setattr(books, "_ready_worker", lambda: fake)
-    held_clear()
-    yield fake
-    held_clear()
-    books.unbooked.close()
+    with booker_with(
+        fake, tmp_path=tmp_path, settings=settings, monkeypatch=monkeypatch, FAIRGATE_BILLING_LINGER_MS=LINGER_MS
+    ):
+        yield fake
 
 
 def release(rid: str) -> ReleaseAsk:

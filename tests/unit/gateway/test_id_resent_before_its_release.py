@@ -16,8 +16,9 @@ from decimal import Decimal
 import pytest
 
 from billing.booking import HoldAsk, ReleaseAsk
-from billing.inflight import HeldEntry, held_clear
+from billing.inflight import HeldEntry
 from gateway import charging
+from tests.support.booker import booker_with
 
 RID = "t/again"
 WHAT = dict(tenant="t", request_id=RID, cls="BATCH", model="m", prompt_tokens=5, max_output_tokens=5)
@@ -56,19 +57,16 @@ class HeldBackWorker:
 
 @pytest.fixture
 def worker(tmp_path, settings, monkeypatch):
-    settings.VAR_DIR = tmp_path
-    settings.FAIRGATE_BILLING = True
-    settings.FAIRGATE_EARLY_HOLDS = True
-    settings.FAIRGATE_BILLING_LINGER_MS = 0
-    books = charging.Booker()
     fake = HeldBackWorker()
-    monkeypatch.setattr(charging, "_booker", books)
-    monkeypatch.setattr(books, "_ready_worker", lambda: fake)
-    held_clear()
-    yield fake
-    held_clear()
-    books.unbooked.close()
-    charging.rooms.clear()
+    with booker_with(
+        fake,
+        tmp_path=tmp_path,
+        settings=settings,
+        monkeypatch=monkeypatch,
+        FAIRGATE_EARLY_HOLDS=True,
+        FAIRGATE_BILLING_LINGER_MS=0,
+    ):
+        yield fake
 
 
 async def _turns(n: int = 10) -> None:

@@ -11,8 +11,9 @@ from decimal import Decimal
 import pytest
 
 from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk
-from billing.inflight import HeldEntry, held_clear, held_get_cached
+from billing.inflight import HeldEntry, held_get_cached
 from gateway import charging
+from tests.support.booker import booker_with
 
 
 class FakeWorker:
@@ -38,16 +39,11 @@ class FakeWorker:
 
 @pytest.fixture
 def booker(tmp_path, settings, monkeypatch):
-    settings.VAR_DIR = tmp_path
-    settings.FAIRGATE_BILLING = True
-    settings.FAIRGATE_EARLY_HOLDS = False
-    books = charging.Booker()
     worker = FakeWorker()
-    monkeypatch.setattr(charging, "_booker", books)
-    monkeypatch.setattr(books, "_ready_worker", lambda: worker)
-    held_clear()
-    yield books, worker
-    held_clear()
+    with booker_with(
+        worker, tmp_path=tmp_path, settings=settings, monkeypatch=monkeypatch, FAIRGATE_EARLY_HOLDS=False
+    ) as books:
+        yield books, worker
 
 
 def _hold(rid: str):
