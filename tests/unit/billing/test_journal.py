@@ -5,6 +5,7 @@ host), never taken from a process that is alive."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -204,3 +205,13 @@ def test_an_id_is_settling_from_its_first_kept_attempt_until_every_attempt_is_bo
         mine.close()
 
     asyncio.run(scenario())
+
+
+def test_a_line_reads_back_as_the_settlement_it_was_written_from():
+    for ask in (
+        SettleAsk('t/"odd" id \u00e9\n', "gpu \\ one", 0, 123456, AT, Decimal("0.000000000123")),
+        settle("t/plain"),
+    ):
+        line = journal._line(ask)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert journal._ask(json.loads(line)["settle"]) == ask
