@@ -59,36 +59,8 @@ ending at an unknown point of its run). Such a request is admitted only when ``P
 + G)) >= 1 - MISS_RISK`` (5 %): otherwise a chat request admitted onto a pool held by long BATCH
 requests waits for a turnover that, one time in four or five, does not come within its 3 s.
 
-**Unknown class** (``queue.prior_weight``: ``n0``; 0, the default, is off). A backlog that begins
-before its class has completed anything (a burst onto a class never served) is predicted from
-``service_ms_prior``, which nothing has checked; and the first completions of such a burst are its
-shortest requests (the long ones still run: the sample is censored), so the measured mean starts
-low. With ``n0 > 0`` the assumed rate of such a backlog, until it ends, uses
-
-    s = max((n0 x prior / m + n x mean) / (n0 + n), censored)
-
-``prior / m``: the prior with the margin on it (the uncertain part of the prediction, before the
-first admission), worth ``n0`` completions (about the pool's slots: the completions of a burst's
-first round are biased short until the round is done); ``n``, ``mean``: the class's completions
-and their mean; ``censored``: (the service times of the backlog's completions + how long each of
-the class's running requests has run) / their count, a lower bound on their mean that rises as soon
-as requests run longer than assumed (a request running for 22 s says the mean is not 20 s), O(1)
-from the sum of start times. A class with completions before its backlog keeps the rule above.
-
-**Margin after** (``queue.margin_after_ms``: ``A``; 0, the default, is off). The margin guards
-against what the last minute cannot tell: a higher class rising, a service time drifting, a small
-tenant's share overtaking. Within the next ``A`` ms (the rates' own window, 60 s) the last minute is
-the evidence, so a predicted wait may take all of the time to the deadline up to ``A`` and ``m`` of
-the rest, ``kept = left - (1 - m) x max(0, left - A)`` (in place of ``m x left`` below), and within
-``A`` the count of turnovers is judged as a chance (*chance* above, whatever the service time).
-When the horizon is at least the class's own service time, the slots it fills turn over at its own
-pace, and their count is a renewal count: variance ``mean x c2``, ``c2`` the squared coefficient of
-variation of the class's service times (measured, an exponentially weighted variance beside the
-mean, after 40 completions; else 1, which is Poisson), normal with a continuity correction; on a
-shorter horizon the turnovers are of slots other classes hold, and Poisson stays. A NEAR_RT burst
-that fills 87 % of its 15 s SLA on an idle pool is admitted; a 30-minute BATCH horizon keeps the
-margin on 97 % of it. The slack a tenant's share may use is ``left - kept``:
-within ``A`` none, so there a tenant is admitted only as the class fits.
+**Unknown class** and **margin after** (``queue.prior_weight``, ``queue.margin_after_ms``): see
+``evidence``.
 
 **Admission** (``queue.admission: predicted``, with ``enforce_depth``). A new request with
 ``left`` ms to its deadline (``min(enqueued + sla, the client's own)``) and margin ``m`` is
@@ -146,6 +118,7 @@ from . import admission as adm
 from .capacity import Capacity
 from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
+from .evidence import EvidenceMixin
 from .fairness import Lane
 from .model import SchedulerConfig
 from .outcomes import Admission
@@ -165,7 +138,7 @@ class Drain(NamedTuple):
     measured: bool  # the rates are measured (else assumed)
 
 
-class PredictMixin:
+class PredictMixin(EvidenceMixin):
     """Needs the attributes that :class:`Scheduler` sets up (plans, counts, rates, capacity, ...)."""
 
     # Set up and kept by Scheduler (declared here for the type checker; no values at class level).
@@ -185,9 +158,6 @@ class PredictMixin:
     counters: Counters
     _fair_lanes: bool
     _predict_margin: float
-    _prior_weight: int
-    _margin_after_ms: int
-    _backlog_done: dict[str, tuple[float, int, int]]
     _depth_cap: int
     _lane_list: list[Lane]
     _class_lanes: dict[str, list[Lane]]
@@ -252,23 +222,6 @@ class PredictMixin:
             return Drain(min(recent, backlog), high, max(high, usable / live_ms), True)
         rate = self._assumed_rate(name, usable, slow_ms, now_ms)
         return Drain(rate, rate, max(rate, usable / live_ms), False)
-
-    def _unknown_service_ms(self, name: str, now_ms: int) -> float:
-        """Admission's service time for a backlog that began before its class completed anything, with
-        ``prior_weight`` ``n0`` (module docstring, *unknown class*): the prior over the margin, worth
-        ``n0`` completions, blended with the ``n`` measured since; at least the censored mean of the
-        backlog's requests (those completed, and those running for as long as they have run)."""
-        mean, n0 = self._cls_service.get(name), self._prior_weight
-        prior_ms = self._config.queue.service_ms_prior / self._predict_margin
-        samples = 0 if mean is None else mean.samples
-        planned_ms = (n0 * prior_ms + samples * mean.mean_ms) / (n0 + samples) if mean and samples else prior_ms
-        running = self._running_by_cls.get(name, 0)
-        done = self._backlog_done.get(name)
-        this_backlog = done is not None and done[0] == self._backlog_since.get(name)
-        count, total_ms = (done[1], done[2]) if done is not None and this_backlog else (0, 0)
-        count += running
-        total_ms += running * now_ms - self._started_sum.get(name, 0)
-        return max(planned_ms, total_ms / count) if count else planned_ms
 
     def _assumed_rate(self, name: str, usable: int, service_ms: float, now_ms: int) -> float:
         """``(S - O - L) / service_ms + sum(L_c / service_c)`` (the module docstring)."""
@@ -361,18 +314,6 @@ class PredictMixin:
             return _queue_full(excess, rate, plan)
         must = base + (min(depth + 1, share) if self._fair_lanes else depth + 1)
         return self._unlikely(cls, must, free, rate, left_ms, now_ms)
-
-    def _kept_ms(self, left_ms: float) -> float:
-        """The part of ``left_ms`` to the deadline a predicted wait may take: ``predict_margin`` of it,
-        or with ``margin_after_ms`` ``A``, all of it up to ``A`` and the margin of the rest."""
-        after_ms = self._margin_after_ms
-        return left_ms - (1.0 - self._predict_margin) * max(0.0, left_ms - after_ms)
-
-    def _dispersion(self, cls: str) -> float:
-        """The count's variance over its mean: 1 (Poisson), or with ``margin_after_ms`` the class's
-        measured squared coefficient of variation of service (``ServiceMean.dispersion``)."""
-        mean = self._cls_service.get(cls) if self._margin_after_ms else None
-        return 1.0 if mean is None else mean.dispersion()
 
     def _unlikely(self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int) -> Admission | None:
         """A ``queue_full`` when the wait fits on average but a slot-turnover count as likely as not
