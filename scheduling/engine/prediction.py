@@ -290,11 +290,13 @@ class PredictMixin(EvidenceMixin):
         base = self._higher_waiting(plan) - free  # H - F
         if depth < self._depth_cap and base + depth + 1 <= 0:
             return None  # a slot is free for it
-        rate = self._drain(plan, usable, now_ms).rate_per_ms
+        drain = self._drain(plan, usable, now_ms)
+        rate = drain.rate_per_ms
         if depth >= self._depth_cap:
             return _queue_full(depth - self._depth_cap + 1, rate, plan)
         left_ms = max(0, deadline_ms - now_ms)
-        kept_ms = self._kept_ms(left_ms)  # what a predicted wait may take of it
+        after_ms = self._after_ms(cls, drain.measured, left_ms)
+        kept_ms = self._kept_ms(left_ms, after_ms)  # what a predicted wait may take of it
         tenant_rate = None if book.since_ms is None else self._tenant_drain(book, now_ms)
         if tenant_rate is not None and book.waiting + 1 > tenant_rate * kept_ms:
             return _queue_full(book.waiting + 1 - tenant_rate * kept_ms, tenant_rate, plan)
@@ -302,26 +304,30 @@ class PredictMixin(EvidenceMixin):
         if self._fair_lanes:
             slack_ms = left_ms - kept_ms
             if base + share + self._fresh_deficit(cls, free, slack_ms, now_ms) <= rate * slack_ms:
-                return self._unlikely(cls, base + share, free, rate, left_ms, now_ms)  # within its share of the slack
+                return self._unlikely(
+                    cls, base + share, free, rate, left_ms, now_ms, after_ms
+                )  # its share of the slack
         horizon_ms = kept_ms
         excess = base + depth + 1 + self._fresh_deficit(cls, free, horizon_ms, now_ms) - rate * horizon_ms
         if excess <= 0 and self._fair_lanes:  # it fits its own deadline: does it fit those it may overtake?
             promised_ms = self._earliest_promise_ms(cls, tenant, depth + 1)
             if promised_ms is not None and promised_ms < deadline_ms:
-                horizon_ms = self._kept_ms(max(0, promised_ms - now_ms))
+                horizon_ms = self._kept_ms(max(0, promised_ms - now_ms), after_ms)
                 excess = base + depth + 1 + self._fresh_deficit(cls, free, horizon_ms, now_ms) - rate * horizon_ms
         if excess > 0:
             return _queue_full(excess, rate, plan)
         must = base + (min(depth + 1, share) if self._fair_lanes else depth + 1)
-        return self._unlikely(cls, must, free, rate, left_ms, now_ms)
+        return self._unlikely(cls, must, free, rate, left_ms, now_ms, after_ms)
 
-    def _unlikely(self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int) -> Admission | None:
+    def _unlikely(
+        self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int, after_ms: int = 0
+    ) -> Admission | None:
         """A ``queue_full`` when the wait fits on average but a slot-turnover count as likely as not
         reaching ``must`` by the deadline is too likely (module docstring, *chance*); else None."""
-        if (left_ms >= self._service_now(cls) and left_ms > self._margin_after_ms) or must <= 0:
+        if (left_ms >= self._service_now(cls) and left_ms > after_ms) or must <= 0:
             return None  # the slots turn over more than once: the count is close to its mean
         need = math.ceil(must + self._fresh_deficit(cls, free, left_ms, now_ms))
-        dispersion = 1.0 if left_ms < self._service_now(cls) else self._dispersion(cls)
+        dispersion = 1.0 if left_ms < self._service_now(cls) else self._dispersion(cls, after_ms)
         if adm.turnovers_at_least(need, rate * left_ms, dispersion) >= 1 - MISS_RISK:
             return None
         return Admission(False, "queue_full", adm.retry_after_ms(need, rate, self._plans[cls].sla_ms))
@@ -354,8 +360,9 @@ class PredictMixin(EvidenceMixin):
     def _predicted_limit(self, plan: ClassPlan, now_ms: int) -> int:
         """The class depth the model admits for requests behind their whole class (``depth_limit``)."""
         usable = self._usable_slots(plan)
-        rate = self._drain(plan, usable, now_ms).rate_per_ms
-        free, horizon_ms = self._free_now(usable), self._kept_ms(plan.sla_ms)
+        drain = self._drain(plan, usable, now_ms)
+        rate, after_ms = drain.rate_per_ms, self._after_ms(plan.spec.name, drain.measured, plan.sla_ms)
+        free, horizon_ms = self._free_now(usable), self._kept_ms(plan.sla_ms, after_ms)
         fits = (
             rate * horizon_ms
             + free

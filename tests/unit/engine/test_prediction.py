@@ -356,10 +356,22 @@ def test_a_class_served_before_its_backlog_is_not_planned_on_the_prior():
 
 def test_within_margin_after_the_wait_may_take_the_whole_time_and_the_margin_of_the_rest():
     sched = scheduler(predicting(margin_after_ms=MIN), slots=10, tenant_specs=tenants(("a", 1.0)))
-    assert sched._kept_ms(30_000) == 30_000
-    assert sched._kept_ms(MIN) == MIN
-    assert sched._kept_ms(1_800_000) == pytest.approx(MIN + 0.8 * (1_800_000 - MIN))
-    assert scheduler(predicting(), slots=10)._kept_ms(30_000) == pytest.approx(0.8 * 30_000)
+    assert sched._kept_ms(30_000, MIN) == 30_000
+    assert sched._kept_ms(MIN, MIN) == MIN
+    assert sched._kept_ms(1_800_000, MIN) == pytest.approx(MIN + 0.8 * (1_800_000 - MIN))
+    assert sched._kept_ms(30_000, 0) == pytest.approx(0.8 * 30_000)
+
+
+def test_margin_after_applies_to_an_assumed_rate_on_a_horizon_of_at_least_the_service_time():
+    sched = scheduler(predicting(margin_after_ms=MIN), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert sched._after_ms("BATCH", False, 30_000) == 0  # never served: its service time is unknown
+    admitted(sched, req("h", tenant="a", cls="BATCH"))
+    (grant,) = sched.dispatch(now_ms=0)
+    sched.complete(grant.request.id, now_ms=20_000, prompt_tokens=100, output_tokens=100)
+    assert sched._after_ms("BATCH", False, 30_000) == MIN  # 20 s measured: 30 s covers it
+    assert sched._after_ms("BATCH", False, 10_000) == 0  # a shorter horizon waits on others' slots
+    assert sched._after_ms("BATCH", True, 30_000) == 0  # a measured rate keeps the margin
+    assert scheduler(predicting(), slots=10)._after_ms("BATCH", False, 30_000) == 0  # off by default
 
 
 def test_a_short_burst_that_fits_its_sla_is_admitted_within_margin_after_and_taken_as_a_chance():

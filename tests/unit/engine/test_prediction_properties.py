@@ -116,11 +116,12 @@ class Predicting:
         assert not sched._hopeless(ticket, plan, higher, free, drain, now), rid
         left = ticket.deadline_ms - now
         must = higher + sched._ahead(ticket.cls, ticket.tenant, 0) - free
-        short = left < sched._service_now(ticket.cls) or left <= sched._margin_after_ms
-        if must > 0 and short:  # a short horizon (or within margin_after_ms): the count is a chance
+        after = sched._after_ms(ticket.cls, drain.measured, left)
+        short = left < sched._service_now(ticket.cls)
+        if must > 0 and (short or left <= after):  # a short horizon (or within margin_after_ms): a chance
             need = math.ceil(must + sched._fresh_deficit(ticket.cls, free, left, now))
             mean = sched._cls_service.get(ticket.cls)
-            own = sched._margin_after_ms and mean is not None and left >= sched._service_now(ticket.cls)
+            own = after and mean is not None and not short
             dispersion = mean.dispersion() if own else 1.0  # its own slots' renewal count, else Poisson
             assert turnovers_at_least(need, drain.rate_per_ms * left, dispersion) >= 1 - MISS_RISK, rid
 
