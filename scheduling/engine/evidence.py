@@ -15,8 +15,8 @@ first round are biased short until the round is done); ``n``, ``mean``: the clas
 and their mean; ``censored``: (the service times of the backlog's completions + how long each of
 the class's running requests has run) / their count, a lower bound on their mean that rises as soon
 as requests run longer than assumed (a request running for 22 s says the mean is not 20 s), O(1)
-from the sum of start times. A class with completions before its backlog keeps prediction's rule (the slower of its
-mean now and at the backlog's first prediction).
+from the sum of start times. A class with completions before its backlog keeps prediction's rule
+(the slower of its mean now and at the backlog's first prediction).
 
 **Margin after** (``queue.margin_after_ms``: ``A``; 0, the default, is off). The margin guards
 against what the evidence cannot tell: a higher class rising, a service time drifting, other

@@ -102,9 +102,7 @@ class HeadroomPolicy:
     profile_alpha: float = 0.5  # weight of the newest day's count in its bucket's average
     recent_ms: int = 60_000  # time constant of the recent arrival rate
     profile_weight: float = 0.5  # the profile's share of the forecast (the rest: the recent rate)
-    hold_idle: bool = (
-        False  # also hold a free slot no hold just left (an idle pool filling at once), not only freed ones
-    )
+    hold_idle: bool = False  # also hold free slots that did not just free (an idle pool filled at once)
 
 
 @dataclass(frozen=True)
