@@ -387,7 +387,8 @@ def render(data: dict) -> str:
         "## Admission by predicted dispatch and early fast-fail (`python -m bench.sim_sweep`)",
         "",
         "Written by `python -m bench.sim_sweep --write-report` after `python -m bench.report` (which rewrites this "
-        "file without it); design and rules in `scheduling/engine/prediction.py` and `evidence.py`. The scenarios `surge-30min`, "
+        "file without it); design and rules in `scheduling/engine/prediction.py` and `evidence.py`. "
+        "The scenarios `surge-30min`, "
         "`quiet-burst` and `higher-surge` run with `queue.admission: predicted`, `predict_margin: 0.8`, "
         "`fast_fail: true`, `prior_weight: 30` and `margin_after_ms: 60000` (so does `idle-burst` here); the "
         "existing scenarios keep the depth limit (the keys default to off), and their figures with prediction on "
