@@ -33,6 +33,7 @@ from collections import deque
 
 WINDOW_MS = 60_000
 EWMA_ALPHA = 0.05
+DISPERSION_SAMPLES = 40  # completions before a class's measured dispersion replaces the Poisson assumption
 
 
 class RateWindow:
@@ -55,18 +56,29 @@ class RateWindow:
 
 
 class ServiceMean:
-    __slots__ = ("mean_ms", "samples")
+    __slots__ = ("mean_ms", "samples", "var_ms2")
 
     def __init__(self) -> None:
         self.mean_ms = 0.0
         self.samples = 0
+        self.var_ms2 = 0.0  # exponentially weighted variance, with the same weights as the mean
 
     def add(self, service_ms: int) -> None:
         self.samples += 1
         if self.samples == 1:
             self.mean_ms = float(service_ms)
         else:
-            self.mean_ms += EWMA_ALPHA * (service_ms - self.mean_ms)
+            diff = service_ms - self.mean_ms
+            step = EWMA_ALPHA * diff
+            self.mean_ms += step
+            self.var_ms2 = (1 - EWMA_ALPHA) * (self.var_ms2 + diff * step)
+
+    def dispersion(self) -> float:
+        """The squared coefficient of variation once :data:`DISPERSION_SAMPLES` have completed, else 1
+        (what a Poisson count of turnovers assumes: exponential service times)."""
+        if self.samples < DISPERSION_SAMPLES or self.mean_ms <= 0:
+            return 1.0
+        return min(1.0, self.var_ms2 / (self.mean_ms * self.mean_ms))
 
     def value(self, prior_ms: int) -> float:
         return max(self.mean_ms if self.samples else float(prior_ms), 1.0)
@@ -111,6 +123,15 @@ def retry_after_ms(excess: int, drain_per_ms: float, sla_ms: int) -> int:
     if drain_per_ms <= 0:
         return max(1, sla_ms)
     return max(1, min(sla_ms, math.ceil(max(excess, 1) / drain_per_ms)))
+
+
+def turnovers_at_least(count: int, mean: float, dispersion: float) -> float:
+    """``P(N >= count)`` for a count of turnovers with ``mean`` and variance ``mean x dispersion`` (a
+    renewal count: many slots, service times of that squared coefficient of variation); Poisson at
+    dispersion 1, else normal (continuity-corrected)."""
+    if dispersion >= 1.0 or count <= 0 or mean <= 0:
+        return poisson_at_least(count, mean)
+    return 0.5 * math.erfc((count - 0.5 - mean) / math.sqrt(2 * mean * max(dispersion, 1e-6)))
 
 
 def poisson_at_least(count: int, mean: float) -> float:

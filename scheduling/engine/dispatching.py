@@ -84,6 +84,8 @@ class DispatchMixin:
     _holds: list[int]
     _refresh_holds: Callable[[int], None]
     _held_back: Callable[[str, int], bool]
+    _hold_idle_on: bool
+    _hold_idle_slot: Callable[[str, int], None]
     _hold_used: Callable[[str, int], None]
 
     def dispatch(self, *, now_ms: int) -> list[Grant]:
@@ -248,6 +250,8 @@ class DispatchMixin:
     def _try_grant(self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant]) -> bool:
         plan = self._plans[ticket.cls]
         capacity = self._capacity
+        if self._hold_idle_on and not preempt and not plan.privileged:
+            self._hold_idle_slot(ticket.model, now_ms)  # an idle slot may become a hold first (``headroom``)
         if self._holds and not preempt and not plan.privileged and self._held_back(ticket.model, now_ms):
             return False  # the free slots are held for the top class's forecast arrivals
         backend = capacity.place(ticket.model, ticket.vip or plan.privileged, ticket.vip, ticket.est_tokens, now_ms)

@@ -19,6 +19,13 @@ slot to a lower class at once:
   model are free than are held. A top-class request takes any free slot, held ones included (it
   uses up the hold that ends first). A request at preempt (aging's last stage) is owed service
   now and is not held back.
+* **idle slots** (``hold_idle``): a slot can also be held without having just freed. When a
+  lower-class request would take a free slot while fewer slots are held than the need, and more
+  slots are free than are held plus those whose hold ended at this very instant, one more slot is
+  held instead (then the request takes a free slot if one is left beyond the holds). So a pool that
+  was idle and that a BATCH burst fills at once keeps its headroom, and a hold is still never
+  renewed: the slots whose holds just ended go to the dispatch order. Off by default (then holds
+  start only when a slot frees).
 * **wake-up**: ``next_wakeup_ms`` includes the earliest hold end while requests wait, so a driver
   that follows it (the simulator, the embedded and the shared dispatchers) grants a held slot at
   its hold's end, never later.
@@ -50,12 +57,17 @@ class HeadroomMixin:
     _headroom_on: bool
     _forecast: ArrivalForecast | None
     _holds: list[int]  # hold ends, ascending
+    _hold_idle_on: bool
+    _released_ms: int  # the instant of the last hold that ended or was released (not used)
+    _released: int  # how many ended or were released at that instant
     held_slot_ms: int  # slot-ms left idle by holds so far (what headroom cost the lower classes)
 
     def _apply_headroom(self, policy: HeadroomPolicy, *, single_queue: bool) -> None:
         self._headroom = policy
         self.held_slot_ms = getattr(self, "held_slot_ms", 0)
         self._headroom_on = policy.enabled and not single_queue
+        self._hold_idle_on = self._headroom_on and policy.hold_idle
+        self._released_ms, self._released = getattr(self, "_released_ms", -1), getattr(self, "_released", 0)
         bucket_ms, alpha, recent_ms = policy.bucket_ms, policy.profile_alpha, policy.recent_ms
         forecast = getattr(self, "_forecast", None)
         if not self._headroom_on:
@@ -90,7 +102,7 @@ class HeadroomMixin:
             return
         holds = self._holds
         while holds and holds[0] <= now_ms:
-            self._hold_end(holds.pop(0), now_ms)
+            self._hold_release(holds.pop(0), now_ms)
         if self._lower_waiting() and len(holds) < self.headroom_need(now_ms=now_ms):
             insort(holds, now_ms + self._headroom.hold_ms)
 
@@ -103,24 +115,41 @@ class HeadroomMixin:
         """Before a dispatch round: drop ended holds, release those beyond the need or the free slots."""
         holds = self._holds
         while holds and holds[0] <= now_ms:
-            self._hold_end(holds.pop(0), now_ms)
+            self._hold_release(holds.pop(0), now_ms)
         if holds:
             capacity = self._capacity
             keep = min(self.headroom_need(now_ms=now_ms), capacity.total_slots)
             free = sum(max(0, s.slots - s.busy) for s in capacity.states.values() if s.enabled)
             excess = len(holds) - min(keep, free)
             for _ in range(max(0, excess)):
-                self._hold_end(holds.pop(0), now_ms)
+                self._hold_release(holds.pop(0), now_ms)
 
     def _held_back(self, model: str, now_ms: int) -> bool:
         """Whether a lower-class request of ``model`` must leave the free slots to the holds."""
         return self._capacity.free_slots(model, now_ms) <= len(self._holds)
+
+    def _hold_idle_slot(self, model: str, now_ms: int) -> None:
+        """``hold_idle``: a lower-class request of ``model`` is about to take a free slot; hold one more
+        if fewer are held than the need and a free slot is left that no hold just left."""
+        holds = self._holds
+        released = self._released if self._released_ms == now_ms else 0
+        if self._capacity.free_slots(model, now_ms) - len(holds) - released <= 0:
+            return
+        if len(holds) < self.headroom_need(now_ms=now_ms):
+            insort(holds, now_ms + self._headroom.hold_ms)
 
     def _hold_used(self, model: str, now_ms: int) -> None:
         """A top-class request took a slot: it used a hold if fewer slots than holds are free now."""
         holds = self._holds
         if holds and self._capacity.free_slots(model, now_ms) < len(holds):
             self._hold_end(holds.pop(0), now_ms)
+
+    def _hold_release(self, end_ms: int, now_ms: int) -> None:
+        """A hold ended or was released (not used): its slot goes to the dispatch order, not to a new hold."""
+        if self._released_ms != now_ms:
+            self._released_ms, self._released = now_ms, 0
+        self._released += 1
+        self._hold_end(end_ms, now_ms)
 
     def _hold_end(self, end_ms: int, now_ms: int) -> None:
         """A hold is over (ended, released or used): count the time its slot stood idle."""

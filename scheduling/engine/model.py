@@ -84,6 +84,8 @@ class QueuePolicy:
     admission: str = "depth"  # "depth": the dynamic depth limit; "predicted": by predicted dispatch time
     predict_margin: float = 0.8  # share of the time to its deadline a predicted wait may take at admission
     fast_fail: bool = False  # fail a queued request (queue_timeout) once its predicted dispatch is past its deadline
+    prior_weight: int = 0  # completions the prior is worth for a class with none yet (0: off)
+    margin_after_ms: int = 0  # predict_margin applies to the time to the deadline beyond this (0: to all of it)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class HeadroomPolicy:
     profile_alpha: float = 0.5  # weight of the newest day's count in its bucket's average
     recent_ms: int = 60_000  # time constant of the recent arrival rate
     profile_weight: float = 0.5  # the profile's share of the forecast (the rest: the recent rate)
+    hold_idle: bool = False  # also hold free slots that did not just free (an idle pool filled at once)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ ending at an unknown point of its run). Such a request is admitted only when ``P
 + G)) >= 1 - MISS_RISK`` (5 %): otherwise a chat request admitted onto a pool held by long BATCH
 requests waits for a turnover that, one time in four or five, does not come within its 3 s.
 
+**Unknown class** and **margin after** (``queue.prior_weight``, ``queue.margin_after_ms``): see
+``evidence``.
+
 **Admission** (``queue.admission: predicted``, with ``enforce_depth``). A new request with
 ``left`` ms to its deadline (``min(enqueued + sla, the client's own)``) and margin ``m`` is
 admitted when its class holds fewer than ``depth_cap`` and either a slot is free for it or:
@@ -115,6 +118,7 @@ from . import admission as adm
 from .capacity import Capacity
 from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
+from .evidence import EvidenceMixin
 from .fairness import Lane
 from .model import SchedulerConfig
 from .outcomes import Admission
@@ -134,7 +138,7 @@ class Drain(NamedTuple):
     measured: bool  # the rates are measured (else assumed)
 
 
-class PredictMixin:
+class PredictMixin(EvidenceMixin):
     """Needs the attributes that :class:`Scheduler` sets up (plans, counts, rates, capacity, ...)."""
 
     # Set up and kept by Scheduler (declared here for the type checker; no values at class level).
@@ -202,9 +206,14 @@ class PredictMixin:
         live_ms = slow_ms = self._service_now(name)
         if since is not None:
             start = self._backlog_service.get(name)
-            if start is None or start[0] != since:  # this backlog's first look
-                start = self._backlog_service[name] = (since, live_ms)
+            if start is None or start[0] != since:  # this backlog's first look (inf: no completion yet)
+                unknown = bool(self._prior_weight) and name not in self._cls_service
+                start = self._backlog_service[name] = (since, math.inf if unknown else live_ms)
             slow_ms = max(live_ms, start[1])
+        elif self._prior_weight and name not in self._cls_service:  # never served, and nothing waits
+            slow_ms = math.inf
+        if slow_ms == math.inf:
+            slow_ms = self._unknown_service_ms(name, now_ms)
         if since is not None and since <= now_ms - adm.WINDOW_MS:
             recent = plan.dispatch_rate.count(now_ms) / adm.WINDOW_MS
             dispatched = self.counters.for_class(name).dispatched - self._backlog_base[name]
@@ -281,37 +290,45 @@ class PredictMixin:
         base = self._higher_waiting(plan) - free  # H - F
         if depth < self._depth_cap and base + depth + 1 <= 0:
             return None  # a slot is free for it
-        rate = self._drain(plan, usable, now_ms).rate_per_ms
+        drain = self._drain(plan, usable, now_ms)
+        rate = drain.rate_per_ms
         if depth >= self._depth_cap:
             return _queue_full(depth - self._depth_cap + 1, rate, plan)
-        margin, left_ms = self._predict_margin, max(0, deadline_ms - now_ms)
+        left_ms = max(0, deadline_ms - now_ms)
+        after_ms = self._after_ms(cls, drain.measured, left_ms)
+        kept_ms = self._kept_ms(left_ms, after_ms)  # what a predicted wait may take of it
         tenant_rate = None if book.since_ms is None else self._tenant_drain(book, now_ms)
-        if tenant_rate is not None and book.waiting + 1 > tenant_rate * margin * left_ms:
-            return _queue_full(book.waiting + 1 - tenant_rate * margin * left_ms, tenant_rate, plan)
+        if tenant_rate is not None and book.waiting + 1 > tenant_rate * kept_ms:
+            return _queue_full(book.waiting + 1 - tenant_rate * kept_ms, tenant_rate, plan)
         share = (book.waiting + 1) / self._tenant_weight.get(tenant, self._unknown_weight) if self._fair_lanes else 0.0
         if self._fair_lanes:
-            slack_ms = (1 - margin) * left_ms
+            slack_ms = left_ms - kept_ms
             if base + share + self._fresh_deficit(cls, free, slack_ms, now_ms) <= rate * slack_ms:
-                return self._unlikely(cls, base + share, free, rate, left_ms, now_ms)  # within its share of the slack
-        horizon_ms = margin * left_ms
+                return self._unlikely(
+                    cls, base + share, free, rate, left_ms, now_ms, after_ms
+                )  # its share of the slack
+        horizon_ms = kept_ms
         excess = base + depth + 1 + self._fresh_deficit(cls, free, horizon_ms, now_ms) - rate * horizon_ms
         if excess <= 0 and self._fair_lanes:  # it fits its own deadline: does it fit those it may overtake?
             promised_ms = self._earliest_promise_ms(cls, tenant, depth + 1)
             if promised_ms is not None and promised_ms < deadline_ms:
-                horizon_ms = margin * max(0, promised_ms - now_ms)
+                horizon_ms = self._kept_ms(max(0, promised_ms - now_ms), after_ms)
                 excess = base + depth + 1 + self._fresh_deficit(cls, free, horizon_ms, now_ms) - rate * horizon_ms
         if excess > 0:
             return _queue_full(excess, rate, plan)
         must = base + (min(depth + 1, share) if self._fair_lanes else depth + 1)
-        return self._unlikely(cls, must, free, rate, left_ms, now_ms)
+        return self._unlikely(cls, must, free, rate, left_ms, now_ms, after_ms)
 
-    def _unlikely(self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int) -> Admission | None:
+    def _unlikely(
+        self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int, after_ms: int = 0
+    ) -> Admission | None:
         """A ``queue_full`` when the wait fits on average but a slot-turnover count as likely as not
         reaching ``must`` by the deadline is too likely (module docstring, *chance*); else None."""
-        if left_ms >= self._service_now(cls) or must <= 0:
+        if (left_ms >= self._service_now(cls) and left_ms > after_ms) or must <= 0:
             return None  # the slots turn over more than once: the count is close to its mean
         need = math.ceil(must + self._fresh_deficit(cls, free, left_ms, now_ms))
-        if adm.poisson_at_least(need, rate * left_ms) >= 1 - MISS_RISK:
+        dispersion = 1.0 if left_ms < self._service_now(cls) else self._dispersion(cls, after_ms)
+        if adm.turnovers_at_least(need, rate * left_ms, dispersion) >= 1 - MISS_RISK:
             return None
         return Admission(False, "queue_full", adm.retry_after_ms(need, rate, self._plans[cls].sla_ms))
 
@@ -343,8 +360,9 @@ class PredictMixin:
     def _predicted_limit(self, plan: ClassPlan, now_ms: int) -> int:
         """The class depth the model admits for requests behind their whole class (``depth_limit``)."""
         usable = self._usable_slots(plan)
-        rate = self._drain(plan, usable, now_ms).rate_per_ms
-        free, horizon_ms = self._free_now(usable), self._predict_margin * plan.sla_ms
+        drain = self._drain(plan, usable, now_ms)
+        rate, after_ms = drain.rate_per_ms, self._after_ms(plan.spec.name, drain.measured, plan.sla_ms)
+        free, horizon_ms = self._free_now(usable), self._kept_ms(plan.sla_ms, after_ms)
         fits = (
             rate * horizon_ms
             + free

@@ -24,7 +24,7 @@ def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConf
     policy = Policy(policy)
     if policy is Policy.FAIRGATE:
         return replace(config, policy=policy)
-    unpredicted = replace(config.queue, admission="depth", fast_fail=False)
+    unpredicted = replace(config.queue, admission="depth", fast_fail=False, prior_weight=0, margin_after_ms=0)
     config = replace(config, headroom=HeadroomPolicy())  # predictive headroom is Fairgate's too
     if policy is Policy.FIFO:
         queue = replace(

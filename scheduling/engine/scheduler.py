@@ -78,6 +78,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._backlog_since: dict[str, float] = {}  # by class: when its queue last became non-empty
         self._backlog_base: dict[str, int] = {}  # by class: its dispatch count at that moment
         self._backlog_service: dict[str, tuple[float, float]] = {}  # by class: (that moment, mean service then)
+        self._backlog_done: dict[str, tuple[float, int, int]] = {}  # by class: (that moment, completions, their ms)
         self._clock_ms: float = UNKNOWN_MS  # the now of the call that is queueing (submit, requeue, reconfigure)
         self._fast_fail_due_ms: float = 0
         self._cls_rate: dict[str, adm.RateWindow] = {}
@@ -125,6 +126,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._tracks_backlogs = self._predicted or self._fast_fail_on  # backlog starts: only prediction reads them
         self._fair_lanes = config.fairness.mode != FairnessMode.FIFO and not self._single_queue
         self._predict_margin = queue.predict_margin
+        self._prior_weight = queue.prior_weight if self._predicted else 0
+        self._margin_after_ms = queue.margin_after_ms if self._predicted else 0
         self._depth_cap = queue.depth_cap
         self._apply_headroom(config.headroom, single_queue=self._single_queue)
         self._weights()
@@ -394,7 +397,17 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         service_ms = now_ms - ticket.dispatched_ms
         adm.service_mean(self._cls_service, ticket.cls).add(service_ms)
         adm.service_mean(self._model_service, ticket.model).add(service_ms)
+        if self._prior_weight:  # the backlog's completions, for the censored mean (prediction)
+            self._count_done(ticket.cls, service_ms)
         self._terminate(ticket, "completed")
+
+    def _count_done(self, cls: str, service_ms: int) -> None:
+        since = self._backlog_since.get(cls)
+        if since is None:
+            return
+        done = self._backlog_done.get(cls)
+        count, total_ms = (done[1], done[2]) if done is not None and done[0] == since else (0, 0)
+        self._backlog_done[cls] = (since, count + 1, total_ms + service_ms)
 
     def fail(self, request_id: RequestId, *, now_ms: int, reason: str = "upstream_error") -> None:
         ticket = self._running_ticket(request_id)

@@ -248,6 +248,8 @@ def _queue_dict(q: QueuePolicy) -> dict[str, Any]:
         "admission",
         "predict_margin",
         "fast_fail",
+        "prior_weight",
+        "margin_after_ms",
     )
     return {**data, **{f: getattr(q, f) for f in extras if getattr(q, f) != getattr(defaults, f)}}
 

@@ -10,6 +10,7 @@ headroom:
   profile_alpha: 0.5     # weight of the newest day in a bucket's average
   recent_ms: 60000       # time constant of the recent arrival rate
   profile_weight: 0.5    # the profile's share of the forecast (the rest: the recent rate)
+  hold_idle: false       # also hold free slots that did not just free (an idle pool a lower class fills at once)
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def headroom_section(ck: Checker, raw: Any) -> HeadroomPolicy | None:
     data, start = ck.mapping(path, raw, KEYS), len(ck.issues)
     if data is None:
         return None
-    values: dict[str, Any] = {"enabled": ck.get(data, path, "enabled", ck.flag, default=defaults.enabled)}
+    values: dict[str, Any] = {
+        flag: ck.get(data, path, flag, ck.flag, default=getattr(defaults, flag)) for flag in ("enabled", "hold_idle")
+    }
     for key, minimum in _INTEGERS.items():
         values[key] = ck.get(data, path, key, ck.integer, minimum=minimum, default=getattr(defaults, key))
     for key, rule, open_low in (

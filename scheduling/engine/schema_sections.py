@@ -50,7 +50,8 @@ RULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SLUG = re.compile(r"[A-Za-z0-9_-]+")
 DEPTH_FORMULA = "throughput_1m * sla_sec"
 ADMISSIONS = ("depth", "predicted")  # queue.admission: the depth limit, or by predicted dispatch
-PREDICTION_KEYS = ("admission", "predict_margin")  # with fast_fail (a flag): see prediction.py
+# with fast_fail (a flag): see prediction.py
+PREDICTION_KEYS = ("admission", "predict_margin", "prior_weight", "margin_after_ms")
 BOOSTS: dict[int | str, Boost] = {0: Boost.NONE, "0": Boost.NONE, **{b.value: b for b in Boost}}
 BOOST_RANK = {Boost.NONE: 0, Boost.LINEAR: 1, Boost.QUADRATIC: 2, Boost.PREEMPT: 3}
 ACTION_PREFIX = "DOWNGRADE_TO_"
@@ -249,6 +250,8 @@ def _queue(ck: Checker, raw: Any) -> QueuePolicy | None:
             default=defaults.predict_margin,
             rule="in (0, 1] (0 < predict_margin <= 1)",
         ),
+        prior_weight=ck.get(data, path, "prior_weight", ck.integer, minimum=0, default=defaults.prior_weight),
+        margin_after_ms=ck.get(data, path, "margin_after_ms", ck.integer, minimum=0, default=defaults.margin_after_ms),
     )
 
 

@@ -127,6 +127,43 @@ def test_holds_beyond_the_need_are_released_at_the_next_dispatch():
     assert [g.request.id for g in sched.dispatch(now_ms=now + 10)] == ["b2"]
 
 
+def idle_pool(policy: HeadroomPolicy):
+    """INTERACTIVE arriving every 500 ms until 10 s, each served at once: at 11 s the 4 slots are idle."""
+    sched = scheduler(headroom_config(policy), slots=4)
+    for i, t in enumerate(range(0, 10_000, 500)):  # forecast: 2/s recently
+        sched.submit(req(f"i{i}", cls="INTERACTIVE", at=t), now_ms=t)
+        for g in sched.dispatch(now_ms=t):
+            sched.complete(g.request.id, now_ms=t, prompt_tokens=1, output_tokens=1)
+    submit(sched, *(req(f"b{i}", at=NOW) for i in range(6)))
+    return sched
+
+
+def test_without_hold_idle_a_batch_burst_takes_every_idle_slot():
+    sched = idle_pool(HEADROOM)
+    assert sched.headroom_need(now_ms=NOW) == 2
+    assert len(sched.dispatch(now_ms=NOW)) == 4
+    assert sched.headroom_holds() == ()
+
+
+def test_with_hold_idle_a_batch_burst_onto_an_idle_pool_leaves_the_need_held():
+    sched = idle_pool(replace(HEADROOM, hold_idle=True))
+    assert [g.request.id for g in sched.dispatch(now_ms=NOW)] == ["b0", "b1"]
+    assert sched.headroom_holds() == (NOW + 1000, NOW + 1000)
+    sched.submit(req("chat", cls="INTERACTIVE", at=NOW + 100), now_ms=NOW + 100)
+    assert [(g.request.id, g.waited_ms) for g in sched.dispatch(now_ms=NOW + 100)] == [("chat", 0)]
+    assert sched.headroom_holds() == (NOW + 1000,)
+
+
+def test_with_hold_idle_a_hold_that_ends_is_not_renewed():
+    sched = idle_pool(replace(HEADROOM, hold_idle=True))
+    sched.dispatch(now_ms=NOW)
+    assert sched.headroom_need(now_ms=NOW + 1000) == 2  # still wanted
+    grants = sched.dispatch(now_ms=NOW + 1000)  # both holds end: their slots go to BATCH
+    assert [g.request.id for g in grants] == ["b2", "b3"]
+    assert sched.headroom_holds() == ()
+    assert sched.held_slot_ms == 2000
+
+
 def test_holds_and_forecast_survive_a_snapshot():
     sched = busy_pool()
     sched.complete("b0", now_ms=NOW, prompt_tokens=1, output_tokens=1)

@@ -126,3 +126,25 @@ def test_determinism_with_headroom_across_presets(sequence, policy):
             harness.apply(op)
         logs.append((harness.log, harness.sched.counters.as_dict(), harness.sched.headroom_holds()))
     assert logs[0] == logs[1]
+
+
+class IdleHoldHarness(HeadroomHarness):
+    """With ``hold_idle``: free slots that did not just free may be held too; the same invariants."""
+
+    def __init__(self, policy: str = "fairgate") -> None:
+        HeadroomHarness.__init__(self, policy)
+        cfg = headroom_config(policy, replace(HEADROOM, hold_idle=True))
+        self.sched.reconfigure(now_ms=0, config=cfg)
+
+
+@FAST
+@given(headroom_ops, st.sampled_from(POLICIES))
+def test_with_hold_idle_holds_stay_within_the_need_and_the_run_is_deterministic(sequence, policy):
+    logs = []
+    for _ in range(2):
+        harness = IdleHoldHarness(policy)
+        for op in sequence:
+            harness.apply(op)
+        harness.finish()
+        logs.append((harness.log, harness.sched.counters.as_dict(), harness.sched.headroom_holds()))
+    assert logs[0] == logs[1]

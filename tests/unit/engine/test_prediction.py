@@ -304,3 +304,113 @@ def test_a_new_backlog_does_not_inherit_the_last_ones_service_time():
     assert sched.cancel("b1", now_ms=0)  # the class is empty: that backlog is over
     admitted(sched, *burst("c", 2))  # a new one, in the same ms, with a 1 ms mean service
     assert sched.depth_limit("BATCH", now_ms=0) == 20_000  # the cap: the prior is forgotten
+
+
+# --- a class with no history (prior_weight) and the margin after the rates' window ----------------
+
+
+def test_a_burst_onto_a_class_never_served_is_planned_on_the_prior_over_the_margin():
+    plain = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    weighted = scheduler(predicting(prior_weight=10), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert sum(admitted(plain, *burst("b", 800))) == 725
+    # 20 s / 0.8 = 25 s: 0.8 x 1 800 s x 10 / 25 s = 576 must start, + 10 free slots - 5 (fresh)
+    assert sum(admitted(weighted, *burst("b", 800))) == 581
+
+
+def test_requests_running_longer_than_assumed_lower_the_admitted_depth_before_any_completion():
+    sched = scheduler(predicting(prior_weight=10), slots=10, tenant_specs=tenants(("a", 1.0)))
+    admitted(sched, *burst("b", 100))
+    sched.dispatch(now_ms=0)
+    limits = [sched.depth_limit("BATCH", now_ms=s * 1000) for s in (0, 20, 25, 40, 50)]
+    # nothing has completed; once the running requests have run past 25 s their mean must be above it
+    assert limits[0] < limits[1] == limits[2]  # (at 0 the 10 slots just filled are fresh)
+    assert limits[2] > limits[3] > limits[4]
+    assert sched._unknown_service_ms("BATCH", 50_000) == 50_000  # 10 requests, each running for 50 s
+
+
+def test_the_first_completions_of_a_burst_do_not_pull_the_prior_down_at_once():
+    sched = scheduler(predicting(prior_weight=10), slots=10, tenant_specs=tenants(("a", 1.0)))
+    admitted(sched, *burst("b", 100))
+    grants = sched.dispatch(now_ms=0)
+    sched.complete(grants[0].request.id, now_ms=5_000, prompt_tokens=100, output_tokens=100)  # a short one
+    # (10 x 25 s + 1 x 5 s) / 11, and the 9 still running for 5 s do not raise it
+    assert sched._unknown_service_ms("BATCH", 5_000) == pytest.approx((10 * 25_000 + 5_000) / 11)
+    plain = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    admitted(plain, *burst("b", 100))
+    grants = plain.dispatch(now_ms=0)
+    plain.complete(grants[0].request.id, now_ms=5_000, prompt_tokens=100, output_tokens=100)
+    assert sched.depth_limit("BATCH", now_ms=5_000) < plain.depth_limit("BATCH", now_ms=5_000)
+
+
+def test_a_class_served_before_its_backlog_is_not_planned_on_the_prior():
+    limits = []
+    for weight in (0, 10):
+        sched = scheduler(predicting(prior_weight=weight), slots=10, tenant_specs=tenants(("a", 1.0)))
+        admitted(sched, req("h", tenant="a", cls="BATCH"))
+        (grant,) = sched.dispatch(now_ms=0)
+        sched.complete(grant.request.id, now_ms=20_000, prompt_tokens=100, output_tokens=100)
+        admitted(sched, *burst("b", 800, at=30_000))
+        limits.append(sched.depth_limit("BATCH", now_ms=30_000))
+    assert limits[0] == limits[1]
+
+
+def test_within_margin_after_the_wait_may_take_the_whole_time_and_the_margin_of_the_rest():
+    sched = scheduler(predicting(margin_after_ms=MIN), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert sched._kept_ms(30_000, MIN) == 30_000
+    assert sched._kept_ms(MIN, MIN) == MIN
+    assert sched._kept_ms(1_800_000, MIN) == pytest.approx(MIN + 0.8 * (1_800_000 - MIN))
+    assert sched._kept_ms(30_000, 0) == pytest.approx(0.8 * 30_000)
+
+
+def test_margin_after_applies_to_an_assumed_rate_on_a_horizon_of_at_least_the_service_time():
+    sched = scheduler(predicting(margin_after_ms=MIN), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert sched._after_ms("BATCH", False, 30_000) == 0  # never served: its service time is unknown
+    admitted(sched, req("h", tenant="a", cls="BATCH"))
+    (grant,) = sched.dispatch(now_ms=0)
+    sched.complete(grant.request.id, now_ms=20_000, prompt_tokens=100, output_tokens=100)
+    assert sched._after_ms("BATCH", False, 30_000) == MIN  # 20 s measured: 30 s covers it
+    assert sched._after_ms("BATCH", False, 10_000) == 0  # a shorter horizon waits on others' slots
+    assert sched._after_ms("BATCH", True, 30_000) == 0  # a measured rate keeps the margin
+    assert scheduler(predicting(), slots=10)._after_ms("BATCH", False, 30_000) == 0  # off by default
+
+
+def test_a_short_burst_that_fits_its_sla_is_admitted_within_margin_after_and_taken_as_a_chance():
+    """A NEAR_RT burst of 1 s requests on 10 idle slots: about 9 s of its 15 s SLA for the last one."""
+    history = [req(f"h{k}", tenant="a", cls="NEAR_RT") for k in range(40)]
+    results = []
+    for after_ms in (0, MIN):
+        sched = scheduler(predicting(margin_after_ms=after_ms), slots=10, tenant_specs=tenants(("a", 1.0)))
+        running: dict[str, int] = {}
+        for r in history:
+            sched.submit(r, now_ms=0)
+        for ms in range(0, 10_001, 100):
+            serve(sched, ms, {"NEAR_RT": 1_000}, running)
+        results.append(sum(admitted(sched, *burst("n", 140, cls="NEAR_RT", at=600_000))))
+    # the margin: 10 free + 10 slots x 12 s (0.8 x 15 s) - 5 (fresh) = 125; within margin_after_ms the
+    # chance: at most 10 + 150 turnovers on average (fewer the 5 fresh), admitted while 95 % likely
+    assert results[0] == 125
+    assert 125 < results[1] < 155
+
+
+@pytest.mark.parametrize("policy", ["fifo", "strict", "linear"])
+def test_the_presets_other_than_fairgate_turn_the_new_knobs_off(policy):
+    queue = apply_policy(predicting(prior_weight=30, margin_after_ms=MIN), policy).queue
+    assert (queue.prior_weight, queue.margin_after_ms) == (0, 0)
+
+
+def test_a_measured_dispersion_replaces_poisson_only_after_enough_completions():
+    from scheduling.engine.admission import DISPERSION_SAMPLES, ServiceMean, turnovers_at_least
+
+    mean = ServiceMean()
+    for k in range(DISPERSION_SAMPLES - 1):
+        mean.add(1_000 + 200 * (k % 2))
+    assert mean.dispersion() == 1.0
+    mean.add(1_000)
+    assert 0 < mean.dispersion() < 0.02  # about (100 / 1 100)^2
+    steady = ServiceMean()
+    for _ in range(DISPERSION_SAMPLES):
+        steady.add(1_000)
+    assert steady.dispersion() == 0.0
+    assert turnovers_at_least(140, 150.0, 1.0) == poisson_at_least(140, 150.0)
+    assert turnovers_at_least(140, 150.0, 0.05) > poisson_at_least(140, 150.0)  # regular turnovers
+    assert turnovers_at_least(160, 150.0, 0.05) < poisson_at_least(160, 150.0)

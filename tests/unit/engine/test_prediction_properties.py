@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduling.engine import FairnessMode, apply_policy
-from scheduling.engine.admission import poisson_at_least
+from scheduling.engine.admission import turnovers_at_least
 from scheduling.engine.prediction import MISS_RISK
 from scheduling.engine.store import WAITING
 from tests.unit.engine.engine_helpers import config, with_sla
@@ -18,6 +18,7 @@ from tests.unit.engine.test_properties import FAST, TENANTS, Harness, any_ops, c
 
 POLICIES = ("fairgate", "fifo", "strict", "linear")
 SHORT = {"INTERACTIVE": 600, "NEAR_RT": 1500, "BATCH": 4000, "RETRY": 8000}  # test_properties' SLAs
+MIN_MS = 60_000
 LONG = {"INTERACTIVE": 5000, "NEAR_RT": 20000, "BATCH": 120_000, "RETRY": 240_000}  # backlogs past a window
 
 # Long horizons: requests hold a slot 0.5-30 s (``LongPredictHarness``) and the clock moves up to
@@ -51,13 +52,20 @@ long_ops = st.lists(
 
 
 def predicted_config(
-    policy: str = "fairgate", *, fairness=FairnessMode.WEIGHTED_FAIR_TOKENS, slas=SHORT, batch_sla=None, prior=200
+    policy: str = "fairgate",
+    *,
+    fairness=FairnessMode.WEIGHTED_FAIR_TOKENS,
+    slas=SHORT,
+    batch_sla=None,
+    prior=200,
+    knobs: dict | None = None,
 ):
-    """A configuration with prediction on (then the preset applied)."""
+    """A configuration with prediction on (``knobs``: more of the queue section), then the preset applied."""
     cfg = config(fairness=fairness, enforce_depth=True, service_ms_prior=prior)
     for name, sla in slas.items():
         cfg = with_sla(cfg, name, batch_sla if name == "BATCH" and batch_sla else sla)
-    cfg = replace(cfg, queue=replace(cfg.queue, admission="predicted", fast_fail=True, predict_margin=0.8))
+    queue = replace(cfg.queue, admission="predicted", fast_fail=True, predict_margin=0.8, **(knobs or {}))
+    cfg = replace(cfg, queue=queue)
     return apply_policy(cfg, policy)
 
 
@@ -67,12 +75,13 @@ class Predicting:
 
     slas = SHORT
     prior = 200
+    knobs: dict = {}
 
     def setup(self, policy: str) -> None:
         self.sched.reconfigure(now_ms=0, config=self.config(policy))
 
     def config(self, policy: str = "fairgate", **kw):
-        return predicted_config(policy, slas=self.slas, prior=self.prior, **kw)
+        return predicted_config(policy, slas=self.slas, prior=self.prior, knobs=self.knobs, **kw)
 
     def op_reconfigure(self, variant):
         before = {r.id for r in self.sched.waiting()}
@@ -107,9 +116,14 @@ class Predicting:
         assert not sched._hopeless(ticket, plan, higher, free, drain, now), rid
         left = ticket.deadline_ms - now
         must = higher + sched._ahead(ticket.cls, ticket.tenant, 0) - free
-        if must > 0 and left < sched._service_now(ticket.cls):  # a short horizon: the count is a chance
+        after = sched._after_ms(ticket.cls, drain.measured, left)
+        short = left < sched._service_now(ticket.cls)
+        if must > 0 and (short or left <= after):  # a short horizon (or within margin_after_ms): a chance
             need = math.ceil(must + sched._fresh_deficit(ticket.cls, free, left, now))
-            assert poisson_at_least(need, drain.rate_per_ms * left) >= 1 - MISS_RISK, rid
+            mean = sched._cls_service.get(ticket.cls)
+            own = after and mean is not None and not short
+            dispersion = mean.dispersion() if own else 1.0  # its own slots' renewal count, else Poisson
+            assert turnovers_at_least(need, drain.rate_per_ms * left, dispersion) >= 1 - MISS_RISK, rid
 
     def tick(self):
         super().tick()
@@ -156,6 +170,17 @@ class LongPredictHarness(PredictHarness):
                     self.end(rid, "completed")
             self.tick()
         self.now = target
+
+
+class KnobbedPredictHarness(PredictHarness):
+    """With ``prior_weight`` (a class never served is planned on the prior over the margin, then on its
+    censored mean) and ``margin_after_ms`` (no margin on the first 2 s of a horizon)."""
+
+    knobs = {"prior_weight": 8, "margin_after_ms": 2000}
+
+
+class KnobbedLongPredictHarness(LongPredictHarness):
+    knobs = {"prior_weight": 8, "margin_after_ms": MIN_MS}
 
 
 class CheckedPredictHarness(Predicting, CheckedHarness):
@@ -222,5 +247,27 @@ def test_determinism_over_long_backlogs_across_presets(sequence, policy):
         harness = LongPredictHarness(policy)
         for op in sequence:
             harness.apply(op)
+        logs.append((harness.log, harness.sched.counters.as_dict()))
+    assert logs[0] == logs[1]
+
+
+@FAST
+@given(any_ops, st.sampled_from(POLICIES))
+def test_with_prior_weight_and_margin_after_admission_keeps_to_its_model_and_loses_nothing(sequence, policy):
+    harness = KnobbedPredictHarness(policy)
+    for op in sequence:
+        harness.apply(op)
+    harness.finish()
+
+
+@FAST
+@given(long_ops, st.sampled_from(POLICIES))
+def test_with_prior_weight_and_margin_after_over_long_backlogs_deterministic_and_lossless(sequence, policy):
+    logs = []
+    for _ in range(2):
+        harness = KnobbedLongPredictHarness(policy)
+        for op in sequence:
+            harness.apply(op)
+        harness.finish()
         logs.append((harness.log, harness.sched.counters.as_dict()))
     assert logs[0] == logs[1]

@@ -189,6 +189,14 @@ def test_prediction_keys_are_read_beside_the_depth_limit_and_written_back_when_s
     assert "admission" not in config_to_dict(config_from_yaml(MINIMAL + "  queue: {depth_cap: 5}\n"))["queue"]
 
 
+def test_prior_weight_and_margin_after_are_read_and_written_back_when_set() -> None:
+    assert (QueuePolicy().prior_weight, QueuePolicy().margin_after_ms) == (0, 0)  # off unless configured
+    config = config_from_yaml(MINIMAL + "  queue: {admission: predicted, prior_weight: 30, margin_after_ms: 60000}\n")
+    assert (config.queue.prior_weight, config.queue.margin_after_ms) == (30, 60000)
+    assert config_from_yaml(config_to_yaml(config)) == config
+    assert "prior_weight" not in config_to_dict(config_from_yaml(MINIMAL + "  queue: {depth_cap: 5}\n"))["queue"]
+
+
 def test_inactive_and_disabled_entries_survive_a_round_trip() -> None:
     config = config_from_yaml(
         MINIMAL.replace("price_factor: 0.7}", "price_factor: 0.7, active: false}")
@@ -530,6 +538,8 @@ INVALID = [
     ("margin-zero", add("  queue: {predict_margin: 0}\n"), f"{Q}.predict_margin", 5, "0 < predict_margin <= 1"),
     ("margin-high", add("  queue: {predict_margin: 1.2}\n"), f"{Q}.predict_margin", 5, "0 < predict_margin <= 1"),
     ("fast-fail-flag", add("  queue: {fast_fail: soon}\n"), f"{Q}.fast_fail", 5, "true or false"),
+    ("prior-weight", add("  queue: {prior_weight: -1}\n"), f"{Q}.prior_weight", 5, ">= 0"),
+    ("margin-after", add("  queue: {margin_after_ms: 1.5}\n"), f"{Q}.margin_after_ms", 5, "must be an integer"),
     # networks
     ("network-bad-cidr", add("  networks:\n    LAB: [10.0.0.0/33]\n"), f"{S}.networks.LAB[0]", 6, "not a valid CIDR"),
     (
@@ -793,6 +803,8 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
             admission=draw(st.sampled_from(["depth", "predicted"])),
             predict_margin=draw(st.floats(0, 1, exclude_min=True)),
             fast_fail=draw(st.booleans()),
+            prior_weight=draw(st.integers(0, 100)),
+            margin_after_ms=draw(st.integers(0, 10**6)),
         ),
         downgrade_rules=rules,
         networks=networks,
