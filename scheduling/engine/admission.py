@@ -63,6 +63,12 @@ class ServiceMean:
         self.samples = 0
         self.var_ms2 = 0.0  # exponentially weighted variance, with the same weights as the mean
 
+    def __setstate__(self, state: tuple[None, dict[str, float]]) -> None:
+        """Unpickled (an engine's snapshot): one taken before ``var_ms2`` was kept reads as 0."""
+        self.var_ms2 = 0.0
+        for name, value in state[1].items():
+            setattr(self, name, value)
+
     def add(self, service_ms: int) -> None:
         self.samples += 1
         if self.samples == 1:
