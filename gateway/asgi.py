@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 UPLOAD_PATH = "/v1/files"  # the Batch API's uploads (batches.views): bodies of their own size and time
 UPLOAD_FORM_BYTES = 64 * 1024  # what a multipart form adds around the file
-BODY_IN_TURN_MS = 20  # a body still on its way this long into its intake turn is read out of turn
+BODY_IN_TURN_MS = 250  # a body still on its way this long into its intake turn is read out of turn
 
 
 class GatewayASGIHandler(ASGIHandler):
@@ -49,9 +49,9 @@ class GatewayASGIHandler(ASGIHandler):
     * a request to the intake paths first waits for its turn in its class's intake lane
       (gateway.intake.intake_gate: from the key and ``X-Priority-Class`` alone), before its body is
       read or a Django request is made: a batch flood waits as headers, not as work; past the
-      lane's backlog it is refused 429 there. A body that is not in within BODY_IN_TURN_MS of a
-      read gives its turn back (a slow client does not hold a lane) and waits for one again once
-      it is all there;
+      lane's backlog it is refused 429 there. A body that is not all in within BODY_IN_TURN_MS of
+      its turn gives the turn back (a slow client does not hold a lane) and waits for one again
+      once it is all there;
     * a body that is not all there within FAIRGATE_BODY_TIMEOUT_MS is answered 408 (slow clients);
       a file upload's (``UPLOAD_PATH``) within FAIRGATE_UPLOAD_TIMEOUT_MS, and one that says it is
       larger than a file may be is refused 413 before it is read.
@@ -83,7 +83,7 @@ class GatewayASGIHandler(ASGIHandler):
         limit_ms = settings.FAIRGATE_UPLOAD_TIMEOUT_MS if upload else settings.FAIRGATE_BODY_TIMEOUT_MS
         try:
             async with asyncio.timeout(limit_ms / 1000):  # for the whole body
-                body_file = await self.read_body(receive if turn is None else _in_turn(receive, turn))
+                body_file = await (self.read_body(receive) if turn is None else self._read_in_turn(receive, turn))
         except RequestAborted:
             return
         except TimeoutError:
@@ -103,6 +103,19 @@ class GatewayASGIHandler(ASGIHandler):
             await self._respond(request, receive, send)
         finally:
             body_file.close()
+
+    async def _read_in_turn(self, receive, turn: Turn):
+        """The body, read in ``turn``; one not all in within BODY_IN_TURN_MS gives the turn back
+        (its client is slow: the next request in the lanes goes on meanwhile) and is read on."""
+        reading = asyncio.ensure_future(self.read_body(receive))
+        try:
+            done, _ = await asyncio.wait((reading,), timeout=BODY_IN_TURN_MS / 1000)
+            if not done:
+                turn.release()
+            return await reading
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
 
     async def _respond(self, request, receive, send) -> None:
         """The view beside a listener for the client's disconnect: whichever ends first cancels the
@@ -145,27 +158,6 @@ def _body_late(limit_ms: int) -> HttpResponse:
     rest of the body may still be on its way, and would otherwise keep it open."""
     message = f"The request body did not arrive within {limit_ms} ms."
     return GatewayError(408, ErrorCode.REQUEST_TIMEOUT, message, headers={"Connection": "close"}).to_response()
-
-
-def _in_turn(receive, turn: Turn):
-    """``receive`` for a body read in ``turn``: a message not there within BODY_IN_TURN_MS gives the
-    turn back (the client is slow: the next request in the lanes goes on meanwhile), and is still
-    waited for."""
-
-    async def receive_in_turn():
-        if not turn.held:
-            return await receive()
-        pending = asyncio.ensure_future(receive())
-        try:
-            done, _ = await asyncio.wait((pending,), timeout=BODY_IN_TURN_MS / 1000)
-            if not done:
-                turn.release()
-            return await pending
-        except asyncio.CancelledError:
-            pending.cancel()
-            raise
-
-    return receive_in_turn
 
 
 def _refused_at_gate(scope, err: GatewayError) -> HttpResponse:
