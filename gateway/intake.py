@@ -103,10 +103,9 @@ def classify(
 
 @dataclass
 class Gated:
-    """What `intake_gate` found before the body was read: the caller (None when the key did not
-    authenticate: its intake says why) and the turn in its lane (None in the top class)."""
+    """A request that passed `intake_gate`, before its body was read: its turn in its lane (None in
+    the top class)."""
 
-    caller: Caller | None
     turn: Turn | None
 
 
@@ -150,8 +149,8 @@ async def intake_gate(scope: dict) -> Gated | None:
     if level is None:
         level, declared = UNIDENTIFIED_LEVEL, UNIDENTIFIED
     if level <= d.rules.top_level:
-        return Gated(caller, None)
-    return Gated(caller, await lanes().take(level=level, cls=declared))
+        return Gated(None)
+    return Gated(await lanes().take(level=level, cls=declared))
 
 
 @asynccontextmanager
@@ -199,9 +198,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     gated: Gated | None = getattr(request, "scope", {}).get(GATE_SCOPE_KEY)
     public_id = _public_id(request)
     setattr(request, REQUEST_ID_ATTR, public_id)  # our own attribute: HttpRequest's type has none for it
-    caller = gated.caller if gated is not None and gated.caller is not None else None
-    if caller is None:
-        caller = await authenticate(request.headers.get("Authorization"))
+    caller = await authenticate(request.headers.get("Authorization"))  # again: the key cache's answer of now
     d = await dispatcher_get()
     declared = _declared(request, caller, d)
     timeout_ms = _timeout_ms(request)
