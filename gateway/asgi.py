@@ -23,11 +23,15 @@ from django.urls import resolve
 
 from gateway import live
 from gateway.errors import ErrorCode, GatewayError
+from gateway.intake import GATE_SCOPE_KEY, REQUEST_ID_RE, intake_gate, new_request_id
+from gateway.lanes import Turn
+from gateway.views import refusal
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 UPLOAD_PATH = "/v1/files"  # the Batch API's uploads (batches.views): bodies of their own size and time
 UPLOAD_FORM_BYTES = 64 * 1024  # what a multipart form adds around the file
+BODY_IN_TURN_MS = 250  # a body still on its way this long into its intake turn is read out of turn
 
 
 class GatewayASGIHandler(ASGIHandler):
@@ -42,6 +46,12 @@ class GatewayASGIHandler(ASGIHandler):
       (two thread hops per request, a quarter of the gateway's CPU per request) and only
       recycle database connections, which ``gateway.db.db_call`` does before each ORM call;
     * as in Django, a client that disconnects cancels the view's task;
+    * a request to the intake paths first waits for its turn in its class's intake lane
+      (gateway.intake.intake_gate: from the key and ``X-Priority-Class`` alone), before its body is
+      read or a Django request is made: a batch flood waits as headers, not as work; past the
+      lane's backlog it is refused 429 there. A body that is not all in within BODY_IN_TURN_MS of
+      its turn gives the turn back (a slow client does not hold a lane) and waits for one again
+      once it is all there;
     * a body that is not all there within FAIRGATE_BODY_TIMEOUT_MS is answered 408 (slow clients);
       a file upload's (``UPLOAD_PATH``) within FAIRGATE_UPLOAD_TIMEOUT_MS, and one that says it is
       larger than a file may be is refused 413 before it is read.
@@ -54,16 +64,38 @@ class GatewayASGIHandler(ASGIHandler):
         if upload and _declared_length(scope) > settings.FAIRGATE_FILE_MAX_BYTES + UPLOAD_FORM_BYTES:
             await self.send_response(_upload_too_large(), send)
             return
+        try:
+            gated = await intake_gate(scope)
+        except GatewayError as err:  # its lane's backlog is full
+            await self.send_response(_refused_at_gate(scope, err), send)
+            return
+        if gated is None:
+            await self._handle(scope, receive, send, upload=upload)
+            return
+        scope[GATE_SCOPE_KEY] = gated  # for gateway.intake, which gives the turn back once it is done with it
+        try:
+            await self._handle(scope, receive, send, upload=False, turn=gated.turn)
+        finally:
+            if gated.turn is not None:
+                gated.turn.release()  # if the request ended before its intake did
+
+    async def _handle(self, scope, receive, send, *, upload: bool, turn: Turn | None = None) -> None:
         limit_ms = settings.FAIRGATE_UPLOAD_TIMEOUT_MS if upload else settings.FAIRGATE_BODY_TIMEOUT_MS
         try:
             async with asyncio.timeout(limit_ms / 1000):  # for the whole body
-                body_file = await self.read_body(receive)
+                body_file = await (self.read_body(receive) if turn is None else self._read_in_turn(receive, turn))
         except RequestAborted:
             return
         except TimeoutError:
             await self.send_response(_body_late(limit_ms), send)
             return
         try:
+            if turn is not None and not turn.held:
+                try:
+                    await turn.again()  # the body took its time: its costly steps wait in the lane again
+                except GatewayError as err:
+                    await self.send_response(_refused_at_gate(scope, err), send)
+                    return
             request, error_response = self.create_request(scope, body_file)
             if request is None:  # then Django made the response refusing it
                 await self.send_response(cast(HttpResponseBase, error_response), send)
@@ -71,6 +103,19 @@ class GatewayASGIHandler(ASGIHandler):
             await self._respond(request, receive, send)
         finally:
             body_file.close()
+
+    async def _read_in_turn(self, receive, turn: Turn):
+        """The body, read in ``turn``; one not all in within BODY_IN_TURN_MS gives the turn back
+        (its client is slow: the next request in the lanes goes on meanwhile) and is read on."""
+        reading = asyncio.ensure_future(self.read_body(receive))
+        try:
+            done, _ = await asyncio.wait((reading,), timeout=BODY_IN_TURN_MS / 1000)
+            if not done:
+                turn.release()
+            return await reading
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
 
     async def _respond(self, request, receive, send) -> None:
         """The view beside a listener for the client's disconnect: whichever ends first cancels the
@@ -113,6 +158,18 @@ def _body_late(limit_ms: int) -> HttpResponse:
     rest of the body may still be on its way, and would otherwise keep it open."""
     message = f"The request body did not arrive within {limit_ms} ms."
     return GatewayError(408, ErrorCode.REQUEST_TIMEOUT, message, headers={"Connection": "close"}).to_response()
+
+
+def _refused_at_gate(scope, err: GatewayError) -> HttpResponse:
+    """``err`` (a lane's backlog full), answered before the request reached Django. It names the
+    client's ``X-Request-Id`` if valid, a new id if it sent none (as `gateway.intake` would have
+    named it), none for an invalid one."""
+    named: str | None = new_request_id()
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            named = given if REQUEST_ID_RE.fullmatch(given) else None
+    return refusal(scope["method"], scope["path"], named, err)
 
 
 def _declared_length(scope) -> int:

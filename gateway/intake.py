@@ -1,9 +1,13 @@
-"""From an HTTP request to its answer: auth → parse → estimate → classify (`intake`), then hold →
-admit (gateway.admission) and run (gateway.exchange)."""
+"""From an HTTP request to its answer: the class from its headers and a turn in its intake lane
+(`intake_gate`, before the body is read), then auth → parse → estimate → classify (`intake`),
+then hold → admit (gateway.admission) and run (gateway.exchange)."""
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -16,7 +20,7 @@ from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher, id_in_use
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
-from gateway.lanes import lanes
+from gateway.lanes import UNIDENTIFIED, UNIDENTIFIED_LEVEL, Turn, lanes
 from gateway.lifecycle import PublicId, engine_id, ordered_id
 from gateway.limits import output_limit, prompt_bound
 from gateway.payload import EMBED, Payload, payload_estimate, payload_parse
@@ -27,6 +31,9 @@ from scheduling.engine.rules import Facts
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:@+=~-]{1,128}")
 MAX_TIMEOUT_MS = 24 * 3_600_000
 REQUEST_ID_ATTR = "fairgate_request_id"  # the HttpRequest attribute `intake` names the request's id in
+INTAKE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # served by `serve`
+GATE_SCOPE_KEY = "fairgate.gated"  # the ASGI scope's key for what `intake_gate` found
+log = logging.getLogger(__name__)
 
 
 def request_body(request: HttpRequest) -> bytes:
@@ -95,6 +102,74 @@ def classify(
 
 
 @dataclass
+class Gated:
+    """A request that passed `intake_gate`, before its body was read: its turn in its lane (None in
+    the top class)."""
+
+    turn: Turn | None
+
+
+def _free_headers(scope: dict) -> tuple[str | None, str | None]:
+    """``Authorization`` and ``X-Priority-Class`` from the ASGI scope (latin-1, as Django reads them)."""
+    authorization = declared = None
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"x-priority-class":
+            declared = value.decode("latin-1")
+    return authorization, declared
+
+
+async def _identify(authorization: str | None) -> Caller | None:
+    try:
+        return await authenticate(authorization)
+    except Exception as exc:  # 401, an outage: its intake answers it, in the lane after every class
+        log.debug("intake gate: caller not identified (%s)", type(exc).__name__)
+        return None
+
+
+async def intake_gate(scope: dict) -> Gated | None:
+    """For a request to one of ``INTAKE_PATHS``, before its body is read: its class from what costs
+    nothing to read (the key, through the auth cache; ``X-Priority-Class``) and, below the top
+    class, a turn in that class's intake lane (gateway.lanes), waited for here. None for other
+    requests (and when there is no dispatcher to tell the classes: `intake` answers that). Raises
+    GatewayError 429 queue_full when the lane's backlog is full. The turn is the
+    one `intake` runs its costly steps in; the caller of this releases it however the request ends
+    (`Turn.release` once more does nothing)."""
+    if scope.get("method") != "POST" or scope.get("path") not in INTAKE_PATHS:
+        return None
+    authorization, header_class = _free_headers(scope)
+    caller = await _identify(authorization)
+    try:
+        d = await dispatcher_get()
+    except Exception:  # not started: `intake` meets the same failure and answers it
+        return None
+    declared = (header_class or (caller.default_class if caller else "")).strip()
+    level = d.rules.levels.get(declared) if caller is not None else None
+    if level is None:
+        level, declared = UNIDENTIFIED_LEVEL, UNIDENTIFIED
+    if level <= d.rules.top_level:
+        return Gated(None)
+    return Gated(await lanes().take(level=level, cls=declared))
+
+
+@asynccontextmanager
+async def _intake_turn(gated: Gated | None, *, level: int, top_level: int, cls: str) -> AsyncIterator[bool]:
+    """The turn of a request's costly intake steps: the one its gate took (given back at the end),
+    else (a request that did not pass `intake_gate`: in-process tests) one taken here. Yields
+    whether it runs in a lane."""
+    if gated is None:
+        async with lanes().lane(level=level, top_level=top_level, cls=cls) as in_lane:
+            yield in_lane
+        return
+    try:
+        yield gated.turn is not None
+    finally:
+        if gated.turn is not None:
+            gated.turn.release()
+
+
+@dataclass
 class Asked:
     """A request authenticated, parsed, estimated and classified: what admitting it needs (once
     more, if its early hold is refused)."""
@@ -119,16 +194,17 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     """Everything before the hold; raises GatewayError for a refused request. The request's id is
     named first (``request.fairgate_request_id``): gateway.views answers every refusal with it.
     What costs nothing to read (the key, the declared class) comes first; the costly steps run in
-    the declared class's intake lane (gateway.lanes)."""
+    the declared class's intake lane (gateway.lanes), in the turn `intake_gate` took if it did."""
+    gated: Gated | None = getattr(request, "scope", {}).get(GATE_SCOPE_KEY)
     public_id = _public_id(request)
     setattr(request, REQUEST_ID_ATTR, public_id)  # our own attribute: HttpRequest's type has none for it
-    caller = await authenticate(request.headers.get("Authorization"))
+    caller = await authenticate(request.headers.get("Authorization"))  # again: the key cache's answer of now
     d = await dispatcher_get()
     declared = _declared(request, caller, d)
     timeout_ms = _timeout_ms(request)
     job = _job(request)
     level = d.rules.levels[declared]
-    async with lanes().lane(level=level, top_level=d.rules.top_level, cls=declared) as in_lane:
+    async with _intake_turn(gated, level=level, top_level=d.rules.top_level, cls=declared) as in_lane:
         payload = payload_parse(kind, request_body(request))
         d.check_model(payload.model, embeddings=kind == EMBED)
         payload.output_limit = output_limit(payload)

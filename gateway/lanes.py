@@ -5,7 +5,10 @@ downgrade rules) costs the gateway CPU before the engine ever sees it. Run first
 served, a flood of batch requests (a finance job sending 2,000 at once) makes every interactive
 request behind it wait for all their intakes: the ingress itself would undo the priority that
 the engine sells. So the costly steps run in lanes, one per class level, read from what costs
-nothing (the key and the ``X-Priority-Class`` header, before the body is parsed):
+nothing (the key and the ``X-Priority-Class`` header). On the API's request paths the turn is
+taken before the body is even read (gateway.asgi → gateway.intake.intake_gate): a batch request
+waiting for its turn has cost the gateway its headers only, and its body stays in the server's
+buffer (past 64 KB, in the socket: TCP back-pressure on its client):
 
 * the top class never waits here (its requests are short by the downgrade rules, and a person
   waits for each);
@@ -14,7 +17,9 @@ nothing (the key and the ``X-Priority-Class`` header, before the body is parsed)
   lowest level), in arrival order within it; their long prompts are estimated off the event loop
   (tiktoken releases the GIL), so the loop stays free for the top class meanwhile;
 * at most ``backlog`` requests of a class wait for a turn (``FAIRGATE_INTAKE_BACKLOG``): the next
-  one is refused at once, ``429 queue_full`` with ``Retry-After``, instead of the backlog growing.
+  one is refused at once, ``429 queue_full`` with ``Retry-After``, instead of the backlog growing;
+* a request whose class cannot be told from its headers (no valid key, an unknown class) waits in
+  a lane after every class (``UNIDENTIFIED_LEVEL``): its intake answers it (401, 400) in its turn.
 
 A turn covers intake only: the hold and the wait in the engine's queue come after it, so a slow
 booking never holds a lane. The lanes are one process's (each gateway process reads its own
@@ -24,6 +29,7 @@ requests); the engine's queues are where the classes meet across processes.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,6 +40,8 @@ from gateway import metrics
 from gateway.errors import ErrorCode, GatewayError
 
 INTAKE_FULL_RETRY_MS = 1_000
+UNIDENTIFIED_LEVEL = sys.maxsize  # the lane of requests whose class is not known before intake: after every class
+UNIDENTIFIED = "unidentified"  # its name in the metric and the 429
 
 
 def intake_full(cls: str, backlog: int) -> GatewayError:
@@ -92,6 +100,12 @@ class IntakeLanes:
                     return
         self.busy -= 1
 
+    async def take(self, *, level: int, cls: str) -> Turn:
+        """A turn held until the returned `Turn` is released (``enter`` for a turn taken in one
+        place and given back in another). Raises 429 when ``cls``'s backlog is full."""
+        await self.enter(level=level, cls=cls)
+        return Turn(self, level=level, cls=cls)
+
     @asynccontextmanager
     async def lane(self, *, level: int, top_level: int, cls: str) -> AsyncIterator[bool]:
         """A turn for a request of ``cls`` (none needed in the top class); yields whether the request
@@ -104,6 +118,33 @@ class IntakeLanes:
             yield True
         finally:
             self.leave()
+
+
+class Turn:
+    """One request's turn at intake, taken before its body is read (gateway.asgi) and released
+    once its intake is done (gateway.intake) or, whatever happens, when its request ends: the
+    first ``release`` gives the turn back, later ones do nothing. A turn given back early (its
+    body was slow to come) is waited for ``again`` before the costly steps."""
+
+    __slots__ = ("_lanes", "cls", "held", "level")
+
+    def __init__(self, lanes: IntakeLanes, *, level: int, cls: str) -> None:
+        self._lanes = lanes
+        self.level = level
+        self.cls = cls
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._lanes.leave()
+
+    async def again(self) -> None:
+        """Holding the turn once more (at the back of its class's waiters), if it was released.
+        Raises 429 when the class's backlog is full."""
+        if not self.held:
+            await self._lanes.enter(level=self.level, cls=self.cls)
+            self.held = True
 
 
 _lanes: IntakeLanes | None = None

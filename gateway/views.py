@@ -56,16 +56,23 @@ def _request_id(request: HttpRequest) -> str | None:
 def error_response(request: HttpRequest, err: GatewayError, cause: BaseException | None = None) -> HttpResponse:
     """``err`` as the response, counted and logged once at its level (expected outcomes at INFO);
     ``cause`` is the exception it stands for, with its traceback from ERROR on."""
+    return refusal(request.method or "", request.path, _request_id(request), err, cause)
+
+
+def refusal(
+    method: str, path: str, named: str | None, err: GatewayError, cause: BaseException | None = None
+) -> HttpResponse:
+    """`error_response` for a request named ``named`` (if any), also before a Django request exists
+    (gateway.asgi's intake gate)."""
     metrics.REJECTS.labels(err.code).inc()
-    named = _request_id(request)
     if named is not None:
         err.headers.setdefault("X-Request-Id", named)
     detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
     log.log(
         err.log_level,
         "%s %s: %s %s%s",
-        request.method,
-        request.path,
+        method,
+        path,
         err.status,
         err.code,
         detail,
