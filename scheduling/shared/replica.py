@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 
 from scheduling.engine import Scheduler, apply_policy
 from scheduling.engine.model import SchedulerConfig
-from scheduling.shared.protocol import Command, Routes, Step, decode_command, decode_own
+from scheduling.shared.protocol import Command, Routes, Step, decode_json_list, entry_commands, unpack
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -50,6 +50,16 @@ def id_key(entry_id: bytes) -> tuple[int, int]:
     """A stream id's order (``<ms>-<seq>``)."""
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq or 0)
+
+
+def _own_commands(fields: dict[bytes, bytes]) -> list[Command | None]:
+    """The owner's own gateway's commands logged with a step: packed (``o``), or a JSON list (``own``,
+    the format before the batches)."""
+    packed = fields.get(b"o")
+    if packed:
+        return unpack(packed)
+    legacy = fields.get(b"own")
+    return decode_json_list(legacy) if legacy else []
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,9 @@ class Replica:
             start = b"(" + self.cursor
             while True:
                 found = entries(await self.redis.xrange(self.keys.cmds, min=start, max=last, count=COMMANDS_PER_READ))
-                commands.extend((id_key(entry_id), decode_command(fields[b"c"])) for entry_id, fields in found)
+                for entry_id, fields in found:
+                    at_key = id_key(entry_id)
+                    commands.extend((at_key, command) for command in entry_commands(fields))
                 if len(found) < COMMANDS_PER_READ:
                     break
                 start = b"(" + found[-1][0]
@@ -184,9 +196,7 @@ class Replica:
             while at < len(commands) and commands[at][0] <= upto:
                 mine.append(commands[at][1])
                 at += 1
-            own = fields.get(b"own")
-            if own:  # the owner's own gateway's commands, taken in process after the stream's
-                mine.extend(decode_own(own))
+            mine.extend(_own_commands(fields))  # the owner's own gateway's, taken in process after the stream's
             self.replay(int(fields[b"now"]), mine, fields.get(b"cfg"))
             self.cursor, self.last_step = fields[b"last"], step_id
 
