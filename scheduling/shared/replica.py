@@ -168,21 +168,44 @@ class Replica:
         return snap_step is None or id_key(cast("bytes", snap_step)) <= id_key(self.last_step)
 
     async def follow(self, *, block_ms: int) -> int:
-        """Waits up to ``block_ms`` for a new step, then replays what has come."""
+        """Waits up to ``block_ms`` for a new step, then replays what has come: the steps the read
+        brought, with one more round trip for their commands and the continuity check together
+        (a standby follows every step of the owner)."""
+        if not self.loaded:
+            await self.load()
         found = stream_read(
             await self.redis.xread({self.keys.steps: self.last_step}, count=STEPS_PER_READ, block=block_ms)
         )
         if not found:
             return 0
-        return await self.catch_up()
+        if len(found) == STEPS_PER_READ:  # far behind: the long way, page by page
+            return await self.catch_up()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.snap, "step")
+        last = found[-1][1][b"last"]
+        if last != self.cursor:
+            pipe.xrange(self.keys.cmds, min=b"(" + self.cursor, max=last, count=COMMANDS_PER_READ)
+        snap_step, *first = await pipe.execute()
+        if snap_step is not None and id_key(cast("bytes", snap_step)) > id_key(self.last_step):
+            log.warning("replica fell behind the trimmed step log: reloading from the snapshot")
+            await self.load()
+            return 0
+        await self._replay_all(found, first=entries(first[0]) if first else None)
+        return len(found)
 
-    async def _replay_all(self, steps: list[Entry]) -> None:
+    async def _replay_all(self, steps: list[Entry], *, first: list[Entry] | None = None) -> None:
+        """Replays ``steps``, reading their commands from the stream (``first``: the first page, read already)."""
         last = steps[-1][1][b"last"]
         commands: list[tuple[tuple[int, int], Command | None]] = []
         if last != self.cursor:
             start = b"(" + self.cursor
             while True:
-                found = entries(await self.redis.xrange(self.keys.cmds, min=start, max=last, count=COMMANDS_PER_READ))
+                if first is not None:
+                    found, first = first, None
+                else:
+                    found = entries(
+                        await self.redis.xrange(self.keys.cmds, min=start, max=last, count=COMMANDS_PER_READ)
+                    )
                 for entry_id, fields in found:
                     at_key = id_key(entry_id)
                     commands.extend((at_key, command) for command in entry_commands(fields))
