@@ -48,6 +48,7 @@ class Client:
         self._flushing: asyncio.Task[None] | None = None
         self._out = self.keys.out(gateway)
         self.last_sent: bytes | None = None  # the stream id of the last command sent
+        self._beaten = False  # a heartbeat went before the first command (else the dispatcher may find none)
 
     @property
     def idle(self) -> bool:
@@ -67,10 +68,11 @@ class Client:
         pause), before anything sent since: commands are never lost or reordered while the
         process lives."""
         try:
-            while self._pending:
-                await asyncio.sleep(0)  # the rest of this turn's commands go along
+            while self._pending:  # a task's first step runs a turn later: this turn's commands are all here
                 batch, self._pending = self._pending, []
                 try:
+                    if not self._beaten:
+                        await self.beat()
                     if len(batch) <= BATCH_MAX:
                         sent = await self.redis.xadd(self.keys.cmds, {"m": pack(batch)})
                         self.last_sent = cast(bytes, sent)  # bytes: the client does not decode
@@ -116,6 +118,7 @@ class Client:
 
     async def beat(self) -> None:
         await self.redis.set(self.keys.gateway(self.gateway), b"1", px=GATEWAY_TTL_MS)
+        self._beaten = True
 
     async def run(self) -> None:
         """Reads answers and beats until cancelled."""

@@ -430,7 +430,7 @@ class Owner(Replica):
 
     async def check_gateways(self) -> None:
         """Gateways whose heartbeat expired: their requests go (a ``gone`` command, taken next step)."""
-        gateways = sorted(set(self.routes.of.values()) - self._gone_sent)
+        gateways = sorted(set(self.routes.of.values()) - self._gone_sent - self._alive_here())
         if not gateways:
             return
         pipe = self.redis.pipeline(transaction=False)
@@ -443,6 +443,10 @@ class Owner(Replica):
                 await self.redis.xadd(self.keys.cmds, {"m": pack([["gone", gateway]])})
                 self._gone_sent.add(gateway)
         self._gone_sent &= set(self.routes.of.values())
+
+    def _alive_here(self) -> set[str]:
+        """The attached gateway runs in this very process: alive while this code runs, whatever its beat."""
+        return {self._own.gateway} if self._own is not None else set()
 
     # --- the live loop -------------------------------------------------------------------------
 
