@@ -167,7 +167,10 @@ async def throughput(seconds: float, gateways: int, outstanding: int) -> dict[st
     load = Load(redis, Keys(prefix), gateways, outstanding)
     try:
         load.start()
+        warm_until = time.monotonic() + 30
         while load.done < gateways * outstanding:  # warmed up: every gateway's first round granted
+            if time.monotonic() > warm_until:
+                raise RuntimeError(f"warm-up stalled at {load.done} of {gateways * outstanding} granted")
             await asyncio.sleep(0.05)
         done0, wall0 = load.done, time.monotonic()
         cpu0 = (_cpu_s(owner.pid), time.process_time(), _cpu_s(redis_pid))
