@@ -1,6 +1,7 @@
 """The shared scheduler's dispatcher alone, fed by synthetic gateways through Redis, and its takeover.
 
-    python -m bench.shared_dispatcher [--seconds 10] [--gateways 4] [--outstanding 256] [--takeovers 5]
+    python -m bench.shared_dispatcher [--seconds 10] [--gateways 4] [--outstanding 256] [--rounds 2]
+                                      [--peak-s 6] [--takeovers 5]
 
 1. **Throughput.** One dispatcher (scheduling.shared.owner, in a process of its own) and
    ``--gateways`` synthetic gateways in this process (scheduling.shared.client, each with its own
@@ -10,7 +11,12 @@
    the dispatcher's rate of submit → grant → completion cycles through Redis (two commands, two
    answers, the engine's submit, dispatch and complete each). Reported with the CPU of the
    dispatcher's process, of this load generator, and of the Redis server.
-2. **Takeover.** Two dispatcher processes bid; a gateway keeps a load going; the lease holder is
+2. **One gateway process's peak, in the same run**, to compare with: one ``manage.py serve``
+   (embedded scheduler, billing off, a simulated backend answering after 50 ms with slots far
+   above the load; bench.shared_gateway's set-up), closed loops of 128 and 256 connections, the
+   higher rate. The two measures alternate, ``--rounds`` times, the order flipped each round; the
+   ratio is of their means. Target (issue 13): the dispatcher ≥ 20× the gateway.
+3. **Takeover.** Two dispatcher processes bid; a gateway keeps a load going; the lease holder is
    killed (SIGKILL) at a known instant, and the takeover time is from then to the first step
    the new owner committed (a step's stream id carries its commit time in ms). A new standby is
    started for the next round. The lease lasts `scheduling.shared.owner.LEASE_MS`.
@@ -25,11 +31,17 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from statistics import mean
 
+from bench.gateway_overhead import BACKEND_LATENCY_MS, GATEWAY_YAML
+from bench.launch import Server, start_gateway, start_sim
+from bench.loadgen import closed_loop
+from bench.shared_gateway import _target
 from scheduling.engine.model import (
     AgingPolicy,
     BackendSpec,
@@ -48,6 +60,7 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANTS = tuple(TenantSpec(slug=f"t{i:02d}", quota_share=0.05) for i in range(20))
 CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
+PEAK_CONNECTIONS = (128, 256)
 
 
 def bench_config() -> SchedulerConfig:
@@ -154,7 +167,10 @@ async def throughput(seconds: float, gateways: int, outstanding: int) -> dict[st
     load = Load(redis, Keys(prefix), gateways, outstanding)
     try:
         load.start()
+        warm_until = time.monotonic() + 30
         while load.done < gateways * outstanding:  # warmed up: every gateway's first round granted
+            if time.monotonic() > warm_until:
+                raise RuntimeError(f"warm-up stalled at {load.done} of {gateways * outstanding} granted")
             await asyncio.sleep(0.05)
         done0, wall0 = load.done, time.monotonic()
         cpu0 = (_cpu_s(owner.pid), time.process_time(), _cpu_s(redis_pid))
@@ -176,6 +192,37 @@ async def throughput(seconds: float, gateways: int, outstanding: int) -> dict[st
         "redis_cores": (cpu1[2] - cpu0[2]) / elapsed,
         "dispatcher_us_per_request": 1e6 * (cpu1[0] - cpu0[0]) / max(done1 - done0, 1),
     }
+
+
+async def gateway_peak(gateway: Server, seconds: float) -> tuple[float, float]:
+    """One embedded gateway's peak (requests/s, the higher of 128 and 256 connections) and the load
+    generator's cores at it."""
+    rates, cores = [], []
+    for connections in PEAK_CONNECTIONS:
+        cpu0 = time.process_time()
+        result = await closed_loop(_target(gateway), connections, seconds)
+        rates.append(result.ok_per_s)
+        cores.append((time.process_time() - cpu0) / seconds)
+    best = max(range(len(rates)), key=rates.__getitem__)
+    return rates[best], cores[best]
+
+
+def _start_gateway(var_dir: Path) -> tuple[Server, Server]:
+    sim = start_sim(var_dir, slots=1_000_000, fixed_latency_ms=BACKEND_LATENCY_MS)
+    try:
+        gateway = start_gateway(
+            var_dir / "embedded",
+            GATEWAY_YAML.format(url=sim.url),
+            {"bench": ("bench", "INTERACTIVE")},
+            name="embedded",
+            FAIRGATE_BILLING="0",
+            FAIRGATE_SCHEDULER="embedded",
+            SECRET_KEY=secrets.token_hex(16),
+        )
+    except BaseException:
+        sim.stop()
+        raise
+    return sim, gateway
 
 
 async def _holder_pid(redis, prefix: str, owners: list[subprocess.Popen]) -> subprocess.Popen:  # type: ignore[no-untyped-def]
@@ -227,14 +274,37 @@ async def takeovers(rounds: int) -> list[float]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    result = await throughput(args.seconds, args.gateways, args.outstanding)
-    print(
-        f"dispatcher alone: {result['requests_per_s']:.0f} requests/s "
-        f"(submit -> grant -> completion; {args.gateways} synthetic gateways x {args.outstanding} in flight); "
-        f"dispatcher {result['dispatcher_cores']:.2f} cores "
-        f"({result['dispatcher_us_per_request']:.0f} µs per request), "
-        f"load generator {result['load_generator_cores']:.2f}, Redis {result['redis_cores']:.2f}"
-    )
+    dispatcher: list[dict[str, float]] = []
+    peaks: list[tuple[float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        sim, gateway = _start_gateway(Path(tmp)) if args.rounds else (None, None)
+        try:
+            if gateway is not None:
+                await closed_loop(_target(gateway), 32, 2.0)  # warm: connections, tokenizer
+            for r in range(args.rounds):
+                for part in ("gateway", "dispatcher") if r % 2 == 0 else ("dispatcher", "gateway"):
+                    if part == "gateway":
+                        assert gateway is not None
+                        peaks.append(await gateway_peak(gateway, args.peak_s))
+                    else:
+                        dispatcher.append(await throughput(args.seconds, args.gateways, args.outstanding))
+                print(f"round {r + 1}: dispatcher {dispatcher[-1]}, gateway {peaks[-1]}", file=sys.stderr, flush=True)
+        finally:
+            for server in (gateway, sim):
+                if server is not None:
+                    server.stop()
+    for r, result in enumerate(dispatcher):
+        print(
+            f"round {r + 1}: dispatcher alone {result['requests_per_s']:.0f} requests/s "
+            f"(submit -> grant -> completion; {args.gateways} synthetic gateways x {args.outstanding} in flight); "
+            f"dispatcher {result['dispatcher_cores']:.2f} cores "
+            f"({result['dispatcher_us_per_request']:.1f} µs per request), "
+            f"load generator {result['load_generator_cores']:.2f}, Redis {result['redis_cores']:.2f}; "
+            f"one embedded gateway's peak {peaks[r][0]:.0f}/s (load generator {peaks[r][1]:.2f} cores)"
+        )
+    if dispatcher:
+        rate, peak = mean(d["requests_per_s"] for d in dispatcher), mean(p[0] for p in peaks)
+        print(f"dispatcher {rate:.0f}/s against one gateway's peak {peak:.0f}/s: {rate / peak:.1f}x (target >= 20x)")
     if args.takeovers:
         times = await takeovers(args.takeovers)
         shown = ", ".join(f"{t:.0f}" for t in times)
@@ -246,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--gateways", type=int, default=4)
     parser.add_argument("--outstanding", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=2, help="dispatcher and gateway peak, alternated")
+    parser.add_argument("--peak-s", type=float, default=6.0, help="seconds per connection count of the gateway peak")
     parser.add_argument("--takeovers", type=int, default=5)
     parser.add_argument("--owner", help=argparse.SUPPRESS)  # internal: run one dispatcher process
     args = parser.parse_args(argv)

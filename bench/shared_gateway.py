@@ -63,7 +63,8 @@ def start(var_dir: Path) -> tuple[Server, dict[str, Server]]:
     gateways: dict[str, Server] = {}
     try:
         for name in GATEWAYS:
-            extra = {"FAIRGATE_SCHEDULER": "shared"} if name.startswith("shared") else {}
+            # FAIRGATE_SCHEDULER explicit both ways: with REDIS_URL set the shared one is the default
+            extra = {"FAIRGATE_SCHEDULER": "shared" if name.startswith("shared") else "embedded"}
             extra["FAIRGATE_SHARED_PREFIX"] = f"bench:gw:{secrets.token_hex(3)}"
             gateways[name] = start_gateway(
                 var_dir / name.replace(" ", ""),

@@ -7,8 +7,11 @@ another process, which must give the same answer. So each process also appends i
 one Redis stream (``<prefix>:ended``, trimmed to about ``FAIRGATE_TERMINAL_MAX`` entries), and
 follows that stream into its own log: a record reaches the others within a read, and a process
 that starts reads the last ``FAIRGATE_TERMINAL_KEEP_MS`` of it first (stream ids are the time in
-ms). Appends are sent without waiting, in one pipeline per turn of the event loop; a record that
-cannot be appended (Redis out of reach) is logged and stays in its own process's log only.
+ms). Appends are sent without waiting, every record of one turn of the event loop in one entry
+(msgpack: field ``b``, a list of ``[tenant, public id, record]``; an entry of one JSON record, the
+format before, is still read); a record that cannot be appended (Redis out of reach) is logged
+and stays in its own process's log only. A process skips its own entries by their gateway field
+without unpacking them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
+
+import msgpack
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -36,15 +41,13 @@ class EndedStream:
         self.gateway = gateway.encode()
         self.keep_ms = keep_ms
         self.max_entries = max_entries
-        self._pending: list[dict[bytes, bytes]] = []
+        self._pending: list[list[Any]] = []
         self._flush: asyncio.Handle | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     def publish(self, tenant: str, public_id: str, record: dict) -> None:
         """Appends ``record`` soon (with the others of this turn); never waits."""
-        self._pending.append(
-            {b"g": self.gateway, b"t": tenant.encode(), b"p": public_id.encode(), b"r": json.dumps(record).encode()}
-        )
+        self._pending.append([tenant, public_id, record])
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_soon(self._send)
 
@@ -55,12 +58,11 @@ class EndedStream:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _append(self, batch: list[dict[bytes, bytes]]) -> None:
+    async def _append(self, batch: list[list[Any]]) -> None:
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for fields in batch:
-                    pipe.xadd(self.key, fields, maxlen=self.max_entries, approximate=True)  # type: ignore[arg-type]
-                await pipe.execute()
+            # MAXLEN counts entries, each a turn's batch: about max_entries records or more are kept
+            fields = {b"g": self.gateway, b"b": msgpack.packb(batch)}
+            await self.redis.xadd(self.key, fields, maxlen=self.max_entries, approximate=True)  # type: ignore[arg-type]
         except Exception as failed:  # Redis out of reach: the records stay in this process's log
             log.warning("could not share %d finished requests with the other processes: %r", len(batch), failed)
 
@@ -79,8 +81,7 @@ class EndedStream:
                 for entry_id, fields in entries:
                     last = entry_id.decode()
                     if fields.get(b"g") != self.gateway:
-                        ended_ms = int(last.split("-", 1)[0])
-                        add(fields[b"t"].decode(), fields[b"p"].decode(), json.loads(fields[b"r"]), ended_ms)
+                        _add_all(add, fields, int(last.split("-", 1)[0]))
 
     async def close(self) -> None:
         if self._flush is not None:
@@ -88,3 +89,17 @@ class EndedStream:
             self._send()
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+def _add_all(add: Add, fields: dict[bytes, bytes], ended_ms: int) -> None:
+    """The records of one entry, to the local log; an entry that cannot be read is logged and skipped."""
+    try:
+        packed = fields.get(b"b")
+        if packed is None:  # one JSON record (the format before the batches)
+            records = [[fields[b"t"].decode(), fields[b"p"].decode(), json.loads(fields[b"r"])]]
+        else:
+            records = msgpack.unpackb(packed, strict_map_key=False)
+        for tenant, public_id, record in records:
+            add(tenant, public_id, record, ended_ms)
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as bad:
+        log.warning("skipping an unreadable record of the other processes' finished requests: %r", bad)

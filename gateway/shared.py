@@ -56,6 +56,11 @@ def _redis() -> Redis:
     return connect(url)
 
 
+def _no_answer(answer: asyncio.Future[Answer]) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError())
+
+
 class SharedDispatcher(Dispatcher):
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
         self._placeholder: Scheduler | None = None
@@ -187,6 +192,9 @@ class SharedDispatcher(Dispatcher):
         self._requests[request.id] = request
         answer: asyncio.Future[Answer] = self.loop.create_future()
         self._admissions[request.id] = answer
+        # The answer is awaited directly, its limit a timer that fails it: wait_for and shield would
+        # each add a turn of the event loop between the answer and this request going on.
+        limit = self.loop.call_later(ANSWER_LIMIT_S, _no_answer, answer)
         timeout_ms = None if request.deadline_ms is None else max(1, request.deadline_ms - request.enqueued_ms)
         self._send(
             submit(
@@ -203,8 +211,9 @@ class SharedDispatcher(Dispatcher):
             )
         )
         try:
-            kind, _rid, *rest = await asyncio.wait_for(asyncio.shield(answer), ANSWER_LIMIT_S)
+            kind, _rid, *rest = await answer
         except BaseException as failed:  # the client left, or no dispatcher answers: it is given up
+            limit.cancel()
             self._admissions.pop(request.id, None)
             self.end(entry, Outcome.CANCELLED)
             if isinstance(failed, TimeoutError):
@@ -212,6 +221,7 @@ class SharedDispatcher(Dispatcher):
                     503, ErrorCode.NO_BACKEND, "The scheduler is not answering; retry shortly."
                 ) from None
             raise
+        limit.cancel()
         if kind == "admitted":
             return entry
         self._entry_drop(entry)  # a refused request leaves no trace (as the embedded one never had an entry)

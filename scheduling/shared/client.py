@@ -1,10 +1,12 @@
 """A gateway's end of the shared dispatcher: it sends commands, reads its answers, and beats.
 
 Commands are appended to the command stream in the order `send` was called: what one turn of
-the event loop sends goes in one pipeline, after the previous one has gone (one flush at a
-time). Answers arrive on the gateway's own list, read by `run` (a blocking pop, then whatever
-else has arrived) and handed to ``on_answer`` in order. The heartbeat (``gw:<gateway>``, with a
-time to live) tells the dispatcher the gateway's requests still have someone waiting for them.
+the event loop sends goes in one stream entry (`protocol.pack`; `protocol.BATCH_MAX` commands at
+most, more entries in one pipeline for more), after the previous one has gone (one flush at a
+time). Answers arrive on the gateway's own list, one element per commit of the dispatcher, read
+by `run` (a blocking pop, then whatever else has arrived) and handed to ``on_answer`` in order.
+The heartbeat (``gw:<gateway>``, with a time to live) tells the dispatcher the gateway's requests
+still have someone waiting for them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from scheduling.shared.owner import GATEWAY_TTL_MS
-from scheduling.shared.protocol import Answer, Command, decode, encode
+from scheduling.shared.protocol import BATCH_MAX, Answer, Command, answers_of, pack
 from scheduling.shared.replica import Keys
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 READ_BLOCK_S = 1
-READ_MORE = 1000
+READ_MORE = 1000  # elements per read (each one commit's answers)
 BEAT_EVERY_S = 1.0
 RETRY_S = 0.5
 
@@ -42,10 +44,11 @@ class Client:
         self.gateway = gateway
         self.keys = keys or Keys()
         self.on_answer: Callable[[Answer], None] = lambda answer: None
-        self._pending: list[str] = []
+        self._pending: list[Command] = []
         self._flushing: asyncio.Task[None] | None = None
         self._out = self.keys.out(gateway)
         self.last_sent: bytes | None = None  # the stream id of the last command sent
+        self._beaten = False  # a heartbeat went before the first command (else the dispatcher may find none)
 
     @property
     def idle(self) -> bool:
@@ -56,7 +59,7 @@ class Client:
 
     def send(self, command: Command) -> None:
         """Queues ``command``; it goes with the others of this turn, in order."""
-        self._pending.append(encode(command))
+        self._pending.append(command)
         if self._flushing is None:
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
 
@@ -65,15 +68,19 @@ class Client:
         pause), before anything sent since: commands are never lost or reordered while the
         process lives."""
         try:
-            while self._pending:
-                await asyncio.sleep(0)  # the rest of this turn's commands go along
+            while self._pending:  # a task's first step runs a turn later: this turn's commands are all here
                 batch, self._pending = self._pending, []
-                pipe = self.redis.pipeline(transaction=False)
-                for raw in batch:
-                    pipe.xadd(self.keys.cmds, {"c": raw})
                 try:
-                    ids = await pipe.execute()
-                    self.last_sent = ids[-1]
+                    if not self._beaten:
+                        await self.beat()
+                    if len(batch) <= BATCH_MAX:
+                        sent = await self.redis.xadd(self.keys.cmds, {"m": pack(batch)})
+                        self.last_sent = cast(bytes, sent)  # bytes: the client does not decode
+                    else:
+                        pipe = self.redis.pipeline(transaction=False)
+                        for at in range(0, len(batch), BATCH_MAX):
+                            pipe.xadd(self.keys.cmds, {"m": pack(batch[at : at + BATCH_MAX])})
+                        self.last_sent = (await pipe.execute())[-1]
                 except Exception as failed:  # Redis out of reach
                     log.warning(
                         "gateway %s could not send %d commands (%r); retrying", self.gateway, len(batch), failed
@@ -98,7 +105,7 @@ class Client:
         else:
             found = await self.redis.blmpop(block_s, 1, self._out, direction="LEFT", count=READ_MORE)
             raws = found[1] if found else []
-        return [decode(raw) for raw in cast("list[bytes]", raws)]  # bytes: the client does not decode
+        return [answer for raw in cast("list[bytes]", raws) for answer in answers_of(raw)]  # bytes: no decoding
 
     def deliver(self, answers: list[Answer]) -> None:
         """Hands answers to ``on_answer`` in order (those read here, and those the owner of this
@@ -111,6 +118,7 @@ class Client:
 
     async def beat(self) -> None:
         await self.redis.set(self.keys.gateway(self.gateway), b"1", px=GATEWAY_TTL_MS)
+        self._beaten = True
 
     async def run(self) -> None:
         """Reads answers and beats until cancelled."""

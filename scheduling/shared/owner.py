@@ -5,7 +5,7 @@ Keys (under ``prefix``, ``fairgate:sched`` unless configured):
 * ``cmds``: a stream of the gateways' commands (scheduling.shared.protocol), in arrival order;
 * ``steps``: a stream of the owner's steps: the instant (``now``), the last command it took
   (``last``), and a new configuration when one took effect (``cfg``);
-* ``out:<gateway>``: a list per gateway of the answers for its requests;
+* ``out:<gateway>``: a list per gateway of the answers for its requests (one element per commit);
 * ``snap``: the engine (and the routes of its requests) as of one step, pickled, with that
   step's id and its last command's id;
 * ``lease``: the owner's token (``<epoch>:<owner id>``, epoch from ``epoch``, an INCR), with a
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from scheduling.engine.model import SchedulerConfig
-from scheduling.shared.protocol import Answer, Command, Step, decode_command, encode, encode_own
+from scheduling.shared.protocol import Answer, Command, Step, entry_commands, pack
 from scheduling.shared.replica import Keys, Replica, id_key, stream_read
 
 if TYPE_CHECKING:
@@ -57,40 +57,35 @@ if TYPE_CHECKING:
     from scheduling.shared.client import Client
 
 log = logging.getLogger(__name__)
+Taken = list[tuple[bytes, list[Command | None]]]  # stream entries read: each one's id and commands
 
 LEASE_MS = 1000  # a standby takes over this long after the owner stopped renewing, at most
 STANDBY_POLL_MS = 100
 RETRY_S = 1.0  # after a failure (Redis out of reach), before bidding again
 IDLE_PUMP_MS = 500  # while requests wait, a step at least this often (the embedded dispatcher's config-poll pump)
-MAX_COMMANDS = 2000  # per step
+MAX_ENTRIES = 32  # stream entries per step (each `protocol.BATCH_MAX` commands at most)
 SNAPSHOT_EVERY_S = 5.0
 GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop beats every second)
 GATEWAY_CHECK_S = 0.5
 OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
-PUSH_CHUNK = 500  # answers per RPUSH inside the script (Lua's stack has a limit on unpack)
 QUIET_COMMIT_MS = 50  # a step that answered nobody is logged with the next one, or after this long
 
 _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
 redis.call('pexpire', KEYS[1], ARGV[2])
-local a = 6
+local a = 5
 local id
-for _ = 1, tonumber(ARGV[5]) do
+for _ = 1, tonumber(ARGV[4]) do
   local fields = {'now', ARGV[a], 'last', ARGV[a + 1]}
   if ARGV[a + 2] ~= '' then table.insert(fields, 'cfg'); table.insert(fields, ARGV[a + 2]) end
-  if ARGV[a + 3] ~= '' then table.insert(fields, 'own'); table.insert(fields, ARGV[a + 3]) end
+  if ARGV[a + 3] ~= '' then table.insert(fields, 'o'); table.insert(fields, ARGV[a + 3]) end
   id = redis.call('xadd', KEYS[2], '*', unpack(fields))
   a = a + 4
 end
 for i = 3, #KEYS do
-  local n = tonumber(ARGV[a]); a = a + 1
-  local stop = a + n - 1
-  while a <= stop do
-    local upto = math.min(a + tonumber(ARGV[3]) - 1, stop)
-    redis.call('rpush', KEYS[i], unpack(ARGV, a, upto))
-    a = upto + 1
-  end
-  redis.call('pexpire', KEYS[i], ARGV[4])
+  redis.call('rpush', KEYS[i], ARGV[a])
+  redis.call('pexpire', KEYS[i], ARGV[3])
+  a = a + 1
 end
 return id
 """
@@ -132,7 +127,7 @@ class _Applied(NamedTuple):
     now_ms: int
     last: bytes  # the last command of the stream it took
     cfg: bytes  # the configuration it logs, or b""
-    own: str  # the attached gateway's commands it took, encoded, or ""
+    own: bytes  # the attached gateway's commands it took, packed, or b""
     out: dict[str, list[Answer]]  # its answers per gateway
     local: list[Command]  # those commands (handed to the stream if the lease is lost first)
 
@@ -335,24 +330,24 @@ class Owner(Replica):
     def now_ms(self) -> int:
         return max(self.step_ms, self.clock())
 
-    async def commands(self, *, block_ms: int | None) -> list[tuple[bytes, Command | None]]:
-        """The commands after the cursor (waiting up to ``block_ms`` for one; None: not at all).
-        A malformed one is None (skipped by the step)."""
-        read = await self.redis.xread({self.keys.cmds: self.cursor}, count=MAX_COMMANDS, block=block_ms)
-        return [(entry_id, decode_command(fields[b"c"])) for entry_id, fields in stream_read(read)]
+    async def commands(self, *, block_ms: int | None) -> Taken:
+        """The stream's entries after the cursor (`MAX_ENTRIES` at most; waiting up to ``block_ms``
+        for one; None: not at all), each with its commands. A malformed one is None (skipped by the step)."""
+        read = await self.redis.xread({self.keys.cmds: self.cursor}, count=MAX_ENTRIES, block=block_ms)
+        return [(entry_id, entry_commands(fields)) for entry_id, fields in stream_read(read)]
 
-    def _apply(self, taken: list[tuple[bytes, Command | None]]) -> Step:
+    def _apply(self, taken: Taken) -> Step:
         """Applies ``taken`` (from `commands`), then the attached gateway's commands in process,
         at the clock's now, and pumps; the step waits for its commit (`commit`)."""
         now_ms = self.now_ms()
         cfg = pickle.dumps(self._config, pickle.HIGHEST_PROTOCOL) if self._config_due else b""
         local, self._local = self._local, []
-        step = self.replay(now_ms, [*(command for _, command in taken), *local], cfg)
+        step = self.replay(now_ms, [*(command for _, commands in taken for command in commands), *local], cfg)
         if taken:
             self.cursor = taken[-1][0]
         if not self._unlogged:
             self._unlogged_since_s = time.monotonic()
-        self._unlogged.append(_Applied(now_ms, self.cursor, cfg, encode_own(local) if local else "", step.out, local))
+        self._unlogged.append(_Applied(now_ms, self.cursor, cfg, pack(local) if local else b"", step.out, local))
         if step.out:
             self._loud = True
             self._committer.ring()
@@ -362,7 +357,7 @@ class Owner(Replica):
     def _quiet_too_long(self) -> bool:
         return bool(self._unlogged) and time.monotonic() - self._unlogged_since_s >= QUIET_COMMIT_MS / 1000
 
-    async def step(self, taken: list[tuple[bytes, Command | None]]) -> dict[str, list[Answer]]:
+    async def step(self, taken: Taken) -> dict[str, list[Answer]]:
         """`_apply`, then `commit` unless the step is quiet (then it waits for the next step, or
         `QUIET_COMMIT_MS`); its answers per gateway. Raises LostLease (and stands down) if another
         owner took over. (The live loop applies and commits in tasks of their own: `_serve`.)"""
@@ -390,12 +385,10 @@ class Owner(Replica):
                     for gateway, told in applied.out.items():
                         answers.setdefault(gateway, []).extend(told)
                 mine = answers.pop(self._own.gateway, []) if self._own is not None else []
-                args: list[bytes | str | int] = [self.token, LEASE_MS, PUSH_CHUNK, OUT_TTL_MS, len(batch)]
+                args: list[bytes | str | int] = [self.token, LEASE_MS, OUT_TTL_MS, len(batch)]
                 for applied in batch:
                     args.extend((applied.now_ms, applied.last, applied.cfg, applied.own))
-                for told in answers.values():
-                    args.append(len(told))
-                    args.extend(encode(a) for a in told)
+                args.extend(pack(told) for told in answers.values())  # one element per gateway
                 keys = [self.keys.lease, self.keys.steps, *map(self.keys.out, answers)]
                 step_id = await self._commit(keys=keys, args=args)
                 if step_id is None:
@@ -437,7 +430,7 @@ class Owner(Replica):
 
     async def check_gateways(self) -> None:
         """Gateways whose heartbeat expired: their requests go (a ``gone`` command, taken next step)."""
-        gateways = sorted(set(self.routes.of.values()) - self._gone_sent)
+        gateways = sorted(set(self.routes.of.values()) - self._gone_sent - self._alive_here())
         if not gateways:
             return
         pipe = self.redis.pipeline(transaction=False)
@@ -447,9 +440,13 @@ class Owner(Replica):
         for gateway, up in zip(gateways, alive):
             if not up:
                 log.warning("gateway %s stopped beating: its requests are ended", gateway)
-                await self.redis.xadd(self.keys.cmds, {"c": encode(["gone", gateway])})
+                await self.redis.xadd(self.keys.cmds, {"m": pack([["gone", gateway]])})
                 self._gone_sent.add(gateway)
         self._gone_sent &= set(self.routes.of.values())
+
+    def _alive_here(self) -> set[str]:
+        """The attached gateway runs in this very process: alive while this code runs, whatever its beat."""
+        return {self._own.gateway} if self._own is not None else set()
 
     # --- the live loop -------------------------------------------------------------------------
 
@@ -510,7 +507,7 @@ class Owner(Replica):
         lease when no commit did for a while. One read of the stream is always waiting in Redis
         (for `LEASE_MS` / 4 at most), so a command from any gateway wakes the owner at once."""
         limit_ms = LEASE_MS // 4  # the lease is renewed at least this often
-        reading: asyncio.Task[list[tuple[bytes, Command | None]]] | None = None
+        reading: asyncio.Task[Taken] | None = None
         try:
             while not stop.is_set():
                 if reading is None:
@@ -522,7 +519,7 @@ class Owner(Replica):
                 if not (due or reading.done()):
                     wait_ms = limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
                     await self._stepper.sleep(wait_ms / 1000)
-                taken: list[tuple[bytes, Command | None]] = []
+                taken: Taken = []
                 if reading.done():
                     taken, reading = reading.result(), None
                 now_ms = self.now_ms()

@@ -1,8 +1,13 @@
 """What gateways tell the shared dispatcher, what it answers, and how one step applies to the engine.
 
-A *command* is a JSON array a gateway appends to the command stream; an *answer* is a JSON array
-the dispatcher pushes to the gateway's own list. Plain JSON both ways: the gateways write the
-commands, so nothing they write is ever unpickled.
+A *command* is a list a gateway appends to the command stream; an *answer* is a list the
+dispatcher pushes to the gateway's own list. On the wire they go in batches, msgpack-encoded
+(`pack`): one stream entry (field ``m``) holds every command one gateway sent in one turn of its
+event loop (`BATCH_MAX` at most), and one list element holds every answer one commit has for one
+gateway; so a step reads a few entries, not one per command, and a gateway pops one element per
+commit. msgpack decodes to plain lists, strings and numbers only: the gateways write the
+commands, so nothing they write is ever unpickled. An entry with field ``c`` (one command as a
+JSON array, the format before the batches) is still read, as a JSON answer is.
 
 Commands (``gw`` is the sending gateway's id, answers go to its list):
 
@@ -37,6 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from scheduling.engine import Scheduler
 from scheduling.engine.circuits import Circuits
 from scheduling.engine.model import BackendSpec, Request, RequestId
@@ -46,40 +53,65 @@ Command = list[Any]
 Answer = list[Any]
 
 
-def encode(message: list[Any]) -> str:
-    return json.dumps(message, separators=(",", ":"))
+BATCH_MAX = 128  # commands per stream entry: a step takes a bounded amount of work per entry read
 
 
-def decode(raw: str | bytes) -> list[Any]:
-    message = json.loads(raw)
-    if not isinstance(message, list) or not message or not isinstance(message[0], str):
-        raise ValueError(f"not a message: {raw!r}")
-    return message
+def pack(messages: list[Any]) -> bytes:
+    """A batch of commands or answers (or the owner's own commands of one step) for the wire."""
+    return msgpack.packb(messages)  # type: ignore[no-any-return]
 
 
-def decode_command(raw: str | bytes) -> Command | None:
-    """A command from the stream; None (logged) for one that is not: skipped, by the owner and
-    by every replay alike, so a bad entry can neither stop the dispatcher nor split its replicas."""
+def _checked(found: object) -> list[Command | None]:
+    if not isinstance(found, list):
+        raise ValueError("not a list")
+    return [c if isinstance(c, list) and c and isinstance(c[0], str) else None for c in found]
+
+
+def unpack(raw: bytes) -> list[Command | None]:
+    """`pack`'s list, each message checked (None for one that is not a message: skipped, by the
+    owner and by every replay alike, so a bad entry can neither stop the dispatcher nor split its
+    replicas); an empty list (logged) for a batch that cannot be read at all."""
     try:
-        return decode(raw)
+        return _checked(msgpack.unpackb(raw))
+    except (ValueError, TypeError, msgpack.UnpackException) as bad:  # ExtraData and FormatError are ValueErrors
+        log.warning("skipping a malformed batch (%s): %r", bad, raw[:200])
+        return []
+
+
+def decode_json(raw: str | bytes) -> Command | None:
+    """One command (or answer) as a JSON array: the format before the batches; None (logged) for one that is not."""
+    try:
+        return _checked([json.loads(raw)])[0]
     except ValueError:  # json's errors are ValueErrors too
         log.warning("skipping a malformed command: %r", raw[:200])
         return None
 
 
-def encode_own(commands: list[Command]) -> str:
-    """The owner's own gateway's commands of one step, logged with the step (one JSON list)."""
-    return json.dumps(commands, separators=(",", ":"))
-
-
-def decode_own(raw: str | bytes) -> list[Command | None]:
-    """`encode_own`'s list, each command checked as `decode_command` checks one from the stream."""
+def decode_json_list(raw: str | bytes) -> list[Command | None]:
+    """A JSON list of commands (the owner's own, logged with a step before the batches)."""
     try:
-        found = json.loads(raw)
+        return _checked(json.loads(raw))
     except ValueError:
         log.warning("skipping a step's malformed own commands: %r", raw[:200])
         return []
-    return [c if isinstance(c, list) and c and isinstance(c[0], str) else None for c in found]
+
+
+def entry_commands(fields: dict[bytes, bytes]) -> list[Command | None]:
+    """The commands of one stream entry: a batch (``m``), or one JSON command (``c``)."""
+    batch = fields.get(b"m")
+    if batch is not None:
+        return unpack(batch)
+    one = fields.get(b"c")
+    return [None if one is None else decode_json(one)]
+
+
+def answers_of(raw: bytes) -> list[Answer]:
+    """The answers in one element of a gateway's list: a batch, or one JSON answer."""
+    if raw[:1] == b"[":  # no msgpack list starts with "[" (0x5b is a positive integer there)
+        found = [decode_json(raw)]
+    else:
+        found = unpack(raw)
+    return [answer for answer in found if answer is not None]
 
 
 def submit(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 
 from scheduling.engine import Scheduler, apply_policy
 from scheduling.engine.model import SchedulerConfig
-from scheduling.shared.protocol import Command, Routes, Step, decode_command, decode_own
+from scheduling.shared.protocol import Command, Routes, Step, decode_json_list, entry_commands, unpack
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -50,6 +50,16 @@ def id_key(entry_id: bytes) -> tuple[int, int]:
     """A stream id's order (``<ms>-<seq>``)."""
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq or 0)
+
+
+def _own_commands(fields: dict[bytes, bytes]) -> list[Command | None]:
+    """The owner's own gateway's commands logged with a step: packed (``o``), or a JSON list (``own``,
+    the format before the batches)."""
+    packed = fields.get(b"o")
+    if packed:
+        return unpack(packed)
+    legacy = fields.get(b"own")
+    return decode_json_list(legacy) if legacy else []
 
 
 @dataclass(frozen=True)
@@ -158,22 +168,47 @@ class Replica:
         return snap_step is None or id_key(cast("bytes", snap_step)) <= id_key(self.last_step)
 
     async def follow(self, *, block_ms: int) -> int:
-        """Waits up to ``block_ms`` for a new step, then replays what has come."""
+        """Waits up to ``block_ms`` for a new step, then replays what has come: the steps the read
+        brought, with one more round trip for their commands and the continuity check together
+        (a standby follows every step of the owner)."""
+        if not self.loaded:
+            await self.load()
         found = stream_read(
             await self.redis.xread({self.keys.steps: self.last_step}, count=STEPS_PER_READ, block=block_ms)
         )
         if not found:
             return 0
-        return await self.catch_up()
+        if len(found) == STEPS_PER_READ:  # far behind: the long way, page by page
+            return await self.catch_up()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.snap, "step")
+        last = found[-1][1][b"last"]
+        if last != self.cursor:
+            pipe.xrange(self.keys.cmds, min=b"(" + self.cursor, max=last, count=COMMANDS_PER_READ)
+        snap_step, *first = await pipe.execute()
+        if snap_step is not None and id_key(cast("bytes", snap_step)) > id_key(self.last_step):
+            log.warning("replica fell behind the trimmed step log: reloading from the snapshot")
+            await self.load()
+            return 0
+        await self._replay_all(found, first=entries(first[0]) if first else None)
+        return len(found)
 
-    async def _replay_all(self, steps: list[Entry]) -> None:
+    async def _replay_all(self, steps: list[Entry], *, first: list[Entry] | None = None) -> None:
+        """Replays ``steps``, reading their commands from the stream (``first``: the first page, read already)."""
         last = steps[-1][1][b"last"]
         commands: list[tuple[tuple[int, int], Command | None]] = []
         if last != self.cursor:
             start = b"(" + self.cursor
             while True:
-                found = entries(await self.redis.xrange(self.keys.cmds, min=start, max=last, count=COMMANDS_PER_READ))
-                commands.extend((id_key(entry_id), decode_command(fields[b"c"])) for entry_id, fields in found)
+                if first is not None:
+                    found, first = first, None
+                else:
+                    found = entries(
+                        await self.redis.xrange(self.keys.cmds, min=start, max=last, count=COMMANDS_PER_READ)
+                    )
+                for entry_id, fields in found:
+                    at_key = id_key(entry_id)
+                    commands.extend((at_key, command) for command in entry_commands(fields))
                 if len(found) < COMMANDS_PER_READ:
                     break
                 start = b"(" + found[-1][0]
@@ -184,9 +219,7 @@ class Replica:
             while at < len(commands) and commands[at][0] <= upto:
                 mine.append(commands[at][1])
                 at += 1
-            own = fields.get(b"own")
-            if own:  # the owner's own gateway's commands, taken in process after the stream's
-                mine.extend(decode_own(own))
+            mine.extend(_own_commands(fields))  # the owner's own gateway's, taken in process after the stream's
             self.replay(int(fields[b"now"]), mine, fields.get(b"cfg"))
             self.cursor, self.last_step = fields[b"last"], step_id
 

@@ -20,6 +20,7 @@ import asyncio
 import os
 import secrets
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -263,7 +264,10 @@ def test_a_malformed_command_is_skipped_alike_by_the_owner_and_its_replicas():
         owner = Owner(redis_client, cfg, keys=keys, clock=lambda: 1_000_000, name="only")
         assert await owner.acquire()
         for raw in (b"not json", b'{"a": 1}', b'["launch", 1]', b'["submit", "gw1", "a/x", "a", "NOPE"]'):
-            await redis_client.xadd(keys.cmds, {"c": raw})
+            await redis_client.xadd(keys.cmds, {"c": raw})  # one JSON command: the format before the batches
+        for packed in (b"\xc1", b"\x92\x01", msgpack.packb({"a": 1}), msgpack.packb([["launch", 1], 5, [], "x"])):
+            await redis_client.xadd(keys.cmds, {"m": packed})  # not msgpack, cut short, not a list, not commands
+        await redis_client.xadd(keys.cmds, {"other": b"1"})
         client = Client(redis_client, "gw1", keys=keys)
         client.send(
             submit("gw1", "a/ok", tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
