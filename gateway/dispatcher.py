@@ -447,7 +447,7 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
         "class": entry.cls,
         "declared_class": entry.declared_class,
         "downgrade_rule": entry.downgrade_rule,
-        "state": state,
+        "state": str(state),  # plain text (an enum member would make the record a tracked object)
         "position": position.position if position is not None else None,
         "position_exact": position.exact if position is not None else None,
         "eta_ms": eta_ms,
