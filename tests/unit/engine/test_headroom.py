@@ -69,15 +69,21 @@ def test_bucket_must_divide_a_day():
 # --- holds -----------------------------------------------------------------------------------
 
 
-def busy_pool(policy: HeadroomPolicy = HEADROOM):
-    """INTERACTIVE arriving every 500 ms until 10 s, each served at once; at 11 s two slots held by
-    BATCH with more BATCH waiting."""
-    sched = scheduler(headroom_config(policy), slots=2)
-    for i, t in enumerate(range(0, 10_000, 500)):  # forecast: 2/s recently
+def chatted_pool(policy: HeadroomPolicy, slots: int):
+    """INTERACTIVE arriving every 500 ms until 10 s (a forecast of 2/s recently), each served at
+    once; at 11 s six BATCH requests waiting."""
+    sched = scheduler(headroom_config(policy), slots=slots)
+    for i, t in enumerate(range(0, 10_000, 500)):
         sched.submit(req(f"i{i}", cls="INTERACTIVE", at=t), now_ms=t)
         for g in sched.dispatch(now_ms=t):
             sched.complete(g.request.id, now_ms=t, prompt_tokens=1, output_tokens=1)
     submit(sched, *(req(f"b{i}", at=NOW) for i in range(6)))
+    return sched
+
+
+def busy_pool(policy: HeadroomPolicy = HEADROOM):
+    """`chatted_pool` of two slots, both then held by BATCH with more BATCH waiting."""
+    sched = chatted_pool(policy, 2)
     assert [g.request.id for g in sched.dispatch(now_ms=NOW)] == ["b0", "b1"]  # the last holds ended at 10.5 s
     return sched
 
@@ -128,14 +134,8 @@ def test_holds_beyond_the_need_are_released_at_the_next_dispatch():
 
 
 def idle_pool(policy: HeadroomPolicy):
-    """INTERACTIVE arriving every 500 ms until 10 s, each served at once: at 11 s the 4 slots are idle."""
-    sched = scheduler(headroom_config(policy), slots=4)
-    for i, t in enumerate(range(0, 10_000, 500)):  # forecast: 2/s recently
-        sched.submit(req(f"i{i}", cls="INTERACTIVE", at=t), now_ms=t)
-        for g in sched.dispatch(now_ms=t):
-            sched.complete(g.request.id, now_ms=t, prompt_tokens=1, output_tokens=1)
-    submit(sched, *(req(f"b{i}", at=NOW) for i in range(6)))
-    return sched
+    """`chatted_pool` of four slots: at 11 s all four are idle."""
+    return chatted_pool(policy, 4)
 
 
 def test_without_hold_idle_a_batch_burst_takes_every_idle_slot():

@@ -18,7 +18,7 @@ from scheduling.engine import TenantSpec, apply_policy
 from scheduling.engine.model import HeadroomPolicy
 from scheduling.engine.store import WAITING
 from tests.unit.engine.engine_helpers import backend, scheduler
-from tests.unit.engine.test_properties import FAST, TENANTS, Harness, complete_op, short_sla_config
+from tests.unit.engine.test_properties import FAST, TENANTS, Harness, complete_op, ran, runs_agree, short_sla_config
 
 POLICIES = ("fairgate", "fifo", "strict", "linear")
 HEADROOM = HeadroomPolicy(
@@ -107,25 +107,20 @@ class HeadroomHarness(Harness):
             assert sched.next_wakeup_ms(now_ms=now) <= holds[0]  # the driver looks again by the hold's end
 
 
+def holds(harness) -> object:
+    return harness.sched.headroom_holds()
+
+
 @FAST
 @given(headroom_ops)
 def test_a_freed_slot_is_held_only_while_the_forecast_needs_it(sequence):
-    harness = HeadroomHarness()
-    for op in sequence:
-        harness.apply(op)
-    harness.finish()
+    ran(HeadroomHarness(), sequence)
 
 
 @FAST
 @given(headroom_ops, st.sampled_from(POLICIES))
 def test_determinism_with_headroom_across_presets(sequence, policy):
-    logs = []
-    for _ in range(2):
-        harness = HeadroomHarness(policy)
-        for op in sequence:
-            harness.apply(op)
-        logs.append((harness.log, harness.sched.counters.as_dict(), harness.sched.headroom_holds()))
-    assert logs[0] == logs[1]
+    runs_agree(lambda: HeadroomHarness(policy), sequence, extra=holds)
 
 
 class IdleHoldHarness(HeadroomHarness):
@@ -140,11 +135,6 @@ class IdleHoldHarness(HeadroomHarness):
 @FAST
 @given(headroom_ops, st.sampled_from(POLICIES))
 def test_with_hold_idle_holds_stay_within_the_need_and_the_run_is_deterministic(sequence, policy):
-    logs = []
-    for _ in range(2):
-        harness = IdleHoldHarness(policy)
-        for op in sequence:
-            harness.apply(op)
-        harness.finish()
-        logs.append((harness.log, harness.sched.counters.as_dict(), harness.sched.headroom_holds()))
-    assert logs[0] == logs[1]
+    runs_agree(
+        lambda: IdleHoldHarness(policy), sequence, finish=True, extra=lambda harness: harness.sched.headroom_holds()
+    )

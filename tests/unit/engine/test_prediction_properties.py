@@ -14,7 +14,7 @@ from scheduling.engine.prediction import MISS_RISK
 from scheduling.engine.store import WAITING
 from tests.unit.engine.engine_helpers import config, with_sla
 from tests.unit.engine.test_hot_path import CheckedHarness
-from tests.unit.engine.test_properties import FAST, TENANTS, Harness, any_ops, complete_op, submit_op
+from tests.unit.engine.test_properties import FAST, TENANTS, Harness, any_ops, complete_op, ran, runs_agree, submit_op
 
 POLICIES = ("fairgate", "fifo", "strict", "linear")
 SHORT = {"INTERACTIVE": 600, "NEAR_RT": 1500, "BATCH": 4000, "RETRY": 8000}  # test_properties' SLAs
@@ -192,39 +192,25 @@ class CheckedPredictHarness(Predicting, CheckedHarness):
 @FAST
 @given(any_ops, st.sampled_from(POLICIES))
 def test_prediction_admits_only_what_its_model_can_start_in_time_and_loses_nothing(sequence, policy):
-    harness = PredictHarness(policy)
-    for op in sequence:
-        harness.apply(op)
-    harness.finish()
+    ran(PredictHarness(policy), sequence)
 
 
 @FAST
 @given(any_ops, st.sampled_from(POLICIES))
 def test_determinism_with_prediction_across_presets(sequence, policy):
-    logs = []
-    for _ in range(2):
-        harness = PredictHarness(policy)
-        for op in sequence:
-            harness.apply(op)
-        logs.append((harness.log, harness.sched.counters.as_dict()))
-    assert logs[0] == logs[1]
+    runs_agree(lambda: PredictHarness(policy), sequence)
 
 
 @FAST
 @given(any_ops)
 def test_shortcuts_agree_with_fresh_computation_with_prediction(sequence):
-    harness = CheckedPredictHarness()
-    for op in sequence:
-        harness.apply(op)
-    harness.finish()
+    ran(CheckedPredictHarness(), sequence)
 
 
 @FAST
 @given(any_ops)
 def test_fast_fail_only_ends_waiting_requests_before_their_deadline(sequence):
-    harness = PredictHarness()
-    for op in sequence:
-        harness.apply(op)
+    harness = ran(PredictHarness(), sequence, finish=False)
     early = [entry for entry in harness.log if entry[0] == "queue_timeout"]
     tally = harness.sched.counters.total("fast_failed")
     assert tally <= len(early) == harness.sched.counters.total("queue_timeout")
@@ -233,41 +219,22 @@ def test_fast_fail_only_ends_waiting_requests_before_their_deadline(sequence):
 @FAST
 @given(long_ops)
 def test_over_long_backlogs_admission_and_fast_fail_agree_and_lose_nothing(sequence):
-    harness = LongPredictHarness()
-    for op in sequence:
-        harness.apply(op)
-    harness.finish()
+    ran(LongPredictHarness(), sequence)
 
 
 @FAST
 @given(long_ops, st.sampled_from(POLICIES))
 def test_determinism_over_long_backlogs_across_presets(sequence, policy):
-    logs = []
-    for _ in range(2):
-        harness = LongPredictHarness(policy)
-        for op in sequence:
-            harness.apply(op)
-        logs.append((harness.log, harness.sched.counters.as_dict()))
-    assert logs[0] == logs[1]
+    runs_agree(lambda: LongPredictHarness(policy), sequence)
 
 
 @FAST
 @given(any_ops, st.sampled_from(POLICIES))
 def test_with_prior_weight_and_margin_after_admission_keeps_to_its_model_and_loses_nothing(sequence, policy):
-    harness = KnobbedPredictHarness(policy)
-    for op in sequence:
-        harness.apply(op)
-    harness.finish()
+    ran(KnobbedPredictHarness(policy), sequence)
 
 
 @FAST
 @given(long_ops, st.sampled_from(POLICIES))
 def test_with_prior_weight_and_margin_after_over_long_backlogs_deterministic_and_lossless(sequence, policy):
-    logs = []
-    for _ in range(2):
-        harness = KnobbedLongPredictHarness(policy)
-        for op in sequence:
-            harness.apply(op)
-        harness.finish()
-        logs.append((harness.log, harness.sched.counters.as_dict()))
-    assert logs[0] == logs[1]
+    runs_agree(lambda: KnobbedLongPredictHarness(policy), sequence, finish=True)

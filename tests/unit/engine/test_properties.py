@@ -224,25 +224,33 @@ class Harness:
         assert set(self.terminal) == self.admitted
 
 
+def ran(harness, sequence, *, finish: bool = True):
+    """``harness`` after every op of ``sequence`` (and, with ``finish``, its end-of-run checks)."""
+    for op in sequence:
+        harness.apply(op)
+    if finish:
+        harness.finish()
+    return harness
+
+
+def runs_agree(make, sequence, *, finish: bool = False, extra=lambda harness: None) -> None:
+    """Two runs of ``sequence`` through fresh harnesses from ``make()`` log the same decisions and
+    counters (and the same ``extra(harness)``)."""
+    runs = [ran(make(), sequence, finish=finish) for _ in range(2)]
+    first, second = ((h.log, h.sched.counters.as_dict(), extra(h)) for h in runs)
+    assert first == second
+
+
 @FAST
 @given(any_ops, st.booleans())
 def test_conservation_and_config_changes_never_lose_requests(sequence, depth):
-    harness = Harness(depth=depth)
-    for op in sequence:
-        harness.apply(op)
-    harness.finish()
+    ran(Harness(depth=depth), sequence)
 
 
 @FAST
 @given(any_ops, st.sampled_from(["fairgate", "fifo", "strict", "linear"]), st.booleans())
 def test_determinism(sequence, policy, depth):
-    logs = []
-    for _ in range(2):
-        harness = Harness(policy, depth)
-        for op in sequence:
-            harness.apply(op)
-        logs.append((harness.log, harness.sched.counters.as_dict()))
-    assert logs[0] == logs[1]
+    runs_agree(lambda: Harness(policy, depth), sequence)
 
 
 @FAST
