@@ -4,13 +4,14 @@ A served request is charged exactly once, whatever process dies. `Journal.keep` 
 request's settlement (one JSON line) and returns a future that is done once the line is
 ``fdatasync``'d; the exchange sends the answer's end after that, and the settlement is booked in
 the database meanwhile (gateway.charging), not on the answer's path. The lines gathered go to
-disk in one write and one sync, in a thread of the journal's own, while the next lines gather
-behind it (group commit, as the Booker does for the database); a sync starts at most every
-``FAIRGATE_JOURNAL_SYNC_INTERVAL_MS`` after the one before (a quiet gateway's line goes at once).
-Each ``fdatasync`` costs the process about 70 us of system CPU here, whatever the lines it takes,
-and the thread's wake-up more: one per answer, as a busy gateway synced when each sync started as
-soon as the one before ended (about every 0.5 ms, one line each), cost more than half of what
-billing costs the gateway; spaced 2 ms apart they carry several lines each.
+disk in one write and one ``fdatasync`` while the next lines gather behind it (group commit, as
+the Booker does for the database); a sync starts at most every ``FAIRGATE_JOURNAL_SYNC_INTERVAL_MS``
+after the one before (a quiet gateway's line goes at once), so a busy gateway syncs several
+answers' lines at once. The lines are written by the event loop (to the page cache) and synced by
+the journal's syncer, a small process of its own (billing/journal_sync.py): each sync costs about
+70 us of system time here, and a thread of the gateway's doing it took the GIL back from the event
+loop for every one. Without the syncer (it could not start, it died, FAIRGATE_JOURNAL_SYNCER=0)
+a thread of the journal's own writes and syncs.
 
 Booking is idempotent per request, so the journal needs no "booked" marks. It is a series of
 segment files: the current one takes new lines until it holds ``ROTATE_LINES`` or is
@@ -169,7 +170,6 @@ class _Syncer:
     def _die(self) -> None:
         if not self.dead:
             self.dead = True
-            self._loop.remove_reader(self._out)
             self.close()
             self._ended()
 
@@ -428,8 +428,8 @@ def _write(ops: list[tuple[int, bytes | Path]], *, sync: bool = True) -> list[in
         data = memoryview(b"".join(chunk))
         while data:
             data = data[os.write(fd, data) :]
-        if sync:
-            os.fdatasync(fd)
+    if sync:
+        _sync_all(list(lines))
     for fd, path in removed:
         _unlink(path, fd)
     return list(lines)

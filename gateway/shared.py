@@ -213,7 +213,6 @@ class SharedDispatcher(Dispatcher):
         try:
             kind, _rid, *rest = await answer
         except BaseException as failed:  # the client left, or no dispatcher answers: it is given up
-            limit.cancel()
             self._admissions.pop(request.id, None)
             self.end(entry, Outcome.CANCELLED)
             if isinstance(failed, TimeoutError):
@@ -221,7 +220,8 @@ class SharedDispatcher(Dispatcher):
                     503, ErrorCode.NO_BACKEND, "The scheduler is not answering; retry shortly."
                 ) from None
             raise
-        limit.cancel()
+        finally:
+            limit.cancel()
         if kind == "admitted":
             return entry
         self._entry_drop(entry)  # a refused request leaves no trace (as the embedded one never had an entry)
