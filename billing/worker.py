@@ -106,7 +106,12 @@ def serve(conn, gateway_pid: int, owner: str = "") -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     django.setup()
+    from django.conf import settings
+
     from billing import news
+
+    if settings.FAIRGATE_BILLING_WORKER_NICE:
+        os.nice(settings.FAIRGATE_BILLING_WORKER_NICE)  # the event loop goes first (see the setting)
     from billing.cache import caches_refresh_one
     from billing.heartbeats import Housekeeper
 

@@ -572,6 +572,10 @@ def _release_booked(future: asyncio.Future, reason: str, request_id: str | None 
         booker().release_sent(request_id)
 
 
+_EARLY_BOOKED = metrics.BILLING_EARLY_HOLDS.labels("booked")  # (bound once: labels() costs on every hold)
+_EARLY_REFUSED = metrics.BILLING_EARLY_HOLDS.labels("refused")
+
+
 def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callable[[asyncio.Future], None]:
     """What a hold's answer tells ``rooms`` (and, for an early hold, the metric of early holds)."""
 
@@ -586,7 +590,7 @@ def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callab
         elif isinstance(outcome, BudgetExhausted):
             rooms.refused(tenant, time.monotonic())
         if early is not None:
-            metrics.BILLING_EARLY_HOLDS.labels("booked" if isinstance(outcome, HeldEntry) else "refused").inc()
+            (_EARLY_BOOKED if isinstance(outcome, HeldEntry) else _EARLY_REFUSED).inc()
 
     return note
 
