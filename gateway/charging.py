@@ -52,11 +52,11 @@ import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal, overload
 
 from django.conf import settings
-from django.utils import timezone
 
 from billing import news
 from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
@@ -75,6 +75,12 @@ from gateway.unbooked import Unbooked
 log = logging.getLogger(__name__)
 BUDGET_RULE = "budget"
 STOP_DRAIN_S = 10.0  # at a clean stop, how long to wait for the bookings still on their way
+
+
+def _now() -> datetime:
+    """timezone.now() as the settings make it (USE_TZ: aware, UTC), without reading the settings
+    on every hold and end (a tenth of a percent of a busy gateway's CPU each)."""
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -353,7 +359,7 @@ class Booker:
                             ReleaseAsk(
                                 request_id=result.request_id,
                                 reason=str(Outcome.CANCELLED),
-                                at=timezone.now(),
+                                at=_now(),
                                 held=result,
                             ),
                             answer=False,
@@ -401,7 +407,7 @@ def _submit_hold(asked: Hold, *, fallback: bool, urgent: bool = True) -> asyncio
             model=asked.model,
             prompt_tokens=asked.prompt_tokens,
             max_output_tokens=asked.max_output_tokens,
-            at=timezone.now(),
+            at=_now(),
             fallback=fallback,
             owner=process_owner(),
         ),
@@ -564,7 +570,7 @@ def _release_booked(future: asyncio.Future, reason: str, request_id: str | None 
     if not (future.cancelled() or future.exception() is not None):
         held: HeldEntry = future.result()
         booker().submit(
-            ReleaseAsk(request_id=held.request_id, reason=reason, at=timezone.now(), held=held),
+            ReleaseAsk(request_id=held.request_id, reason=reason, at=_now(), held=held),
             answer=False,
             urgent=False,
         )
@@ -632,7 +638,7 @@ def settle(
         backend_name=backend,
         prompt_tokens=prompt_tokens,
         completion_tokens=output_tokens,
-        at=timezone.now(),
+        at=_now(),
         base_cost=base,
         held=held_get_cached(held.request_id),
     )
@@ -664,9 +670,7 @@ def release(held: Hold | EarlyHold, *, reason: str) -> None:
         held.release(reason)
     else:
         booker().submit(
-            ReleaseAsk(
-                request_id=held.request_id, reason=reason, at=timezone.now(), held=held_get_cached(held.request_id)
-            ),
+            ReleaseAsk(request_id=held.request_id, reason=reason, at=_now(), held=held_get_cached(held.request_id)),
             answer=False,
             urgent=False,
         )
