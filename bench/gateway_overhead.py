@@ -415,6 +415,7 @@ async def measure_postgres(stack: Stack, args) -> dict:
         await warm_up(stack)
     found = {
         "postgres": pg.server_settings(stack.scratch.server),
+        "worker_nice": pg.worker_niceness(stack.gateways["billing on"].process.pid),
         "analyzed": stack.analyze,
         "pg_latency": await postgres_latency(stack, args.phase_s, args.latency_rates, args.rounds),
         "saturation": await saturation(stack, args.step_s, args.rounds, args.connections),

@@ -100,6 +100,16 @@ def _run_wait_s(pid: int) -> float:
         return 0.0
 
 
+def worker_niceness(gateway_pid: int) -> int | None:
+    """How much nicer than its gateway the gateway's billing worker runs (FAIRGATE_BILLING_WORKER_NICE):
+    the most any of its children (the worker, the journal's syncer, which keeps the gateway's) is."""
+    children = _children(gateway_pid)
+    if not children:
+        return None
+    mine = os.getpriority(os.PRIO_PROCESS, gateway_pid)
+    return max(os.getpriority(os.PRIO_PROCESS, child) for child in children) - mine
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

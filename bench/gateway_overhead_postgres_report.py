@@ -86,7 +86,13 @@ def render(found: dict) -> str:
         "channel layer), one with billing on, one with billing off (`FAIRGATE_BILLING=0`), measured "
         f"alternately in one run. PostgreSQL: {setting_text}. {os.cpu_count()} CPU cores shared by every "
         "process (gateways, billing worker, PostgreSQL, simulated backend, load generator, other work on "
-        f"the machine){load_text}." + (f" Took {found['took_s'] / 60:.1f} min." if found.get("took_s") else ""),
+        f"the machine){load_text}."
+        + (
+            f" The billing worker runs {found['worker_nice']} nicer than its gateway (`FAIRGATE_BILLING_WORKER_NICE`)."
+            if found.get("worker_nice") is not None
+            else ""
+        )
+        + (f" Took {found['took_s'] / 60:.1f} min." if found.get("took_s") else ""),
         "",
         (
             "Planner statistics: each gateway first serves a 5-second closed loop of 64 connections (a "
