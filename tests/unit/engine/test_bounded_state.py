@@ -85,6 +85,16 @@ def test_a_rate_window_counts_sparse_events_exactly_and_dense_ones_never_more():
     assert len(dense.times) <= adm.WINDOW_MS // adm.RATE_ENTRY_MS + 1
 
 
+def test_a_rate_window_nobody_reads_stays_bounded():
+    """Without depth enforcement nothing counts the dispatch windows (the shared dispatcher's bench
+    runs so): they were trimmed only when counted, so they kept every dispatch for ever."""
+    window = adm.RateWindow()
+    for at in range(180_000):  # one event a ms for three minutes, never counted
+        window.add(at)
+    assert len(window.times) <= adm.WINDOW_MS // adm.RATE_ENTRY_MS + 1
+    assert window.count(179_999) <= 60_000
+
+
 def test_a_sliding_window_never_counts_less_than_exactly():
     store = MemoryStore()
     handles = [store.window_add("b", at, 10.0) for at in (0, 100, 249, 250, 10_000)]
