@@ -177,6 +177,7 @@ async def throughput(seconds: float, gateways: int, outstanding: int) -> dict[st
         await asyncio.sleep(seconds)
         done1, wall1 = load.done, time.monotonic()
         cpu1 = (_cpu_s(owner.pid), time.process_time(), _cpu_s(redis_pid))
+        snapshot_bytes = await redis.hstrlen(Keys(prefix).snap, "state")
     finally:
         await load.stop()
         owner.terminate()
@@ -191,6 +192,7 @@ async def throughput(seconds: float, gateways: int, outstanding: int) -> dict[st
         "load_generator_cores": (cpu1[1] - cpu0[1]) / elapsed,
         "redis_cores": (cpu1[2] - cpu0[2]) / elapsed,
         "dispatcher_us_per_request": 1e6 * (cpu1[0] - cpu0[0]) / max(done1 - done0, 1),
+        "snapshot_bytes": snapshot_bytes,  # the engine's last snapshot (every SNAPSHOT_EVERY_S): what a standby loads
     }
 
 
@@ -300,6 +302,7 @@ async def main_async(args: argparse.Namespace) -> None:
             f"dispatcher {result['dispatcher_cores']:.2f} cores "
             f"({result['dispatcher_us_per_request']:.1f} µs per request), "
             f"load generator {result['load_generator_cores']:.2f}, Redis {result['redis_cores']:.2f}; "
+            f"last snapshot {result['snapshot_bytes']:,} bytes; "
             f"one embedded gateway's peak {peaks[r][0]:.0f}/s (load generator {peaks[r][1]:.2f} cores)"
         )
     if dispatcher:

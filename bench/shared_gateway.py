@@ -57,15 +57,28 @@ def _redis_pid() -> int:
         client.close()
 
 
-def start(var_dir: Path) -> tuple[Server, dict[str, Server]]:
+def _snapshot_bytes(prefix: str) -> int:
+    """The size of the shared dispatcher's last snapshot under ``prefix`` (0: none taken)."""
+    import redis
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    try:
+        return int(client.hstrlen(f"{prefix}:snap", "state"))
+    finally:
+        client.close()
+
+
+def start(var_dir: Path) -> tuple[Server, dict[str, Server], dict[str, str]]:
+    """The backend, the gateways by name, and the shared ones' key prefixes."""
     sim = start_sim(var_dir, slots=1_000_000, fixed_latency_ms=BACKEND_LATENCY_MS)
     common = {"FAIRGATE_BILLING": "0", "SECRET_KEY": secrets.token_hex(16), "REDIS_URL": os.environ["REDIS_URL"]}
     gateways: dict[str, Server] = {}
+    prefixes: dict[str, str] = {}
     try:
         for name in GATEWAYS:
             # FAIRGATE_SCHEDULER explicit both ways: with REDIS_URL set the shared one is the default
             extra = {"FAIRGATE_SCHEDULER": "shared" if name.startswith("shared") else "embedded"}
-            extra["FAIRGATE_SHARED_PREFIX"] = f"bench:gw:{secrets.token_hex(3)}"
+            extra["FAIRGATE_SHARED_PREFIX"] = prefixes[name] = f"bench:gw:{secrets.token_hex(3)}"
             gateways[name] = start_gateway(
                 var_dir / name.replace(" ", ""),
                 GATEWAY_YAML.format(url=sim.url),
@@ -79,7 +92,7 @@ def start(var_dir: Path) -> tuple[Server, dict[str, Server]]:
         for server in (*gateways.values(), sim):
             server.stop()
         raise
-    return sim, gateways
+    return sim, gateways, prefixes
 
 
 def _target(server: Server, direct: bool = False) -> Target:
@@ -132,7 +145,7 @@ async def peak_round(gateways: dict[str, Server], step_s: float, order: list[str
 
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        sim, gateways = start(Path(tmp))
+        sim, gateways, prefixes = start(Path(tmp))
         try:
             for name in GATEWAYS:  # warm: connections, tokenizer, the dispatcher's lease
                 await closed_loop(_target(gateways[name]), 32, 2.0)
@@ -144,10 +157,12 @@ async def run(args: argparse.Namespace) -> None:
                 peak_order = peak_order if r % 2 == 0 else peak_order[::-1]
                 peaks.append(await peak_round(gateways, args.step_s, peak_order))
                 print(f"round {r + 1}: {latencies[-1]} {peaks[-1]}", file=sys.stderr, flush=True)
+            snapshots = {name: _snapshot_bytes(prefixes[name]) for name in ("shared", "shared x2")}
         finally:
             for server in (*gateways.values(), sim):
                 server.stop()
     report(latencies, peaks)
+    print(f"the shared dispatchers' last snapshots: {', '.join(f'{n} {b:,} bytes' for n, b in snapshots.items())}")
 
 
 def report(latencies: list[dict], peaks: list[dict]) -> None:

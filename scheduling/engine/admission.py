@@ -3,7 +3,7 @@
 Depth limit of class ``c`` (only when ``QueuePolicy.enforce_depth``)::
 
     limit = clamp(throughput_60s * sla_s, floor, depth_cap)
-    throughput_60s = dispatches of c in the last 60 s / 60
+    throughput_60s = dispatches of c in the last 60 s / 60   (counted in 250 ms entries: `RateWindow`)
     floor = free_slots * sla_ms / mean_service_ms(c)
     free_slots = slots of enabled primary backends (less reserved slots unless c is the top
                  class) - slots held by running requests of higher classes (lower level)
@@ -32,27 +32,65 @@ import math
 from collections import deque
 
 WINDOW_MS = 60_000
+RATE_ENTRY_MS = 250  # a RateWindow's resolution: events this close to an entry's first one share it
 EWMA_ALPHA = 0.05
 DISPERSION_SAMPLES = 40  # completions before a class's measured dispersion replaces the Poisson assumption
 
 
 class RateWindow:
-    """Event times over the last 60 s (amortised O(1))."""
+    """Event counts over the last 60 s, in entries of at most ``RATE_ENTRY_MS`` each (amortised O(1)).
 
-    __slots__ = ("times",)
+    An event that comes less than ``RATE_ENTRY_MS`` after the first event of the newest entry is
+    counted in that entry; an entry leaves the window when its first event does, taking the later
+    ones with it. So the window holds at most ``WINDOW_MS / RATE_ENTRY_MS + 1`` entries whatever
+    the rate (the shared dispatcher's snapshot carries it: one entry per event made it grow with
+    the rate, to millions of ints at tens of thousands of dispatches a second), and it counts
+    exactly the events of the last 60 s except those that share an entry with an older one that
+    has left: up to ``RATE_ENTRY_MS`` of events, 1/240 of the window at a steady rate. It never
+    counts more than the exact count: the depth limit and the drain rate it gives are never
+    higher (admission stays conservative). Events at one instant, or ``RATE_ENTRY_MS`` or more
+    apart, are counted exactly. Old entries are dropped when one is added as well as when counted,
+    so a window nobody reads stays within its bound too."""
+
+    __slots__ = ("times", "counts", "total")
 
     def __init__(self) -> None:
-        self.times: deque[int] = deque()
+        self.times: deque[int] = deque()  # each entry's first event, ascending
+        self.counts: deque[int] = deque()  # each entry's events
+        self.total = 0
+
+    def __setstate__(self, state: tuple[None, dict[str, deque[int]]]) -> None:
+        """Unpickled (an engine's snapshot): one taken when the window kept every event's time
+        (``times`` alone) is counted into entries, event by event, as if they had come now."""
+        slots = state[1]
+        if "counts" in slots:
+            for name, value in slots.items():
+                setattr(self, name, value)
+            return
+        self.times, self.counts, self.total = deque(), deque(), 0
+        for at_ms in slots.get("times", ()):
+            self.add(at_ms)
 
     def add(self, now_ms: int) -> None:
-        self.times.append(now_ms)
+        times = self.times
+        if times and now_ms - times[-1] < RATE_ENTRY_MS:
+            self.counts[-1] += 1
+        else:
+            self._drop(now_ms)
+            times.append(now_ms)
+            self.counts.append(1)
+        self.total += 1
 
     def count(self, now_ms: int) -> int:
+        self._drop(now_ms)
+        return self.total
+
+    def _drop(self, now_ms: int) -> None:
         times = self.times
         horizon = now_ms - WINDOW_MS
         while times and times[0] <= horizon:
             times.popleft()
-        return len(times)
+            self.total -= self.counts.popleft()
 
 
 class ServiceMean:

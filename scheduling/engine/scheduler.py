@@ -42,6 +42,7 @@ from .prediction import UNKNOWN_MS, PredictMixin
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
 
 DEADLINE_SLACK = 1024  # stale deadline entries tolerated beyond twice the waiting ones before a compaction
+AGE_SLACK = 1024  # stale age-heap entries tolerated beyond twice a lane's waiting requests before a compaction
 
 
 def _live(ticket: Ticket) -> Live:
@@ -357,12 +358,15 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         """Take a waiting ticket out of every index (lazily where heaps hold it)."""
         if ticket.promoted:
             self._promoted -= 1
-        assert ticket.lane is not None, "a waiting ticket is in a lane"
-        ticket.lane.detach(ticket)
+        lane = ticket.lane
+        assert lane is not None, "a waiting ticket is in a lane"
+        lane.detach(ticket)
         ticket.promoted = False
         self._count_queued(ticket, -1)
         if len(self._deadlines) > 2 * self._waiting + DEADLINE_SLACK:
             self._compact_deadlines()
+        if len(lane.age) > 2 * lane.live + AGE_SLACK:
+            self._compact_age(lane)
 
     def _compact_deadlines(self) -> None:
         """Drop the deadline heap's entries of tickets no longer waiting (left lazily when they were
@@ -371,6 +375,24 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         heap = self._deadlines
         heap[:] = [entry for entry in heap if entry[2].state == WAITING and entry[2].deadline_ms == entry[0]]
         heapify(heap)
+
+    @staticmethod
+    def _compact_age(lane: Lane) -> None:
+        """Drop the lane's age-heap entries of requests that left it (left lazily: only the top is
+        checked, so while one request waits long, the entries of every request dispatched after it
+        stayed, as many as the lane dispatched meanwhile, each holding its finished ticket — in the
+        shared dispatcher's snapshot too). In place, like the deadlines. The entries left are those
+        the lazy checks would accept, one per request (a request put back by a 429 may have two,
+        alike): their order is total, so the top, and every decision, stay the same."""
+        seen: set[str] = set()
+        live: list[tuple[int, str, Ticket]] = []
+        for entry in lane.age:
+            ticket = entry[2]
+            if ticket.state == WAITING and ticket.lane is lane and not ticket.promoted and entry[1] not in seen:
+                seen.add(entry[1])
+                live.append(entry)
+        lane.age[:] = live
+        heapify(lane.age)
 
     # ----------------------------------------------------------------- terminal states
     def _running_ticket(self, request_id: RequestId) -> Ticket:

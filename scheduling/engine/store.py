@@ -7,7 +7,8 @@ shared is in the store:
 * tickets: one record per admitted, not yet terminal request (``Ticket.as_record`` is plain
   JSON-able data; index references are not part of it);
 * fair-share virtual counters, keyed ``(lane_class, model, tenant)``;
-* sliding windows (TPM/RPM per backend): append a sample, correct it later, read the sum.
+* sliding windows (TPM/RPM per backend): append a sample, correct it later, read the sum (the
+  in-memory twin counts samples in entries of 250 ms, never less than exactly: `_Window`).
 
 A Redis store maps these to a hash per ticket, one hash of counters and a sorted set per
 window (a Lua script per primitive, as dramatiq's rate limiters do). The engine assumes one
@@ -124,22 +125,58 @@ class SchedulerStore(Protocol):
     def window_usage(self, key: str, now_ms: int, span_ms: int) -> tuple[float, int, int | None]: ...
 
 
+WINDOW_ENTRY_MS = 250  # a sliding window's resolution: samples this close to an entry's first one share it
+
+
 class _Sample:
-    __slots__ = ("at_ms", "amount", "handle")
+    """One entry of a sliding window: the samples added from ``first_ms`` until less than
+    `WINDOW_ENTRY_MS` after it, with their sum and count; it leaves the window when its newest
+    sample (``at_ms``) does."""
+
+    __slots__ = ("at_ms", "amount", "handle", "first_ms", "count")
 
     def __init__(self, at_ms: int, amount: float, handle: int) -> None:
         self.at_ms = at_ms
         self.amount = amount
         self.handle = handle
+        self.first_ms = at_ms
+        self.count = 1
+
+    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
+        """Unpickled (an engine's snapshot): one taken when every sample was an entry of its own."""
+        self.count = 1
+        for name, value in state[1].items():
+            setattr(self, name, value)
+        if "first_ms" not in state[1]:
+            self.first_ms = self.at_ms
 
 
 class _Window:
-    __slots__ = ("samples", "total", "by_handle")
+    """A sliding window (TPM/RPM of a backend) in entries of at most `WINDOW_ENTRY_MS`.
+
+    A sample that comes less than `WINDOW_ENTRY_MS` after the first sample of the newest entry is
+    added to that entry, and the entry stays in the window until its newest sample leaves. So a
+    window holds at most ``span_ms / WINDOW_ENTRY_MS + 1`` entries whatever the request rate (the
+    shared dispatcher's snapshot carries it: one object per request made it grow to millions at
+    high rates, and take seconds to pickle), and it never counts less than the exact window: an
+    upstream limit is never exceeded, and a sample may be counted up to `WINDOW_ENTRY_MS` longer
+    than exactly (samples at one instant, or further apart, are counted exactly). A correction
+    (`MemoryStore.window_adjust`) goes to the sample's entry while that entry is in the window."""
+
+    __slots__ = ("samples", "total", "by_handle", "requests")
 
     def __init__(self) -> None:
         self.samples: deque[_Sample] = deque()  # in time order
         self.total = 0.0
         self.by_handle: dict[int, _Sample] = {}
+        self.requests = 0  # samples counted (the entries' counts)
+
+    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
+        """Unpickled (an engine's snapshot): one taken before the entries counted their samples."""
+        for name, value in state[1].items():
+            setattr(self, name, value)
+        if "requests" not in state[1]:
+            self.requests = len(self.samples)
 
 
 class MemoryStore:
@@ -172,14 +209,24 @@ class MemoryStore:
         self._fair[key] = value
 
     def window_add(self, key: str, at_ms: int, amount: float) -> int:
+        """Adds a sample at ``at_ms`` (non-decreasing per window); its handle (its entry's, see `_Window`)."""
         window = self._windows.get(key)
         if window is None:
             window = self._windows[key] = _Window()
+        window.total += amount
+        window.requests += 1
+        samples = window.samples
+        if samples:
+            newest = samples[-1]
+            if at_ms - newest.first_ms < WINDOW_ENTRY_MS:
+                newest.amount += amount
+                newest.count += 1
+                newest.at_ms = max(newest.at_ms, at_ms)
+                return newest.handle
         self._next_handle += 1
         sample = _Sample(at_ms, amount, self._next_handle)
-        window.samples.append(sample)
+        samples.append(sample)
         window.by_handle[self._next_handle] = sample
-        window.total += amount
         return self._next_handle
 
     def window_adjust(self, key: str, handle: int, delta: float) -> None:
@@ -192,7 +239,8 @@ class MemoryStore:
             window.total += delta
 
     def window_usage(self, key: str, now_ms: int, span_ms: int) -> tuple[float, int, int | None]:
-        """(sum, sample count, oldest sample ms) over ``(now_ms - span_ms, now_ms]``."""
+        """(sum, sample count, newest sample of the oldest entry, ms) over ``(now_ms - span_ms, now_ms]``:
+        the window changes next when that entry leaves (see `_Window`)."""
         window = self._windows.get(key)
         if window is None:
             return 0.0, 0, None
@@ -201,8 +249,9 @@ class MemoryStore:
         while samples and samples[0].at_ms <= horizon:
             sample = samples.popleft()
             window.total -= sample.amount
+            window.requests -= sample.count
             del window.by_handle[sample.handle]
         if not samples:
             window.total = 0.0  # drop float drift
             return 0.0, 0, None
-        return window.total, len(samples), samples[0].at_ms
+        return window.total, window.requests, samples[0].at_ms

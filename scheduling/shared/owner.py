@@ -38,6 +38,7 @@ them (``enqueued_ms``), and a client's timeout counts from then.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import pickle
@@ -69,10 +70,14 @@ GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop be
 GATEWAY_CHECK_S = 0.5
 OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
 QUIET_COMMIT_MS = 50  # a step that answered nobody is logged with the next one, or after this long
+SNAPSHOT_MS_PER_REQUEST = 0.1  # what pickling the engine is assumed to cost per live request, until measured
+SNAPSHOT_REQUESTS_FLOOR = 1000  # the cost measured with fewer live requests is spread over this many
+SNAPSHOT_STRETCH_MAX_MS = 30_000  # the longest a snapshot may stretch the lease (see `Owner.commit`)
 
+# Renewals (the commit's, `_RENEW`) never shorten the lease: a snapshot may have stretched it (`_STRETCH`).
 _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
-redis.call('pexpire', KEYS[1], ARGV[2])
+if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then redis.call('pexpire', KEYS[1], ARGV[2]) end
 local a = 5
 local id
 for _ = 1, tonumber(ARGV[4]) do
@@ -92,11 +97,18 @@ return id
 
 _RENEW = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 1
+"""
+
+_STRETCH = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('pexpire', KEYS[1], ARGV[2])
 """
 
 _SNAPSHOT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('pexpire', KEYS[1], ARGV[6])
 redis.call('hset', KEYS[2], 'state', ARGV[2], 'step', ARGV[3], 'cmd', ARGV[4], 'now', ARGV[5])
 redis.call('xtrim', KEYS[3], 'MINID', ARGV[3])
 redis.call('xtrim', KEYS[4], 'MINID', ARGV[4])
@@ -194,6 +206,9 @@ class Owner(Replica):
         self._commit = redis.register_script(_COMMIT)
         self._renew = redis.register_script(_RENEW)
         self._snapshot = redis.register_script(_SNAPSHOT)
+        self._stretch = redis.register_script(_STRETCH)
+        self.snapshot_ms_per_request = SNAPSHOT_MS_PER_REQUEST  # measured at each snapshot (`_pickle_state`)
+        self.snapshot_bytes = 0  # the last snapshot's size
         self._release = redis.register_script(_RELEASE)
         # The gateway of this process, when a serve process holds the role (`attach`): while this
         # owner holds the lease, its commands are taken in process and its answers handed back in
@@ -371,12 +386,20 @@ class Owner(Replica):
     async def commit(self, *, snapshot: bool = False) -> None:
         """Logs the steps applied since the last commit, pushes their answers and renews the lease,
         in one script; then hands the attached gateway its answers. ``snapshot``: the engine as
-        of those steps is stored too (taken before the script is sent, so it is exactly theirs)."""
+        of those steps is stored too (taken before the script is sent, so it is exactly theirs).
+
+        Pickling the engine holds the event loop, so nothing renews the lease meanwhile: with
+        tens of thousands of requests waiting it takes longer than the lease, which expired under
+        it (and a standby took over, to lose the lease the same way at its own first snapshot).
+        So the lease is first stretched to cover it (`_stretch_for_snapshot`); renewals never
+        shorten it, and the snapshot's script gives it back its usual time."""
         if self.token is None:
             raise LostLease("not the owner")
+        if snapshot:
+            await self._stretch_for_snapshot()
         batch, self._unlogged, self._loud = self._unlogged, [], False
         cursor, step_ms = self.cursor, self.step_ms
-        state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL) if snapshot else None
+        state = self._pickle_state() if snapshot else None
         self._inflight = batch
         try:
             if batch:
@@ -401,12 +424,46 @@ class Owner(Replica):
                     self._own.deliver(mine)
             if state is not None:
                 keys = [self.keys.lease, self.keys.snap, self.keys.steps, self.keys.cmds]
-                if not await self._snapshot(keys=keys, args=[self.token, state, self.last_step, cursor, step_ms]):
+                snap_args: list[bytes | str | int] = [self.token, state, self.last_step, cursor, step_ms, LEASE_MS]
+                if not await self._snapshot(keys=keys, args=snap_args):
                     self._stand_down()
                     raise LostLease(f"dispatcher {self.name} lost its lease")
                 self._snapshot_at_s = time.monotonic()
         finally:
             self._inflight = []
+
+    async def _stretch_for_snapshot(self) -> None:
+        """Sets the lease's time to the usual one plus twice what the snapshot should take (its
+        cost per live request as last measured, times the requests live now), so that the event
+        loop held by the pickling cannot cost the lease. Should this owner die meanwhile, a
+        standby waits that much longer to take over (`SNAPSHOT_STRETCH_MAX_MS` at most)."""
+        expected_ms = self.snapshot_ms_per_request * max(len(self.routes.of), SNAPSHOT_REQUESTS_FLOOR)
+        stretch_ms = min(LEASE_MS + int(2 * expected_ms), SNAPSHOT_STRETCH_MAX_MS)
+        token = self.token
+        if token is None or not await self._stretch(keys=[self.keys.lease], args=[token, stretch_ms]):
+            self._stand_down()
+            raise LostLease(f"dispatcher {self.name} lost its lease")
+        self._renewed_s = time.monotonic()
+
+    def _pickle_state(self) -> bytes:
+        """The engine, its routes and its configuration, pickled; measures the cost per live request
+        (spread over `SNAPSHOT_REQUESTS_FLOOR` at least: an engine with few has a cost of its own).
+        The collector is paused meanwhile: the engine's many objects made its full collections,
+        set off by the pickler's own allocations, a large share of the time."""
+        started_s = time.monotonic()
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)
+        finally:
+            if paused:
+                gc.enable()
+        took_ms = 1000 * (time.monotonic() - started_s)
+        self.snapshot_ms_per_request = took_ms / max(len(self.routes.of), SNAPSHOT_REQUESTS_FLOOR)
+        self.snapshot_bytes = len(state)
+        if took_ms > LEASE_MS / 2:
+            log.warning("dispatcher %s: a snapshot of %d bytes took %.0f ms", self.name, len(state), took_ms)
+        return state
 
     def _stand_down(self) -> None:
         """Lost the lease: the engine took steps nobody logged, so it is rebuilt from Redis."""
