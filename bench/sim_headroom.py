@@ -1,6 +1,6 @@
 """Predictive headroom (issue 15 item 3) on ``morning-ramp``, beyond the case it was tuned on.
 
-    python -m bench.sim_headroom [--quick] [--write-report] [--json OUT] [--from-json IN]
+    python -m bench.sim_headroom [--quick] [--jobs N] [--write-report] [--json OUT] [--from-json IN]
 
 Every row runs the same trace three ways: ``strict`` (the baseline of the targets), ``fairgate``
 with headroom off, and ``fairgate`` as configured (headroom on). Targets, on the headroom run:
@@ -12,10 +12,12 @@ most 10 % above strict's on the same trace; every admitted BATCH request dispatc
    tenants, every tenant at the same quota share, one morning only (no day of history: the
    profile is empty, the recent rate alone), the recent rate alone (``profile_weight: 0``), the
    profile alone (``profile_weight: 1``), and the batch burst an hour later (08:20, onto a pool
-   chat uses at ~1.2/s and BATCH leaves idle) without and with ``hold_idle``.
+   chat uses at ~1.2/s and BATCH leaves idle) as shipped, with ``hold_idle`` off, and with
+   ``miss_share`` off (the need from the forecast arrivals alone, not bounded by the turnover).
 2. **Trade-off.** As shipped at seeds 1-2, the headroom setting varied (``max_slots`` and
-   ``hold_ms``, then ``horizon_ms``): interactive p95/p99 against the batch cost (median wait
-   against strict's, and the slot-time left idle by holds, as slot-seconds per batch request).
+   ``hold_ms``, then ``horizon_ms``, then ``miss_share``): interactive p95/p99 against the batch
+   cost (median wait against strict's, and the slot-time left idle by holds, as slot-seconds per
+   batch request).
 
 ``--write-report`` puts the tables in ``bench/REPORT.md`` between this command's markers (before
 the engine-speed section); ``python -m bench.report`` keeps them when it rewrites the file.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -69,7 +72,8 @@ CHANGES: tuple[tuple[str, Change | None], ...] = (
     ("recent rate only", headroom(profile_weight=0.0)),
     ("profile only", headroom(profile_weight=1.0)),
     ("batch burst at 08:20", late_burst),
-    ("batch burst at 08:20, hold_idle", lambda raw: headroom(hold_idle=True)(late_burst(raw))),
+    ("batch burst at 08:20, hold_idle off", lambda raw: headroom(hold_idle=False)(late_burst(raw))),
+    ("batch burst at 08:20, miss_share off", lambda raw: headroom(miss_share=0.0)(late_burst(raw))),
 )
 CURVE: tuple[dict[str, object], ...] = (
     {"max_slots": 1, "hold_ms": 2000},
@@ -81,6 +85,10 @@ CURVE: tuple[dict[str, object], ...] = (
     {"max_slots": 8, "hold_ms": 16000},
     {"max_slots": 10, "hold_ms": 16000, "horizon_ms": 6000},
     {"max_slots": 12, "hold_ms": 16000, "horizon_ms": 8000},
+    {"miss_share": 0.0},
+    {"miss_share": 0.005},
+    {"miss_share": 0.02},
+    {"miss_share": 0.05},
 )
 
 
@@ -158,33 +166,47 @@ def verdict(row: dict) -> dict:
     return {"cost": cost, "checks": checks, "met": all(checks.values())}
 
 
-def spread_rows(seeds: tuple[int, ...], log: Callable[[str], None]) -> list[dict]:
+def _spread_row(label: str, seed: int) -> dict:
+    change = dict(CHANGES).get(label)
     base = json.loads(SCENARIO.read_text(encoding="utf-8"))
-    rows = []
-    for label, change in (("as shipped", None), *CHANGES):
-        raw = base if change is None else change(base)
-        for seed in seeds if change is None else seeds[:3]:
-            log(f"{label} seed {seed}")
-            rows.append({"label": label, "seed": seed, **triple(raw, seed)})
-    return rows
+    raw = base if change is None else change(base)
+    return {"label": label, "seed": seed, **triple(raw, seed)}
 
 
-def curve_rows(seeds: tuple[int, ...], log: Callable[[str], None]) -> list[dict]:
-    base = json.loads(SCENARIO.read_text(encoding="utf-8"))
-    rows = []
-    for setting in CURVE:
-        for seed in seeds:
-            log(f"curve {setting} seed {seed}")
-            raw = headroom(**setting)(base)
-            rows.append(
-                {
-                    "setting": setting,
-                    "seed": seed,
-                    "strict": run(raw, policy="strict", seed=seed),
-                    "on": run(raw, policy="fairgate", seed=seed),
-                }
-            )
-    return rows
+def _curve_row(index: int, seed: int) -> dict:
+    setting = CURVE[index]
+    raw = headroom(**setting)(json.loads(SCENARIO.read_text(encoding="utf-8")))
+    return {
+        "setting": setting,
+        "seed": seed,
+        "strict": run(raw, policy="strict", seed=seed),
+        "on": run(raw, policy="fairgate", seed=seed),
+    }
+
+
+def _rows(work: Callable[..., dict], jobs: list[tuple], processes: int, log: Callable[[str], None]) -> list[dict]:
+    """``work(*job)`` for each job, in the jobs' order; in ``processes`` worker processes when more
+    than one (each run is a deterministic simulation, so the rows are the same either way)."""
+    for job in jobs:
+        log(f"{work.__name__.strip('_')} {job}")
+    if processes <= 1:
+        return [work(*job) for job in jobs]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return pool.starmap(work, jobs)
+
+
+def spread_rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
+    jobs = [
+        (label, seed)
+        for label, change in (("as shipped", None), *CHANGES)
+        for seed in (seeds if change is None else seeds[:3])
+    ]
+    return _rows(_spread_row, jobs, processes, log)
+
+
+def curve_rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
+    jobs = [(index, seed) for index in range(len(CURVE)) for seed in seeds]
+    return _rows(_curve_row, jobs, processes, log)
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -332,6 +354,7 @@ def render(data: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sim_headroom", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in this many processes (the same figures)")
     parser.add_argument("--write-report", action="store_true")
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--from-json", dest="json_in")
@@ -344,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(args.json_in).read_text(encoding="utf-8"))
     else:
         seeds = (1,) if args.quick else (1, 2, 3, 4, 5)
-        data = {"spread": spread_rows(seeds, log), "curve": curve_rows(seeds[:2], log)}
+        data = {"spread": spread_rows(seeds, log, args.jobs), "curve": curve_rows(seeds[:2], log, args.jobs)}
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     section = render(data)
