@@ -147,7 +147,7 @@ class TurnoverHarness(IdleHoldHarness):
 
     def __init__(self, policy: str = "fairgate") -> None:
         HeadroomHarness.__init__(self, policy)
-        cfg = headroom_config(policy, replace(HEADROOM, hold_idle=True, max_slots=4, miss_share=0.2))
+        cfg = headroom_config(policy, replace(HEADROOM, hold_idle=True, max_slots=4, horizon_ms=2000, miss_share=0.5))
         self.sched.reconfigure(now_ms=0, config=cfg)
 
     def check_holds(self):
