@@ -73,8 +73,9 @@ test-fast: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The field report's surge replayed live against a `fifo` gateway, a Fairgate one, and Fairgate with
-# the batch uploaded through the Batch API (a Celery worker on kombu's file broker), side by side
-# (scaled: half the event, 60x time compression; about 13 minutes). Writes bench/REPORT-gateway.md.
+# the batch uploaded through the Batch API (a Celery worker on kombu's file broker), side by side,
+# after a Fairgate one with the same chat traffic and no batch (the baseline of each window's p95)
+# (scaled: half the event, 60x time compression; about 14 minutes). Writes bench/REPORT-gateway.md.
 SURGE_BATCH_COUNT ?= 6200
 surge: venv
 	$(PY) -m bench.surge_compare --batch-count $(SURGE_BATCH_COUNT) --write-report

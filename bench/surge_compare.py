@@ -1,8 +1,9 @@
 """`make surge`: the field report's surge replayed live against the `fifo` gateway and Fairgate's,
 and against Fairgate with the batch uploaded through the Batch API.
 
-    python -m bench.surge_compare [--batch-count N] [--time-scale 60]
-                                  [--policies fifo,fairgate,fairgate-upload] [--billing on|off] [--write-report]
+    python -m bench.surge_compare [--batch-count N] [--time-scale 60] [--baseline-minutes 30]
+                                  [--policies fairgate-nobatch,fifo,fairgate,fairgate-upload]
+                                  [--billing on|off] [--write-report]
 
 Starts one simulated GPU backend (slots and timings scaled with the replay), then for each
 policy a gateway of its own (fresh SQLite database, the surge scenario's configuration with
@@ -14,6 +15,13 @@ interactive HTTP traffic, but the finance batch is uploaded once as a JSONL file
 ``POST /v1/batches`` (bench.surge.upload); the gateway feeds its lines into its engine and a
 Celery worker process of the run's own (threads pool, on kombu's file broker under the gateway's
 var dir, a queue of its own) runs each granted line.
+
+A policy ending in ``-nobatch`` (``fairgate-nobatch``, run first) is the baseline of issue 15's
+ingress target: that policy's gateway, the same chat and near-RT traffic (the same seeds, so the
+same arrivals at the same simulated times), no batch at all, from 08:55 to ``--baseline-minutes``
+after 09:00 only (the chat traffic is steady, so a stretch long enough for a stable p95 stands for
+the whole morning; the batch runs last hours). Every other run's windows are divided by its p95
+from 09:00: the target is the worst window at most 1.5x it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -37,18 +46,26 @@ from bench.report_gateway import section_write
 from bench.surge import SurgePlan, SurgeResult, headline_table, markdown_table, replay
 from bench.surge.plan import FIELD_BATCH_COUNT
 from bench.surge.replay import run_sync
-from bench.surge.report import P95, ratio
+from bench.surge.report import P95, p95_of, ratio, ratio_text
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"
 DEFAULT_BATCH_COUNT = 6_200  # half the field event (24 slots): ~3 min per policy at time scale 60
 BATCH_TENANT = "finance"
 SERVICE_MS_PRIOR = 20_000  # the engine's default, in simulated ms
-POLICIES = "fifo,fairgate,fairgate-upload"
+POLICIES = "fairgate-nobatch,fifo,fairgate,fairgate-upload"
 UPLOAD = "-upload"  # a policy's run with the batch uploaded through the Batch API
+NO_BATCH = "-nobatch"  # a policy's run with the same chat traffic and no batch: the baseline
+BASELINE_MINUTES = 30.0  # simulated minutes after 09:00 the no-batch run lasts (~2,500 chats at load 0.5)
 WORKER_SPARE = 8  # worker threads beyond the backend's slots (a granted line waits for a free one)
 PROBLEMS = ("Traceback", "CRITICAL", "ERROR", "WARNING")  # what a log line that went wrong says
 FILE_BROKER = "filesystem://localhost/"  # kombu's file transport under the gateway's var dir: no server
 TARGET_RATIO = 2.0  # the issue's: with the job uploaded, peak window p95 <= 2x the whole surge's
+BASELINE_TARGET = 1.5  # issue 15 item 4: the worst window's p95 <= 1.5x the no-batch run's
+
+
+def engine_policy(name: str) -> str:
+    """The engine preset a run's gateway is configured with (``fairgate-upload`` -> ``fairgate``)."""
+    return name.removesuffix(UPLOAD).removesuffix(NO_BATCH)
 
 
 def gateway_yaml(plan: SurgePlan, policy: str, backend_url: str, slots: int) -> str:
@@ -141,13 +158,14 @@ def run_policy(
 ) -> SurgeResult:
     slots = int(plan.backend_options()["slots"])
     upload = policy.endswith(UPLOAD)
+    batch = not policy.endswith(NO_BATCH)
     settings = {"FAIRGATE_BILLING": "1" if billing else "0"}
     if upload:  # the gateway hands granted lines to the worker through the broker: not eagerly, in itself
         queue = f"surge-{policy}-{os.getpid()}"  # its own, also on a broker others share
         settings |= {"CELERY_BROKER_URL": broker, "CELERY_TASK_DEFAULT_QUEUE": queue}
     gateway = start_gateway(
         var_dir / policy,
-        gateway_yaml(plan, policy.removesuffix(UPLOAD), sim.url, slots),
+        gateway_yaml(plan, engine_policy(policy), sim.url, slots),
         tenant_keys(),
         name=f"gateway-{policy}",
         **settings,
@@ -158,7 +176,11 @@ def run_policy(
             worker = KeptWorker(gateway.env, var_dir / policy, concurrency=slots + WORKER_SPARE)
         keys = dict(gateway.keys)
         batch_key = keys.pop(BATCH_TENANT)
-        _log(f"== {policy}: gateway {gateway.url}, backend {sim.url}" + (", a Celery worker" if worker else ""))
+        _log(
+            f"== {policy}: gateway {gateway.url}, backend {sim.url}"
+            + (", a Celery worker" if worker else "")
+            + ("" if batch else f", no batch, until {plan.clock(plan.max_sim_s)}")
+        )
         load_before = os.getloadavg()[0]
         cpu_before_s = gateway.cpu_s()
         worker_before_s = worker.cpu_s() if worker else 0.0
@@ -170,6 +192,7 @@ def run_policy(
                 interactive_keys=list(keys.values()),
                 progress=_log,
                 upload=upload,
+                batch=batch,
             )
         )
         real_s = plan.real_s(result.ended_sim_s)
@@ -235,13 +258,41 @@ def revision() -> str:
     return f"Measured at commit {head} with uncommitted changes in {', '.join(changed)}."
 
 
-def compare(plan: SurgePlan, policies: list[str], billing: bool, broker: str = FILE_BROKER) -> dict[str, SurgeResult]:
+def baseline_plan(plan: SurgePlan, minutes: float) -> SurgePlan:
+    """The no-batch run's plan: the same traffic, ending ``minutes`` after 09:00 (on a step)."""
+    steps = max(1, round(minutes * 60 / plan.step_sim_s))
+    return replace(plan, max_sim_s=min(plan.max_sim_s, plan.warmup_sim_s + steps * plan.step_sim_s))
+
+
+def with_baseline(results: dict[str, SurgeResult]) -> dict[str, SurgeResult]:
+    """Gives every run the no-batch run's p95 from 09:00 (its own too: then its windows' ratios show
+    how far a window of the same traffic strays by chance). Unchanged without a no-batch run."""
+    base = next((r for r in results.values() if r.no_batch), None)
+    if base is not None:
+        p95 = p95_of(base.surge_chats())
+        for result in results.values():
+            result.baseline = p95
+    return results
+
+
+def compare(
+    plan: SurgePlan,
+    policies: list[str],
+    billing: bool,
+    broker: str = FILE_BROKER,
+    baseline_minutes: float = BASELINE_MINUTES,
+) -> dict[str, SurgeResult]:
     var_dir = Path(tempfile.mkdtemp(prefix="fairgate-surge-"))
     sim = start_sim(var_dir, seed=plan.seed, **plan.backend_options())
+    short = baseline_plan(plan, baseline_minutes)
     try:
-        return {policy: run_policy(plan, policy, sim, var_dir, billing, broker) for policy in policies}
+        results = {
+            policy: run_policy(short if policy.endswith(NO_BATCH) else plan, policy, sim, var_dir, billing, broker)
+            for policy in policies
+        }
     finally:
         sim.stop()
+    return with_baseline(results)
 
 
 def render(
@@ -262,16 +313,39 @@ def render(
         f"connections (at most {plan.max_open_batch:,}). The ratio row is the peak window's p95 over the whole "
         f"surge's (09:00 to the drain). Took {took_s / 60:.1f} min. {revision()}",
     ]
+    bases = [name for name, result in results.items() if result.no_batch]
+    if bases:
+        parts += ["", baseline_paragraph(results[bases[0]], bases[0])]
     uploads = [name for name, result in results.items() if result.uploaded]
     if uploads:
         parts += ["", upload_paragraph(plan, uploads, broker)]
     parts += ["", headline_table(results)]
     for name in uploads:
         parts += ["", target_line(name, *results[name].peak_and_whole())]
+    for name, result in results.items():
+        if not result.no_batch and result.baseline is not None:
+            parts += ["", baseline_target_line(name, result.peak_window()[1], result.baseline)]
     for policy, result in results.items():
-        parts += ["", f"### `{policy}`", "", markdown_table(result.rows(), result.columns)]
+        every_step = result.no_batch  # a short run: all its windows
+        parts += ["", f"### `{policy}`", "", markdown_table(result.rows(every_step), result.columns)]
         parts += [f"\nNote: {note}" for note in result.notes]
     return "\n".join(parts) + "\n"
+
+
+def baseline_paragraph(base: SurgeResult, name: str) -> str:
+    """What the no-batch run is and how its figure is used (said beside the figures)."""
+    plan = base.plan
+    chats = base.surge_chats()
+    return (
+        f"`{name}` is the baseline of issue 15's ingress target: the `{engine_policy(name)}` gateway with the "
+        f"same chat and near-RT traffic (the same seeds: the same arrivals at the same simulated times) and no "
+        f"batch at all, from 08:55 to {plan.clock(plan.max_sim_s)} only; the traffic is steady, so its "
+        f"{len(chats):,} chats sent from 09:00 give the baseline p95 ({p95_of(chats).text()}). vs_no_batch is "
+        "each window's p95 over it (`>` when the window's p95 is a lower bound: the ratio is at least that); in "
+        f"`{name}`'s own table it shows how far a window of the same traffic strays from it by chance. The "
+        "target: the worst window's p95 at most "
+        f"{BASELINE_TARGET:g}x the baseline's."
+    )
 
 
 def upload_paragraph(plan: SurgePlan, names: list[str], broker: str = FILE_BROKER) -> str:
@@ -312,6 +386,26 @@ def target_line(name: str, peak: P95, whole: P95) -> str:
     )
 
 
+def baseline_target_line(name: str, peak: P95, base: P95) -> str:
+    """Issue 15's ingress target for one run, met or missed: a lower bound above the target is
+    missed all the same; one below it shows nothing; a censored baseline makes the ratio an upper
+    bound, which shows the target met when it is under it and nothing when over."""
+    head = f"Target (`{name}`): worst window p95 at most {BASELINE_TARGET:g}x the no-batch run's"
+    value = ratio(peak, base)
+    if value is None:
+        return f"{head}: not measurable."
+    over = value > BASELINE_TARGET
+    if peak.censored and base.censored:
+        verdict = "not shown (both are lower bounds)"
+    elif peak.censored:
+        verdict = "missed" if over else "not shown (the window's p95 is a lower bound)"
+    elif base.censored:
+        verdict = "not shown (the baseline is a lower bound)" if over else "met"
+    else:
+        verdict = "missed" if over else "met"
+    return f"{head}: {verdict} ({peak.text()} / {base.text()} = {ratio_text(peak, base)})."
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.surge_compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -333,6 +427,12 @@ def main(argv: list[str] | None = None) -> None:
         help="Celery broker of the -upload runs (default kombu's file transport; e.g. redis://127.0.0.1:6379/9)",
     )
     parser.add_argument("--max-minutes", type=float, default=300.0, help="simulated minutes before giving up")
+    parser.add_argument(
+        "--baseline-minutes",
+        type=float,
+        default=BASELINE_MINUTES,
+        help="simulated minutes after 09:00 that the -nobatch run lasts",
+    )
     parser.add_argument("--write-report", action="store_true", help="also write the section of bench/REPORT-gateway.md")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop our servers on kill, too
@@ -341,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    results = compare(plan, policies, args.billing == "on", args.broker)
+    results = compare(plan, policies, args.billing == "on", args.broker, args.baseline_minutes)
     text = render(plan, results, args.billing == "on", time.monotonic() - started, args.broker)
     text += f"\n1-minute load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after (2 cores).\n"
     print(text)

@@ -7,6 +7,9 @@ request was answered, or at ``max_sim_s``. In-flight chats then get their patien
 With ``upload``, the batch is not sent as HTTP requests but uploaded at 09:00 as one file and
 started through the Batch API (bench.surge.upload); its counts are then the batch's own, read
 each step, and the replay ends one step after the batch has ended (its status).
+
+With ``batch=False`` nothing is sent at 09:00: the same chat and near-RT traffic runs alone until
+``max_sim_s`` (the comparison's no-batch baseline, which needs only a stretch after 09:00).
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ POLL_LIMIT = 0.5  # of a step: how long an uploaded batch's poll and /metrics re
 
 
 def _sample(
-    plan: SurgePlan, clock: Clock, ledger: Ledger, view, due_sim_s: float, uploaded: UploadedBatch | None
+    plan: SurgePlan,
+    clock: Clock,
+    ledger: Ledger,
+    view,
+    due_sim_s: float,
+    uploaded: UploadedBatch | None,
+    batch: bool = True,
 ) -> Sample:
     """Labelled with the step's due time (a late sample keeps its label; its counts are as read).
     An uploaded batch's counts are its own (``uploaded.counts``, polled just before)."""
@@ -42,7 +51,7 @@ def _sample(
         view=view,
         batch_completed=sum(o.state == OK for o in batch),
         batch_failed=sum(o.state == ERROR for o in batch),
-        batch_not_sent=plan.batch_count - ledger.batch_sent if sim_s >= plan.warmup_sim_s else 0,
+        batch_not_sent=plan.batch_count - ledger.batch_sent if batch and sim_s >= plan.warmup_sim_s else 0,
     )
 
 
@@ -77,9 +86,12 @@ async def replay(
     interactive_keys: list[str],
     progress: Progress = lambda line: None,
     upload: bool = False,
+    batch: bool = True,
 ) -> SurgeResult:
     if not interactive_keys:
         raise ValueError("at least one interactive key is needed")
+    if upload and not batch:
+        raise ValueError("a run with no batch uploads none")
     content = batch_jsonl(plan, Prompts(plan.seed)) if upload else b""  # made before the clock starts
     clock = Clock(plan)
     ledger = Ledger()
@@ -99,19 +111,20 @@ async def replay(
         while True:
             step += 1
             await clock.sleep_until_sim(step * plan.step_sim_s)
-            if batch_task is None and clock.now_sim_s() >= plan.warmup_sim_s - 1e-6:
+            if batch and batch_task is None and clock.now_sim_s() >= plan.warmup_sim_s - 1e-6:
                 batch_task = loop.create_task(uploaded.submit() if uploaded else traffic.batch(batch_key))
             if uploaded is None:
                 view = await probe.read(base_url)
             else:  # side by side, the poll bounded: a slow gateway must not hold the timeline back
                 limit_s = POLL_LIMIT * plan.real_s(plan.step_sim_s)
                 view, _ = await asyncio.gather(probe.read(base_url, timeout_s=limit_s), uploaded.poll(limit_s))
-            sample = _sample(plan, clock, ledger, view, step * plan.step_sim_s, uploaded)
+            sample = _sample(plan, clock, ledger, view, step * plan.step_sim_s, uploaded, batch)
             samples.append(sample)
             progress(_progress_line(plan, sample, ledger, uploaded))
             if drained is not None or clock.now_sim_s() >= plan.max_sim_s:
                 break
-            drained = drained_at(plan, ledger) if uploaded is None else _ended_at(plan, uploaded)
+            if batch:
+                drained = drained_at(plan, ledger) if uploaded is None else _ended_at(plan, uploaded)
         stop.set()
         await _let_chats_finish(plan, traffic)
         if uploaded is not None:
@@ -127,6 +140,8 @@ async def replay(
             await uploaded.close()
     if uploaded is not None:
         return _missed(_uploaded_result(plan, samples, ledger, clock, uploaded))
+    if not batch:
+        return _missed(SurgeResult(plan, samples, ledger, None, clock.now_sim_s(), no_batch=True))
     result = SurgeResult(plan, samples, ledger, drained_at(plan, ledger), clock.now_sim_s())
     if result.drained_sim_s is None:
         result.notes.append(f"stopped at {plan.clock(plan.max_sim_s)} before the batch drained")

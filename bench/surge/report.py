@@ -9,6 +9,10 @@ latencies: they are counted in ``chat_refused``.
 A run whose batch was uploaded (bench.surge.upload) has no client-side batch requests: its batch
 figures are the batch's own (``BatchTally``), and its table shows ``batch_pending`` (lines still
 in the batch, not yet in an engine) instead of ``batch_not_sent``.
+
+A run with no batch at all (``no_batch``) replays the same chat and near-RT traffic only; its
+p95 from 09:00 is the baseline the other runs' windows are divided by (``vs_no_batch``), so a
+window's ratio says how much the batch slowed the chats sent in it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ UPLOAD_COLUMNS = (
     "chat_gave_up",
     "chat_refused",
 )
+NO_BATCH_COLUMNS = ("time", "interactive_p95", "chat_gave_up", "chat_refused")
+VS_BASELINE = "vs_no_batch"  # the column of a window's p95 over the no-batch run's
 
 
 @dataclass(frozen=True)
@@ -96,10 +102,13 @@ class SurgeResult:
     notes: list[str] = field(default_factory=list)
     batch: BatchTally | None = None  # an uploaded batch's end (None: sent over HTTP, or never created)
     uploaded: bool = False  # the batch went through the Batch API, not as HTTP requests
+    no_batch: bool = False  # the same chat and near-RT traffic with no batch at all (the baseline run)
+    baseline: P95 | None = None  # the no-batch run's p95 from 09:00, when the comparison had one
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return UPLOAD_COLUMNS if self.uploaded else COLUMNS
+        columns = NO_BATCH_COLUMNS if self.no_batch else UPLOAD_COLUMNS if self.uploaded else COLUMNS
+        return columns + (VS_BASELINE,) if self.baseline is not None else columns
 
     def chats_sent_in(self, start_sim_s: float, end_sim_s: float) -> list[Outcome]:
         return [o for o in self.ledger.of("chat") if start_sim_s < o.sent_sim_s <= end_sim_s]
@@ -107,21 +116,25 @@ class SurgeResult:
     def row(self, sample: Sample) -> dict[str, str]:
         chats = self.chats_sent_in(sample.sim_s - self.plan.step_sim_s, sample.sim_s)
         view = sample.view
+        p95 = p95_of(chats)
         return {
             "time": sample.clock,
             "in_queue": "?" if view is None else f"{view.batch_waiting:,}",
-            "interactive_p95": p95_of(chats).text(),
+            "interactive_p95": p95.text(),
             "batch_completed": f"{sample.batch_completed:,}",
             "aging_preempt": "?" if view is None else f"{view.aging_preempts:,}",
             "chat_gave_up": str(sum(o.state == GAVE_UP for o in chats)),
             "chat_refused": str(sum(o.state == ERROR for o in chats)),
             "batch_not_sent": f"{sample.batch_not_sent:,}",
             "batch_pending": _pending(view),
+            VS_BASELINE: ratio_text(p95, self.baseline) if self.baseline is not None else "",
         }
 
     def rows(self, every_step: bool = False) -> list[dict[str, str]]:
+        """The field report's times, the peak window (wherever it fell) and the last sample."""
         wanted = set(REPORT_TIMES)
-        chosen = [s for s in self.samples if every_step or s.clock in wanted]
+        peak_at, _ = self.peak_window()
+        chosen = [s for s in self.samples if every_step or s.clock in wanted or s is peak_at]
         if self.samples and self.samples[-1] not in chosen:
             chosen.append(self.samples[-1])
         return [self.row(s) for s in chosen]
@@ -130,39 +143,50 @@ class SurgeResult:
         end = self.plan.warmup_sim_s + (self.drained_sim_s or self.ended_sim_s)
         return self.chats_sent_in(self.plan.warmup_sim_s, end)
 
-    def peak_and_whole(self) -> tuple[P95, P95]:
-        """Interactive p95 of the worst 5-minute window after 09:00 (of those with 5 chats or more)
-        and of the whole surge."""
+    def peak_window(self) -> tuple[Sample | None, P95]:
+        """The worst 5-minute window after 09:00 (of those with 5 chats or more): the sample that
+        ends it and its interactive p95."""
         plan = self.plan
-        windows = [
-            p95_of(self.chats_sent_in(s.sim_s - plan.step_sim_s, s.sim_s))
+        windows = [  # by the time it was due (a late sample of 09:00 is still the window before the batch)
+            (s, p95_of(self.chats_sent_in(s.sim_s - plan.step_sim_s, s.sim_s)))
             for s in self.samples
-            if s.sim_s > plan.warmup_sim_s
+            if plan.since_start(s.clock) > plan.warmup_sim_s
         ]
-        windows = [w for w in windows if w.value_s is not None and w.samples >= 5]
-        peak = max(windows, key=lambda w: (w.value_s or 0.0, w.censored), default=P95(None))
-        return peak, p95_of(self.surge_chats())
+        windows = [(s, w) for s, w in windows if w.value_s is not None and w.samples >= 5]
+        if not windows:
+            return None, P95(None)
+        return max(windows, key=lambda sw: (sw[1].value_s or 0.0, sw[1].censored))
+
+    def peak_and_whole(self) -> tuple[P95, P95]:
+        """Interactive p95 of the worst 5-minute window after 09:00 and of the whole surge."""
+        return self.peak_window()[1], p95_of(self.surge_chats())
 
     def headline(self) -> dict[str, str]:
         plan = self.plan
-        peak, whole = self.peak_and_whole()
+        peak_at, peak = self.peak_window()
+        whole = p95_of(self.surge_chats())
         chats = self.surge_chats()
         near = [o for o in self.ledger.of("near_rt") if o.sent_sim_s > plan.warmup_sim_s]
+        base = self.baseline
         return {
-            "interactive p95, peak 5-min window": peak.text(),
+            "interactive p95, peak 5-min window": peak.text() + (f" (to {peak_at.clock})" if peak_at else ""),
             "interactive p95, whole surge": whole.text(),
             "peak window p95 / whole surge p95": ratio_text(peak, whole),
+            "peak window p95 / no-batch p95": ratio_text(peak, base) if base is not None else "–",
+            "whole surge p95 / no-batch p95": ratio_text(whole, base) if base is not None else "–",
             "chat users who gave up (surge)": _share(sum(o.state == GAVE_UP for o in chats), len(chats)),
             "chat refused by the gateway (surge)": _share(sum(o.state == ERROR for o in chats), len(chats))
             + _codes_suffix([o for o in chats if o.state == ERROR]),
             "near-RT p95 (whole response)": p95_of([o for o in near if o.state == OK]).text(),
             **self._batch_figures(),
-            "time to drain (from 09:00)": _duration(self.drained_sim_s),
+            "time to drain (from 09:00)": "–" if self.no_batch else _duration(self.drained_sim_s),
             "aging preempts": _last_preempts(self.samples),
         }
 
     def _batch_figures(self) -> dict[str, str]:
         total = self.plan.batch_count
+        if self.no_batch:
+            return {"batch completed": "– (no batch)", "batch failed": "–"}
         if not self.uploaded:
             batch = self.ledger.of("batch")
             return {

@@ -7,6 +7,15 @@ slot to a lower class at once:
 
 * **need**: ``ceil(E)`` slots, at most ``max_slots``, where ``E`` is the number of top-class
   arrivals expected within ``horizon_ms``; 0 while ``E < min_expected``.
+* **turnover** (``miss_share`` > 0): the need is also bounded by what the pool's turnover asks.
+  Held slots are a stock that top-class arrivals (rate ``λ``, the forecast's) draw down and freed
+  slots (rate ``f``, measured like the recent arrival rate: every slot that frees counts) fill up
+  again; as a birth-death chain, an arrival finds none held with probability
+  ``(a - 1) / (a^(B+1) - 1)`` for ``B`` held and ``a = f / λ``. The bound is the smallest ``B``
+  (at least 1) that keeps it within ``miss_share``. A pool that turns over fast refills a few
+  holds before the next arrivals come, so it holds fewer than a slow one (a long service, a
+  small pool), and the slot-time given up shrinks where holding more buys nothing; while
+  ``f <= λ`` there is no bound. Nothing of this measures the future: ``f`` is the recent past.
 * **hold**: when a slot frees (a completion, a failure, an upstream 429) while a lower class has
   requests waiting and fewer slots are held than the need, that slot is held until
   ``now + hold_ms``. A hold is never renewed: when it ends
@@ -61,6 +70,8 @@ class HeadroomMixin:
     _released_ms: int  # the instant of the last hold that ended or was released (not used)
     _released: int  # how many ended or were released at that instant
     held_slot_ms: int  # slot-ms left idle by holds so far (what headroom cost the lower classes)
+    _free_rate: float  # recent slot frees per ms, as of _free_rate_ms (``miss_share``'s turnover)
+    _free_rate_ms: int
 
     def _apply_headroom(self, policy: HeadroomPolicy, *, single_queue: bool) -> None:
         self._headroom = policy
@@ -68,6 +79,7 @@ class HeadroomMixin:
         self._headroom_on = policy.enabled and not single_queue
         self._hold_idle_on = self._headroom_on and policy.hold_idle
         self._released_ms, self._released = getattr(self, "_released_ms", -1), getattr(self, "_released", 0)
+        self._free_rate, self._free_rate_ms = getattr(self, "_free_rate", 0.0), getattr(self, "_free_rate_ms", 0)
         bucket_ms, alpha, recent_ms = policy.bucket_ms, policy.profile_alpha, policy.recent_ms
         forecast = getattr(self, "_forecast", None)
         if not self._headroom_on:
@@ -85,7 +97,17 @@ class HeadroomMixin:
         expected = forecast.expected(now_ms, policy.horizon_ms, policy.profile_weight)
         if expected < policy.min_expected:
             return 0
-        return min(policy.max_slots, math.ceil(expected))
+        need = min(policy.max_slots, math.ceil(expected))
+        if policy.miss_share > 0:
+            bound = turnover_bound(self.free_rate(now_ms) * policy.horizon_ms / expected, policy.miss_share)
+            need = need if bound is None else min(need, bound)
+        return need
+
+    def free_rate(self, now_ms: int) -> float:
+        """Slots freed per ms recently (decayed to ``now_ms`` with the forecast's ``recent_ms``)."""
+        if not self._free_rate:
+            return 0.0
+        return self._free_rate * math.exp(-max(0, now_ms - self._free_rate_ms) / self._headroom.recent_ms)
 
     def headroom_holds(self) -> tuple[int, ...]:
         """The ends of the current holds (ms, ascending)."""
@@ -100,6 +122,8 @@ class HeadroomMixin:
         """A running request left its slot at ``now_ms``: hold the slot if the need is not met."""
         if self._forecast is None:
             return
+        self._free_rate = self.free_rate(now_ms) + 1.0 / self._headroom.recent_ms
+        self._free_rate_ms = now_ms
         holds = self._holds
         while holds and holds[0] <= now_ms:
             self._hold_release(holds.pop(0), now_ms)
@@ -154,3 +178,13 @@ class HeadroomMixin:
     def _hold_end(self, end_ms: int, now_ms: int) -> None:
         """A hold is over (ended, released or used): count the time its slot stood idle."""
         self.held_slot_ms += max(0, min(end_ms, now_ms) - (end_ms - self._headroom.hold_ms))
+
+
+def turnover_bound(turnover: float, miss_share: float) -> int | None:
+    """The fewest holds (at least 1) with which a top-class arrival finds none held at most
+    ``miss_share`` of the time, when slots free ``turnover`` times as fast as it arrives (``a`` in
+    the module's docstring); None (no bound) when they free no faster than it arrives."""
+    if turnover <= 1.0:
+        return None
+    held = math.log1p((turnover - 1.0) / miss_share) / math.log(turnover) - 1.0
+    return max(1, math.ceil(held - 1e-9))

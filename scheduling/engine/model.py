@@ -103,6 +103,8 @@ class HeadroomPolicy:
     recent_ms: int = 60_000  # time constant of the recent arrival rate
     profile_weight: float = 0.5  # the profile's share of the forecast (the rest: the recent rate)
     hold_idle: bool = False  # also hold free slots that did not just free (an idle pool filled at once)
+    miss_share: float = 0.0  # > 0: hold no more than the pool's turnover needs so that this share of top-class
+    # arrivals finds no held slot (0: the need is the forecast arrivals alone)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         "_prior_weight": int,
         "_margin_after_ms": int,
         "_hold_idle_on": bool,
+        "_free_rate": float,
+        "_free_rate_ms": int,
     }
 
     def __setstate__(self, state: dict[str, object]) -> None:

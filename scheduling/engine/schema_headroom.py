@@ -11,6 +11,7 @@ headroom:
   recent_ms: 60000       # time constant of the recent arrival rate
   profile_weight: 0.5    # the profile's share of the forecast (the rest: the recent rate)
   hold_idle: false       # also hold free slots that did not just free (an idle pool a lower class fills at once)
+  miss_share: 0          # > 0: at most the slots the pool's turnover needs for this share of arrivals to find none held
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def headroom_section(ck: Checker, raw: Any) -> HeadroomPolicy | None:
         ("min_expected", "> 0", True),
         ("profile_alpha", "in (0, 1]", True),
         ("profile_weight", "in [0, 1]", False),
+        ("miss_share", "in [0, 1]", False),
     ):
         high = None if key == "min_expected" else 1.0
         values[key] = ck.get(

@@ -1,6 +1,7 @@
 """The surge replay's pure parts for the run whose batch is uploaded through the Batch API: the
 batch file, the batch's counts and failures, /metrics' batch lines, the ratio of the peak window's
-p95 to the whole surge's, and the upload run's table and headline. No server, no clock."""
+p95 to the whole surge's, and the upload run's table and headline; and the no-batch baseline: each
+window's p95 over it and issue 15's target line. No server, no clock."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from bench.surge.replay import drained_at
 from bench.surge.report import COLUMNS, P95, UPLOAD_COLUMNS, BatchTally, Sample, SurgeResult, ratio, ratio_text
 from bench.surge.traffic import GAVE_UP, OK, Ledger, Outcome, batch_bodies
 from bench.surge.upload import ENDPOINT, BatchCounts, batch_jsonl, failure_codes
-from bench.surge_compare import first_problem, log_problems, target_line, worker_timing
+from bench.surge_compare import (
+    baseline_plan,
+    baseline_target_line,
+    engine_policy,
+    first_problem,
+    log_problems,
+    target_line,
+    with_baseline,
+    worker_timing,
+)
 
 PLAN = SurgePlan(batch_count=40, time_scale=60)
 
@@ -140,3 +150,90 @@ def test_a_batch_cancelled_when_the_replay_stopped_has_not_drained():
     cut = Outcome("batch", 300.0, done_sim_s=900.0)  # still pending when cancelled
     assert drained_at(plan, Ledger([answered, cut])) is None
     assert drained_at(plan, Ledger([answered, Outcome("batch", 300.0, OK, done_sim_s=400.0)])) == 100.0
+
+
+def _chats(start_sim_s: float, ttfts: list[float], gave_up: float | None = None) -> list[Outcome]:
+    """Chats sent one a second from ``start_sim_s``; one more that gave up after ``gave_up`` s."""
+    chats = [Outcome("chat", start_sim_s + i, OK, ttft_sim_s=t) for i, t in enumerate(ttfts)]
+    if gave_up is not None:
+        chats.append(Outcome("chat", start_sim_s + len(ttfts), GAVE_UP, ttft_sim_s=gave_up))
+    return chats
+
+
+def _samples(*clocks: str) -> list[Sample]:
+    return [Sample(PLAN.since_start(c), c, None, batch_completed=0, batch_failed=0, batch_not_sent=0) for c in clocks]
+
+
+def test_a_no_batch_run_is_the_baseline_of_every_window():
+    # No batch: chats of 1..2 s from 09:00 to 09:10 (the baseline's p95 is 2 s). With a batch: a calm
+    # window (09:00-09:05, p95 3 s: 1.5x) and a bad one (09:05-09:10, p95 6 s: 3x).
+    steady = [1.0] * 10 + [2.0] * 10
+    base_ledger = Ledger(_chats(301.0, steady) + _chats(601.0, steady))
+    base = SurgeResult(PLAN, _samples("09:05", "09:10"), base_ledger, None, 900.0, no_batch=True)
+    ledger = Ledger(_chats(301.0, [1.0] * 18 + [3.0] * 2) + _chats(601.0, [2.0] * 18 + [6.0] * 2))
+    http = SurgeResult(PLAN, _samples("09:05", "09:10"), ledger, 600.0, 900.0)
+    results = with_baseline({"fairgate-nobatch": base, "fairgate": http})
+    assert http.baseline == base.baseline == P95(2.0, False, 40)
+    assert base.columns[-1] == http.columns[-1] == "vs_no_batch" and "in_queue" not in base.columns
+    assert [row["vs_no_batch"] for row in http.rows()] == ["1.50x", "3.00x"]
+    assert [row["vs_no_batch"] for row in base.rows(every_step=True)] == ["1.00x", "1.00x"]
+    head = http.headline()
+    assert head["interactive p95, peak 5-min window"] == "6.00s (to 09:10)"
+    assert head["peak window p95 / no-batch p95"] == "3.00x"
+    assert head["whole surge p95 / no-batch p95"] == "1.50x"  # 40 chats: the 38th is a 3 s one
+    assert base.headline()["batch completed"] == "– (no batch)" and base.headline()["time to drain (from 09:00)"] == "–"
+    assert set(results) == {"fairgate-nobatch", "fairgate"}
+
+
+def test_without_a_no_batch_run_nothing_is_divided():
+    http = SurgeResult(PLAN, _samples("09:05"), Ledger(_chats(301.0, [1.0] * 10)), 300.0, 600.0)
+    with_baseline({"fairgate": http})
+    assert http.baseline is None and "vs_no_batch" not in http.columns
+    assert http.headline()["peak window p95 / no-batch p95"] == "–"
+
+
+def test_a_window_whose_users_gave_up_divides_as_a_lower_bound():
+    # 20 chats in 09:05-09:10, two of them gave up after 30 s: the window's p95 is ">30 s".
+    ledger = Ledger(_chats(601.0, [1.0] * 18, gave_up=30.0) + [Outcome("chat", 620.0, GAVE_UP, ttft_sim_s=40.0)])
+    http = SurgeResult(PLAN, _samples("09:05", "09:10"), ledger, None, 900.0, baseline=P95(2.0))
+    (_, peak) = http.peak_window()
+    assert peak.censored and http.rows()[-1]["vs_no_batch"] == ">15.00x"
+
+
+def test_the_peak_window_is_shown_wherever_it_falls():
+    clocks = ("09:05", "09:10", "09:15", "09:20")  # 09:10 and 09:15 are not among the report's times
+    ledger = Ledger(_chats(601.0, [1.0] * 10) + _chats(901.0, [9.0] * 10))
+    result = SurgeResult(PLAN, _samples(*clocks), ledger, None, 1500.0)
+    assert [row["time"] for row in result.rows()] == ["09:05", "09:15", "09:20"]
+
+
+def test_the_baseline_target_is_met_missed_or_not_shown():
+    assert "met (2.80s / 2.00s = 1.40x)" in baseline_target_line("fairgate", P95(2.8), P95(2.0))
+    assert "missed (3.20s / 2.00s = 1.60x)" in baseline_target_line("fairgate", P95(3.2), P95(2.0))
+    # a lower bound over the target is missed all the same; under it, it shows nothing
+    assert ": missed (>39.00s" in baseline_target_line("fairgate", P95(39.0, censored=True), P95(2.0))
+    assert "not shown (the window's p95" in baseline_target_line("x", P95(2.5, censored=True), P95(2.0))
+    # a censored baseline makes the ratio an upper bound
+    assert ": met" in baseline_target_line("x", P95(2.5), P95(2.0, censored=True))
+    assert "not shown (the baseline" in baseline_target_line("x", P95(4.0), P95(2.0, censored=True))
+    assert "not measurable" in baseline_target_line("x", P95(None), P95(2.0))
+
+
+def test_the_no_batch_run_ends_on_a_step_after_0900_and_keeps_the_traffic():
+    plan = SurgePlan(batch_count=6200, time_scale=60)
+    short = baseline_plan(plan, 30)
+    assert short.max_sim_s == plan.warmup_sim_s + 1800 and short.clock(short.max_sim_s) == "09:30"
+    assert (short.seed, short.interactive_per_real_s, short.batch_count) == (
+        plan.seed,
+        plan.interactive_per_real_s,
+        plan.batch_count,
+    )
+    assert baseline_plan(plan, 1).max_sim_s == plan.warmup_sim_s + plan.step_sim_s  # at least one window
+    assert engine_policy("fairgate-nobatch") == engine_policy("fairgate-upload") == "fairgate"
+
+
+def test_the_window_before_0900_is_not_a_surge_window_even_when_its_sample_was_late():
+    late = Sample(PLAN.warmup_sim_s + 0.4, "09:00", None, batch_completed=0, batch_failed=0, batch_not_sent=0)
+    ledger = Ledger(_chats(1.0, [9.0] * 10) + _chats(301.0, [1.0] * 10))
+    result = SurgeResult(PLAN, [late, *_samples("09:05")], ledger, None, 600.0)
+    assert result.peak_window()[1].value_s == 1.0

@@ -9,6 +9,7 @@ import pytest
 
 from scheduling.engine import apply_policy
 from scheduling.engine.forecast import DAY_MS, ArrivalForecast
+from scheduling.engine.headroom import turnover_bound
 from scheduling.engine.model import HeadroomPolicy
 from scheduling.engine.schema import ConfigError, config_from_dict, config_from_yaml, config_to_dict, config_to_yaml
 from tests.unit.engine.engine_helpers import config, req, scheduler, submit
@@ -221,3 +222,51 @@ def test_headroom_section_is_checked(section, field):
     with pytest.raises(ConfigError) as caught:
         config_from_yaml(YAML + f"  headroom: {section}\n")
     assert any(issue.field == f"scheduler.headroom.{field}" for issue in caught.value.issues)
+
+
+# --- the turnover bound (miss_share) ---------------------------------------------------------
+
+
+def missed_share(turnover: float, held: int) -> float:
+    """The birth-death chain's share of arrivals that find no slot held (the module's docstring)."""
+    return (turnover - 1) / (turnover ** (held + 1) - 1)
+
+
+def test_the_turnover_bound_is_the_fewest_holds_that_keep_the_miss_share():
+    assert turnover_bound(2.0, 0.05) == 4  # 1/31 = 3.2% missed with 4 held; 1/15 = 6.7% with 3
+    assert missed_share(2.0, 4) <= 0.05 < missed_share(2.0, 3)
+    assert turnover_bound(10.0, 0.5) == 1  # never fewer than one
+    assert turnover_bound(1.0, 0.01) is None and turnover_bound(0.5, 0.01) is None  # frees no faster: no bound
+    assert turnover_bound(1.25, 0.01) > turnover_bound(1.5, 0.01) > turnover_bound(3.0, 0.01)  # slower pools hold more
+
+
+def turning_pool(policy: HeadroomPolicy):
+    """Eight slots; for 10 s an INTERACTIVE request every 500 ms (2/s) and three BATCH requests
+    beside each, all served at once and done: slots free at 8/s, four times as fast as chat arrives."""
+    sched = scheduler(headroom_config(policy), slots=8)
+    for i, t in enumerate(range(0, 10_000, 500)):
+        sched.submit(req(f"i{i}", cls="INTERACTIVE", at=t), now_ms=t)
+        submit(sched, *(req(f"x{i}-{k}", at=t) for k in range(3)))
+        for g in sched.dispatch(now_ms=t):
+            sched.complete(g.request.id, now_ms=t, prompt_tokens=1, output_tokens=1)
+    return sched
+
+
+def test_a_pool_that_turns_over_fast_holds_no_more_than_its_turnover_needs():
+    policy = replace(HEADROOM, max_slots=10, miss_share=0.05)
+    plain = turning_pool(replace(policy, miss_share=0.0))
+    sched = turning_pool(policy)
+    now = 10_000
+    assert plain.headroom_need(now_ms=now) == 4  # about 2/s x 2 s expected: 4 (the forecast alone)
+    turnover = sched.free_rate(now) * policy.horizon_ms / sched._forecast.expected(now, policy.horizon_ms, 0.5)
+    assert turnover == pytest.approx(4.0)
+    assert sched.headroom_need(now_ms=now) == turnover_bound(turnover, 0.05) == 2  # 3/63 = 4.8% missed with 2 held
+
+
+def test_miss_share_is_in_the_yaml_and_checked():
+    config = config_from_yaml(YAML + "  headroom: {enabled: true, miss_share: 0.01}\n")
+    assert config.headroom.miss_share == 0.01 and config_to_dict(config)["headroom"]["miss_share"] == 0.01
+    with pytest.raises(ConfigError) as caught:
+        config_from_yaml(YAML + "  headroom: {miss_share: 1.5}\n")
+    assert any(issue.field == "scheduler.headroom.miss_share" for issue in caught.value.issues)
+    assert apply_policy(headroom_config(replace(HEADROOM, miss_share=0.01)), "strict").headroom == HeadroomPolicy()

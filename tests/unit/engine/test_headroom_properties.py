@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduling.engine import TenantSpec, apply_policy
+from scheduling.engine.headroom import turnover_bound
 from scheduling.engine.model import HeadroomPolicy
 from scheduling.engine.store import WAITING
 from tests.unit.engine.engine_helpers import backend, scheduler
@@ -138,3 +139,30 @@ def test_with_hold_idle_holds_stay_within_the_need_and_the_run_is_deterministic(
     runs_agree(
         lambda: IdleHoldHarness(policy), sequence, finish=True, extra=lambda harness: harness.sched.headroom_holds()
     )
+
+
+class TurnoverHarness(IdleHoldHarness):
+    """With ``miss_share`` (and ``hold_idle``): the need never exceeds what the pool's turnover asks,
+    and the holds stay within it; the same invariants."""
+
+    def __init__(self, policy: str = "fairgate") -> None:
+        HeadroomHarness.__init__(self, policy)
+        cfg = headroom_config(policy, replace(HEADROOM, hold_idle=True, max_slots=4, horizon_ms=2000, miss_share=0.5))
+        self.sched.reconfigure(now_ms=0, config=cfg)
+
+    def check_holds(self):
+        super().check_holds()
+        sched, now = self.sched, self.now
+        forecast, policy = sched._forecast, sched._headroom
+        if forecast is None or not policy.miss_share:  # (a reconfigure may have set another headroom)
+            return
+        expected = forecast.expected(now, policy.horizon_ms, policy.profile_weight)
+        if expected >= policy.min_expected:
+            bound = turnover_bound(sched.free_rate(now) * policy.horizon_ms / expected, policy.miss_share)
+            assert bound is None or sched.headroom_need(now_ms=now) <= bound
+
+
+@FAST
+@given(headroom_ops, st.sampled_from(POLICIES))
+def test_with_miss_share_the_need_keeps_within_the_turnover_bound_and_the_run_is_deterministic(sequence, policy):
+    runs_agree(lambda: TurnoverHarness(policy), sequence, finish=True, extra=holds)

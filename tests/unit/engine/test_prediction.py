@@ -439,6 +439,7 @@ def test_an_engine_pickled_before_the_evidence_keys_reads_back_and_goes_on():
     assert means and means[0].samples  # the snapshot carries measured service means
     back = pickle.loads(data)
     assert back._prior_weight == 0 and back._backlog_done == {} and back._hold_idle_on is False
+    assert (back._free_rate, back._free_rate_ms) == (0.0, 0)  # headroom's turnover: none measured yet
     mean = ServiceMean.__new__(ServiceMean)
     mean.__setstate__((None, {"mean_ms": 10_000.0, "samples": 6}))  # pickled before the variance was kept
     assert (mean.var_ms2, mean.value(20_000), mean.dispersion()) == (0.0, 10_000.0, 1.0)
