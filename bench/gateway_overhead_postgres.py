@@ -127,7 +127,7 @@ def machine_cpu_s() -> float:
 def _metric_sums(text: str) -> dict[str, float]:
     wanted = {}
     for line in text.splitlines():
-        if line.startswith("fairgate_billing_batch_"):
+        if line.startswith(("fairgate_billing_batch_", "fairgate_billing_wait_")):
             name, _, value = line.rpartition(" ")
             wanted[name] = float(value)
     return wanted
@@ -168,6 +168,12 @@ class Usage:
     database_cpu_wait: float | None = None
     ledger_seq_scans: int | None = None  # full scans of billing_ledgerentry during the run
     ledger_seq_rows: int | None = None  # rows those scans read
+    # answers that waited for billing (fairgate_billing_wait_seconds): for their settlement's journal
+    # line before their end, for an early hold still being booked before their first byte
+    settlement_waits: int = 0
+    settlement_wait_ms: float | None = None  # mean of those waits
+    hold_waits: int = 0
+    hold_wait_ms: float | None = None
 
     def batch_quantile_ms(self, q: float) -> float | None:
         """The histogram bucket (upper bound) the q-quantile of the run's batches falls in."""
@@ -288,6 +294,12 @@ class Meter:
             cumulative = delta(name)
             buckets[bound * 1000.0] = int(round(cumulative - below))
             below = cumulative
+        waited = {}
+        for step in ("settlement", "hold"):
+            count = delta(f'fairgate_billing_wait_seconds_count{{step="{step}"}}')
+            total_s = delta(f'fairgate_billing_wait_seconds_sum{{step="{step}"}}')
+            waited[f"{step}_waits"] = int(round(count))
+            waited[f"{step}_wait_ms"] = 1000.0 * total_s / count if count else None
         return Usage(
             seconds=seconds,
             gateway_busy=(after.own_s - before.own_s) / seconds,
@@ -308,6 +320,7 @@ class Meter:
             else sum(w - before.database_waits_s.get(pid, 0.0) for pid, w in after.database_waits_s.items()) / seconds,
             ledger_seq_scans=None if self.dbname is None else after.ledger_scans[0] - before.ledger_scans[0],
             ledger_seq_rows=None if self.dbname is None else after.ledger_scans[1] - before.ledger_scans[1],
+            **waited,
         )
 
     def close(self) -> None:

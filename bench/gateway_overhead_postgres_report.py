@@ -143,6 +143,11 @@ def render(found: dict) -> str:
         "the event loop (`fairgate_billing_batch_seconds`), one batch out at a time "
         "(gateway.charging `Booker._send`); *asks per batch*: holds, settlements and releases per "
         "transaction (`fairgate_billing_batch_asks`). Each request asks twice (hold, settlement).",
+        "- *answers waiting for billing* (latency rounds; `fairgate_billing_wait_seconds`): answers whose "
+        "end waited for their settlement's journal line to be synced (billing.journal: the line is "
+        "written, the journal's syncer process syncs it and answers, the event loop reads that), and "
+        "answers whose first byte waited for their early hold, still being booked when the backend "
+        "answered; in brackets the mean of those waits. Billing off waits for neither.",
         "- *commits/s*: transactions committed in its database (pg_stat_database.xact_commit).",
         "- *where the billing worker's connection was*: `pg_stat_activity` of its backend sampled every "
         f"{SAMPLE_INTERVAL_MS:.0f} ms by a process of its own: *idle* = no transaction open (waiting for "
@@ -186,8 +191,9 @@ def latency_section(rows: list[dict]) -> list[str]:
         "- added p99 = gateway p99 - direct p99 of the same round (a difference of percentiles); "
         "\"all\" pools every round's latencies; its target is met only if every round's is.",
         "",
-        f"| round | gateway | {USAGE_HEADER} | CPU per request |",
-        "|---|---|" + "---|" * 8,
+        f"| round | gateway | {USAGE_HEADER} | CPU per request | answers waiting for their settlement's journal "
+        "(mean wait) | answers waiting for their early hold (mean wait) |",
+        "|---|---|" + "---|" * 10,
     ]
     for row in rows:
         if row["round"] == "all":
@@ -197,9 +203,18 @@ def latency_section(rows: list[dict]) -> list[str]:
             cpu = phase.gateway_cpu_ms_per_request
             lines.append(
                 f"| {row['round']} | {name} | {usage_columns(row['usage'].get(name))} | "
-                f"{'–' if cpu is None else f'{cpu:.2f} ms'} |"
+                f"{'–' if cpu is None else f'{cpu:.2f} ms'} | {_waits(row['usage'].get(name), 'settlement')} | "
+                f"{_waits(row['usage'].get(name), 'hold')} |"
             )
     return lines
+
+
+def _waits(usage: Usage | None, step: str) -> str:
+    """How many answers of the run waited for billing's ``step`` (fairgate_billing_wait_seconds), and how long."""
+    if usage is None:
+        return "–"
+    count, mean_ms = getattr(usage, f"{step}_waits"), getattr(usage, f"{step}_wait_ms")
+    return "0" if not count else f"{count} ({_ms(mean_ms)})"
 
 
 def _failed(phase) -> str:

@@ -169,7 +169,7 @@ FAIRGATE_BILLING_LINGER_MS = env_int("FAIRGATE_BILLING_LINGER_MS", 10, minimum=0
 # The billing worker's niceness, added to the gateway's (gateway/billing_worker.py): on a machine
 # whose cores are all busy, the event loop (every request's path) goes before the bookkeeping
 # (group commit: a slower worker books fuller batches). 0: the same priority as the gateway.
-FAIRGATE_BILLING_WORKER_NICE = env_int("FAIRGATE_BILLING_WORKER_NICE", 5, minimum=0)
+FAIRGATE_BILLING_WORKER_NICE = env_int("FAIRGATE_BILLING_WORKER_NICE", 10, minimum=0)
 # The settlement journal (billing/journal.py) syncs at most this often: each fdatasync costs the
 # gateway CPU whatever it carries; an answer's end may wait up to this long for its line's sync.
 FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = env_int("FAIRGATE_JOURNAL_SYNC_INTERVAL_MS", 2, minimum=0)

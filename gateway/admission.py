@@ -19,6 +19,7 @@ for the budget, nothing was held: the request is ended uncharged and admitted ag
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
@@ -30,6 +31,10 @@ from scheduling.engine.model import Request
 
 if TYPE_CHECKING:
     from gateway.intake import Asked
+
+
+_WAITED_HOLD = metrics.BILLING_WAIT_SECONDS.labels("hold")  # (bound once: labels() costs on every call)
+_WAITED_SETTLEMENT = metrics.BILLING_WAIT_SECONDS.labels("settlement")
 
 
 class Bill:
@@ -48,11 +53,27 @@ class Bill:
         """An early hold, booked (usually it is by now). Refused (a GatewayError: the budget, an id
         already used), nothing was held: the bill is ended, and the refusal raised."""
         if isinstance(self.held, charging.EarlyHold):
+            waits_s = None if self.held.future.done() else time.monotonic()
             try:
                 self.held = await self.held.booked()
             except GatewayError:
                 self.ended = True
                 raise
+            finally:
+                if waits_s is not None:
+                    _WAITED_HOLD.observe(time.monotonic() - waits_s)
+
+    async def settled(self) -> charging.Charged | None:
+        """The settlement's Charged once its line is on disk (None: booked but its charge unknown
+        here). Only after `end` of a served request."""
+        assert self.settlement is not None
+        if self.settlement.done():
+            return self.settlement.result()
+        waits_s = time.monotonic()
+        try:
+            return await self.settlement
+        finally:
+            _WAITED_SETTLEMENT.observe(time.monotonic() - waits_s)
 
     def end(
         self, outcome: str, *, served: bool, backend: str = "", usage: tuple[int, int] = (0, 0), partial: bool = False

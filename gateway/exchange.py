@@ -186,7 +186,7 @@ class Exchange:
         )
         response["Content-Length"] = str(len(content))
         if self.bill.settlement is not None:  # a client leaving now stops only this wait, not the booking
-            charged = await self.bill.settlement
+            charged = await self.bill.settled()
             if charged is not None:
                 response["X-Charge"] = str(charged.amount)
                 response["X-Charge-Currency"] = settings.FAIRGATE_CURRENCY
@@ -240,7 +240,7 @@ class StreamBody:
             tail = self._done_event + self.filter.flush()
             self.end(Outcome.COMPLETED)
             if self.exchange.bill.settlement is not None:  # booked, or journaled to be: then the end
-                await self.exchange.bill.settlement
+                await self.exchange.bill.settled()
             if tail:
                 return tail
             raise

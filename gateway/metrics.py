@@ -38,6 +38,15 @@ BILLING_BATCH_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
     registry=REGISTRY,
 )
+BILLING_WAIT_SECONDS = Histogram(
+    "fairgate_billing_wait_seconds",
+    "How long an answer waited for billing, counted only when it did wait: step=hold, an early hold's"
+    " booking before the answer's first byte; step=settlement, the settlement's journal line on disk"
+    " before the answer's end.",
+    ["step"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+    registry=REGISTRY,
+)
 BILLING_WORKER_REPLACEMENTS = Counter(
     "fairgate_billing_worker_replacements",
     "Billing workers that ended unexpectedly (the next batch starts a new one).",

@@ -5,6 +5,7 @@ how fast anything was. Pure helpers (percentiles, parsing, report sections) are 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from argparse import Namespace
@@ -95,6 +96,12 @@ def test_overhead_postgres_batch_quantiles_come_from_the_histogram_buckets():
     )
     assert usage.batch_quantile_ms(0.5) == 1.0 and usage.batch_quantile_ms(0.9) == 5.0
     assert usage.batch_quantile_ms(0.99) == 50.0
+    assert overhead_pg_report._waits(usage, "settlement") == "0"
+    waited = dataclasses.replace(usage, settlement_waits=4, settlement_wait_ms=2.5)
+    assert (
+        overhead_pg_report._waits(waited, "settlement") == "4 (2.5 ms)"
+        and overhead_pg_report._waits(None, "hold") == "–"
+    )
     waits = {"billing worker": {"idle": 3, "active, running": 1}, "gateway": {"idle": 4}}
     assert overhead_pg_report.wait_shares(waits) == {"idle": 0.75, "active, running": 0.25}
 
