@@ -4,7 +4,8 @@ Keys (under ``prefix``, ``fairgate:sched`` unless configured):
 
 * ``cmds``: a stream of the gateways' commands (scheduling.shared.protocol), in arrival order;
 * ``steps``: a stream of the owner's steps: the instant (``now``), the last command it took
-  (``last``), and a new configuration when one took effect (``cfg``);
+  (``last``), the id of the step before it in the stream (``prev``: a replica knows it missed none),
+  and a new configuration when one took effect (``cfg``);
 * ``out:<gateway>``: a list per gateway of the answers for its requests (one element per commit);
 * ``snap``: the engine (and the routes of its requests) as of one step, pickled, with that
   step's id and its last command's id;
@@ -79,9 +80,11 @@ _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
 if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then redis.call('pexpire', KEYS[1], ARGV[2]) end
 local a = 5
-local id
+local tail = redis.call('xrevrange', KEYS[2], '+', '-', 'COUNT', 1)
+local id = '0-0'
+if tail[1] then id = tail[1][1] end
 for _ = 1, tonumber(ARGV[4]) do
-  local fields = {'now', ARGV[a], 'last', ARGV[a + 1]}
+  local fields = {'now', ARGV[a], 'last', ARGV[a + 1], 'prev', id}
   if ARGV[a + 2] ~= '' then table.insert(fields, 'cfg'); table.insert(fields, ARGV[a + 2]) end
   if ARGV[a + 3] ~= '' then table.insert(fields, 'o'); table.insert(fields, ARGV[a + 3]) end
   id = redis.call('xadd', KEYS[2], '*', unpack(fields))

@@ -149,7 +149,7 @@ class Replica:
             found = entries(await self.redis.xrange(self.keys.steps, min=b"(" + self.last_step, count=STEPS_PER_READ))
             if not found:
                 return done
-            if not await self._continues():
+            if not await self._continues(found):
                 log.warning("replica fell behind the trimmed step log: reloading from the snapshot")
                 await self.load()
                 return done
@@ -160,10 +160,19 @@ class Replica:
     async def replayed_some(self) -> None:
         """Called between the batches of a long catch-up (the owner renews its lease there)."""
 
-    async def _continues(self) -> bool:
-        """Whether the steps after ours were all still in the log when read: a snapshot newer than
-        our last step trimmed those before it (read after the steps: the snapshot and its trim are
-        one script, so a trim that cut what was read shows here)."""
+    def _follows(self, found: list[Entry]) -> bool | None:
+        """Whether ``found`` (steps read after ours) starts right after our last step: each step
+        names the one before it (``prev``); None for a step logged before steps did."""
+        prev = found[0][1].get(b"prev")
+        return None if prev is None else prev == self.last_step
+
+    async def _continues(self, found: list[Entry]) -> bool:
+        """Whether the steps after ours were all still in the log when read. Without ``prev``: a
+        snapshot newer than our last step trimmed those before it (read after the steps: the
+        snapshot and its trim are one script, so a trim that cut what was read shows here)."""
+        follows = self._follows(found)
+        if follows is not None:
+            return follows
         snap_step = await self.redis.hget(self.keys.snap, "step")
         return snap_step is None or id_key(cast("bytes", snap_step)) <= id_key(self.last_step)
 
@@ -180,17 +189,22 @@ class Replica:
             return 0
         if len(found) == STEPS_PER_READ:  # far behind: the long way, page by page
             return await self.catch_up()
+        follows = self._follows(found)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(self.keys.snap, "step")
+        if follows is None:
+            pipe.hget(self.keys.snap, "step")
         last = found[-1][1][b"last"]
         if last != self.cursor:
             pipe.xrange(self.keys.cmds, min=b"(" + self.cursor, max=last, count=COMMANDS_PER_READ)
-        snap_step, *first = await pipe.execute()
-        if snap_step is not None and id_key(cast("bytes", snap_step)) > id_key(self.last_step):
+        read = await pipe.execute() if len(pipe) else []
+        if follows is None:
+            snap_step = read.pop(0)
+            follows = snap_step is None or id_key(cast("bytes", snap_step)) <= id_key(self.last_step)
+        if not follows:
             log.warning("replica fell behind the trimmed step log: reloading from the snapshot")
             await self.load()
             return 0
-        await self._replay_all(found, first=entries(first[0]) if first else None)
+        await self._replay_all(found, first=entries(read[0]) if read else None)
         return len(found)
 
     async def _replay_all(self, steps: list[Entry], *, first: list[Entry] | None = None) -> None:
