@@ -71,15 +71,16 @@ class RateWindow:
         for at_ms in slots.get("times", ()):
             self.add(at_ms)
 
-    def add(self, now_ms: int) -> None:
+    def add(self, now_ms: int, amount: int = 1) -> None:
+        """One event (``amount``: a weight, such as a completion's tokens; the window then sums them)."""
         times = self.times
         if times and now_ms - times[-1] < RATE_ENTRY_MS:
-            self.counts[-1] += 1
+            self.counts[-1] += amount
         else:
             self._drop(now_ms)
             times.append(now_ms)
-            self.counts.append(1)
-        self.total += 1
+            self.counts.append(amount)
+        self.total += amount
 
     def count(self, now_ms: int) -> int:
         self._drop(now_ms)

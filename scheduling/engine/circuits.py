@@ -10,13 +10,12 @@ gateways it serves, fed by their reports (scheduling.shared.protocol).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from scheduling.engine.admission import RateWindow
 from scheduling.engine.model import BackendSpec
-
-TPM_WINDOW_MS = 60_000
 
 
 @dataclass
@@ -25,13 +24,26 @@ class BackendHealth:
     open_until_ms: int = 0
     half_open: bool = False
     in_use: int = 0
-    tokens: deque[tuple[int, int]] = field(default_factory=deque)  # (at_ms, tokens) of completed requests
-    tokens_sum: int = 0
+    # Tokens of the requests completed in the last 60 s, in entries of 250 ms (RateWindow): bounded
+    # whatever the rate, and whether or not anyone reads it (one entry per completion, dropped only
+    # when read, grew without end in a gateway whose /metrics nobody scraped).
+    tokens: RateWindow = field(default_factory=RateWindow)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (a shared dispatcher's snapshot): one from before the window kept
+        ``(at_ms, tokens)`` per completion, and their sum; those are counted into the window."""
+        old = state.pop("tokens", None)
+        state.pop("tokens_sum", None)
+        self.__dict__.update(state)
+        if isinstance(old, RateWindow):
+            self.tokens = old
+        else:
+            self.tokens = RateWindow()
+            for at_ms, tokens in old or ():
+                self.tokens.add(at_ms, tokens)
 
     def tpm_used(self, now_ms: int) -> int:
-        while self.tokens and self.tokens[0][0] <= now_ms - TPM_WINDOW_MS:
-            self.tokens_sum -= self.tokens.popleft()[1]
-        return self.tokens_sum
+        return self.tokens.count(now_ms)
 
 
 @dataclass
@@ -89,6 +101,4 @@ class Circuits:
         return min(times) if times else None
 
     def add_tokens(self, name: str, now_ms: int, tokens: int) -> None:
-        health = self.of(name)
-        health.tokens.append((now_ms, tokens))
-        health.tokens_sum += tokens
+        self.of(name).tokens.add(now_ms, tokens)

@@ -138,3 +138,29 @@ def test_a_snapshot_of_the_engine_before_the_entries_still_loads():
     store._windows["b"] = old
     assert store.window_usage("b", 10, 60_000) == (7.0, 1, 5)
     assert store.window_add("b", 10, 1.0) == 3  # within the entry's resolution: it joins it
+
+
+def test_a_backends_token_window_stays_bounded_unread_and_sums_the_last_minute():
+    """A gateway's circuits count each backend's completed tokens (its TPM on /metrics): one entry
+    per completion, dropped only when read, grew without end where nobody scraped /metrics."""
+    from scheduling.engine.circuits import BackendHealth, Circuits
+
+    circuits = Circuits(threshold=3, cooldown_ms=1000)
+    for at in range(180_000):  # a completion of 10 tokens every ms for three minutes, never read
+        circuits.add_tokens("b", at, 10)
+    health = circuits.of("b")
+    assert len(health.tokens.times) <= adm.WINDOW_MS // adm.RATE_ENTRY_MS + 1
+    assert 10 * (adm.WINDOW_MS - adm.RATE_ENTRY_MS) <= health.tpm_used(179_999) <= 10 * adm.WINDOW_MS
+    sparse = Circuits(threshold=3, cooldown_ms=1000)
+    for at, tokens in ((0, 5), (1000, 7), (30_000, 11)):
+        sparse.add_tokens("b", at, tokens)
+    assert sparse.of("b").tpm_used(30_000) == 23
+    assert sparse.of("b").tpm_used(60_000) == 18  # the one at 0 left at 60 000, exactly
+    assert sparse.of("b").tpm_used(61_000) == 11
+
+    old = BackendHealth()  # as a snapshot from before the window held it: each completion and their sum
+    state = {**old.__dict__, "tokens": deque([(0, 5), (30_000, 11)]), "tokens_sum": 16}
+    restored = BackendHealth.__new__(BackendHealth)
+    restored.__setstate__(state)
+    assert restored.tpm_used(30_000) == 16 and restored.tpm_used(60_000) == 11
+    assert pickle.loads(pickle.dumps(sparse)).of("b").tpm_used(61_000) == 11
