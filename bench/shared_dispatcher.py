@@ -57,6 +57,8 @@ from scheduling.shared.protocol import Answer, submit
 from scheduling.shared.replica import Keys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+READY = "ready"  # what a dispatcher process of the takeover part prints once it follows the steps
+READY_TIMEOUT_S = 60.0
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANTS = tuple(TenantSpec(slug=f"t{i:02d}", quota_share=0.05) for i in range(20))
 CLASSES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
@@ -91,6 +93,8 @@ def serve_owner(prefix: str) -> None:
         owner = Owner(client, bench_config(), keys=Keys(prefix))
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await owner.catch_up()  # a standby as a deployment has one: started, and following the steps
+        print(READY, flush=True)
         await owner.run(stop=stop)
         await client.aclose()
 
@@ -99,8 +103,21 @@ def serve_owner(prefix: str) -> None:
 
 def _start_owner(prefix: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "bench.shared_dispatcher", "--owner", prefix], cwd=REPO_ROOT, env=os.environ.copy()
+        [sys.executable, "-m", "bench.shared_dispatcher", "--owner", prefix],
+        cwd=REPO_ROOT,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        text=True,
     )
+
+
+async def _ready(process: subprocess.Popen) -> None:
+    """Returns once the dispatcher process ``process`` has started and caught up with the steps
+    logged (it says so on its stdout), so that a takeover measures a standby, not a process start."""
+    assert process.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), timeout=READY_TIMEOUT_S)
+    if line.strip() != READY:
+        raise RuntimeError(f"dispatcher process {process.pid} ended before it was ready (exit {process.poll()})")
 
 
 def _cpu_s(pid: int) -> float:
@@ -243,6 +260,8 @@ async def takeovers(rounds: int) -> list[float]:
     prefix = f"bench:shared:{secrets.token_hex(3)}"
     keys = Keys(prefix)
     owners = [_start_owner(prefix), _start_owner(prefix)]
+    for process in owners:
+        await _ready(process)
     load = Load(redis, keys, gateways=1, outstanding=20)
     times_ms: list[float] = []
     try:
@@ -257,13 +276,17 @@ async def takeovers(rounds: int) -> list[float]:
             holder.wait(timeout=10)
             owners.remove(holder)
             first_ms = None
+            give_up_s = time.monotonic() + READY_TIMEOUT_S
             while first_ms is None:
+                if time.monotonic() > give_up_s:
+                    raise RuntimeError(f"no dispatcher took over within {READY_TIMEOUT_S:.0f} s of the SIGKILL")
                 await asyncio.sleep(0.02)
                 newer = await redis.xrange(keys.steps, min=f"{int(killed_ms) + 1}-0", count=1)
                 if newer:
                     first_ms = int(newer[0][0].split(b"-")[0])
             times_ms.append(first_ms - killed_ms)
             owners.append(_start_owner(prefix))  # the next standby
+            await _ready(owners[-1])
             load.done = 0
     finally:
         await load.stop()
