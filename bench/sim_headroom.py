@@ -13,9 +13,11 @@ most 10 % above strict's on the same trace; every admitted BATCH request dispatc
    profile is empty, the recent rate alone), the recent rate alone (``profile_weight: 0``), the
    profile alone (``profile_weight: 1``), and the batch burst an hour later (08:20, onto a pool
    chat uses at ~1.2/s and BATCH leaves idle) as shipped, with ``hold_idle`` off, and with
-   ``miss_share`` off (the need from the forecast arrivals alone, not bounded by the turnover).
+   ``miss_share`` off (the need from the forecast arrivals alone, not bounded by the turnover); and
+   the deadline rescue off (``rescue_ms: 0``), with the shipped ``miss_share`` and with 0.01 (the
+   setting before the rescue), as shipped and on the 08:20 burst.
 2. **Trade-off.** As shipped at seeds 1-2, the headroom setting varied (``max_slots`` and
-   ``hold_ms``, then ``horizon_ms``, then ``miss_share``): interactive p95/p99 against the batch
+   ``hold_ms``, then ``horizon_ms``, then ``miss_share``, then ``rescue_ms``): interactive p95/p99 against the batch
    cost (median wait against strict's, and the slot-time left idle by holds, as slot-seconds per
    batch request).
 
@@ -74,6 +76,13 @@ CHANGES: tuple[tuple[str, Change | None], ...] = (
     ("batch burst at 08:20", late_burst),
     ("batch burst at 08:20, hold_idle off", lambda raw: headroom(hold_idle=False)(late_burst(raw))),
     ("batch burst at 08:20, miss_share off", lambda raw: headroom(miss_share=0.0)(late_burst(raw))),
+    ("rescue off", headroom(rescue_ms=0)),
+    ("rescue off, miss_share 0.01", headroom(rescue_ms=0, miss_share=0.01)),
+    ("batch burst at 08:20, rescue off", lambda raw: headroom(rescue_ms=0)(late_burst(raw))),
+    (
+        "batch burst at 08:20, rescue off, miss_share 0.01",
+        lambda raw: headroom(rescue_ms=0, miss_share=0.01)(late_burst(raw)),
+    ),
 )
 CURVE: tuple[dict[str, object], ...] = (
     {"max_slots": 1, "hold_ms": 2000},
@@ -87,8 +96,12 @@ CURVE: tuple[dict[str, object], ...] = (
     {"max_slots": 12, "hold_ms": 16000, "horizon_ms": 8000},
     {"miss_share": 0.0},
     {"miss_share": 0.005},
+    {"miss_share": 0.01},
     {"miss_share": 0.02},
     {"miss_share": 0.05},
+    {"rescue_ms": 0},
+    {"rescue_ms": 500},
+    {"rescue_ms": 1500},
 )
 
 
