@@ -101,7 +101,7 @@ CURVE: tuple[dict[str, object], ...] = (
     {"miss_share": 0.05},
     {"rescue_ms": 0},
     {"rescue_ms": 500},
-    {"rescue_ms": 1500},
+    {"rescue_ms": 1000},
 )
 
 
