@@ -327,8 +327,9 @@ WHY = (
     "timeouts back at slots x0.75 seed 2 and service x1.25 seed 1, and 0.015 one at profile only seed 1 "
     "(none at 1500). The rescue is what lets the bound loosen: the *rescue off* rows keep 0 timeouts with "
     "0.015 on the shipped and 08:20 traces, but without the rescue 0.015 let 2 through at profile only seed 1 "
-    "(a single run, rescue_ms 0) and one at slots x0.75 seeds 1 and 3 (the previous report). With `hold_idle` off, the 08:20 burst's first second has its timeouts again (need 6, no "
-    "hold yet, every slot just taken by BATCH: the rescue cannot help while nothing frees)."
+    "(a single run, rescue_ms 0) and one at slots x0.75 seeds 1 and 3 (the previous report). With "
+    "`hold_idle` off, the 08:20 burst's first second has its timeouts again (need 6, no hold yet, "
+    "every slot just taken by BATCH: the rescue cannot help while nothing frees)."
 )
 
 
