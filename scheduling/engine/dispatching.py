@@ -27,6 +27,18 @@ Order of a dispatch round at ``now_ms`` (one round fills every slot it can):
    ahead of other tenants. The oldest request is not left behind for long: its own ratio keeps
    rising, and at ``a3`` the preempt stage gives its class every slot until fairness reaches it.
 
+**Deadline rescue** (``headroom.rescue_ms`` > 0, off by default and in the presets). Whichever
+stage gives a lane the slot, a waiting request of that lane whose deadline is within ``rescue_ms``
+is served before the fair-share pick, earliest deadline first among those at risk (ties: earlier
+enqueue, then id); its tenant is charged as usual, but the lane's virtual time does not move to it.
+It answers the one case the fair pick gets wrong: a few requests of one class waiting while slots
+turn over slowly (the top class at a ramp's peak, its held slots used up), where the fair order
+serves other tenants' newer requests and the oldest one expires. The margin keeps it narrow: an
+overloaded class whose requests all come within the margin becomes earliest deadline first for that
+last stretch only, the fair pick having ordered them until then (``bench/REPORT.md``). Each lane
+keeps its waiting requests in a deadline heap (one push per request; entries of those that left
+are dropped lazily at the top and compacted like the age heap); off, nothing is kept or read.
+
 Head-of-line blocking across models: lanes are per model, and a pick that no backend can take
 now (slots, reserved slots, TPM/RPM, 429 hold) blocks only its own lane (or, in the preempt
 stage, its model's preempt heap) for the rest of the round; other lanes and models go on.
@@ -41,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Never, TypeAlias
 
 from .admission import RateWindow
@@ -55,6 +67,9 @@ from .store import RUNNING, WAITING, SchedulerStore, Ticket
 
 # A preempt-heap entry: (deadline ms, level, enqueued_ms, id, ticket).
 PreemptEntry: TypeAlias = tuple[int, int, int, str, Ticket]
+# A rescue-heap entry (one heap per lane): (deadline ms, enqueued_ms, id, ticket).
+RescueEntry: TypeAlias = tuple[int, int, str, Ticket]
+RESCUE_SLACK = 1024  # stale rescue-heap entries tolerated beyond twice a lane's waiting requests
 
 _NO_RANK: Rank = (float("inf"),)
 _NOTHING_BLOCKED: frozenset[Never] = frozenset()  # empty, so it stands for no models and for no lanes
@@ -87,6 +102,9 @@ class DispatchMixin:
     _hold_idle_on: bool
     _hold_idle_slot: Callable[[str, int], None]
     _hold_used: Callable[[str, int], None]
+    _rescue_ms: int
+    _rescue: dict[tuple[str, str], list[RescueEntry]]
+    rescued: int
 
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
@@ -104,15 +122,15 @@ class DispatchMixin:
             ticket = self._preempt_top(blocked_models) if self._promoted else None
             if ticket is not None:
                 assert ticket.lane is not None, "a ticket at preempt is waiting, so in a lane"
-                pick = ticket.lane.peek() or ticket  # the class is owed the slot; fairness picks who
-                if not self._try_grant(pick, now_ms, True, False, grants):
+                pick, rescued = self._pick(ticket.lane, now_ms)  # the class is owed the slot; fairness picks who
+                if not self._try_grant(pick or ticket, now_ms, True, False, grants, rescued):
                     blocked_models = blocked_models | {ticket.model}
                 continue
             lane, boosted = self._best_lane(now_ms, blocked_lanes)
             if lane is None:
                 break
-            ticket = lane.peek()
-            if ticket is None or not self._try_grant(ticket, now_ms, ticket.promoted, boosted, grants):
+            ticket, rescued = self._pick(lane, now_ms)
+            if ticket is None or not self._try_grant(ticket, now_ms, ticket.promoted, boosted, grants, rescued):
                 vip = lane.vip_pick() if ticket is not None and not ticket.vip else None
                 if vip is None or not self._try_grant(vip, now_ms, vip.promoted, boosted, grants):
                     blocked_lanes = blocked_lanes | {lane}
@@ -120,6 +138,42 @@ class DispatchMixin:
             if not self._waiting or not capacity.any_free(now_ms):
                 break
         return grants
+
+    def _pick(self, lane: Lane, now_ms: int) -> tuple[Ticket | None, bool]:
+        """The lane's next request and whether the rescue chose it: its earliest deadline when that is
+        within ``rescue_ms`` of ``now_ms``, else its fair-share pick."""
+        if self._rescue_ms:
+            heap = self._rescue.get(lane.key)
+            while heap:
+                deadline_ms, _, _, ticket = heap[0]
+                if ticket.state == WAITING and ticket.lane is lane:
+                    if deadline_ms - now_ms <= self._rescue_ms:
+                        return ticket, True
+                    break
+                heappop(heap)
+        return lane.peek(), False
+
+    def _rescue_push(self, lane: Lane, ticket: Ticket, deadline_ms: int) -> None:
+        heap = self._rescue.get(lane.key)
+        if heap is None:
+            heap = self._rescue[lane.key] = []
+        heappush(heap, (deadline_ms, ticket.enqueued_ms, ticket.id, ticket))
+
+    def _rescue_compact(self, lane: Lane) -> None:
+        """Drop the lane's rescue entries of requests that left it, once they outnumber the waiting
+        ones by far (only the top is checked lazily). The live entries keep their total order."""
+        heap = self._rescue.get(lane.key)
+        if heap is None or len(heap) <= 2 * lane.live + RESCUE_SLACK:
+            return
+        seen: set[str] = set()
+        live: list[RescueEntry] = []
+        for entry in heap:
+            ticket = entry[3]
+            if ticket.state == WAITING and ticket.lane is lane and entry[2] not in seen:
+                seen.add(entry[2])
+                live.append(entry)
+        heap[:] = live
+        heapify(heap)
 
     def _promote(self, now_ms: int) -> None:
         """Move every request at or past the preempt bound into its model's preempt heap.
@@ -247,7 +301,9 @@ class DispatchMixin:
         boosted = best is not None and min_level is not None and best.level > min_level
         return best, boosted
 
-    def _try_grant(self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant]) -> bool:
+    def _try_grant(
+        self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant], rescued: bool = False
+    ) -> bool:
         plan = self._plans[ticket.cls]
         capacity = self._capacity
         if self._hold_idle_on and not preempt and not plan.privileged:
@@ -260,7 +316,9 @@ class DispatchMixin:
         lane, tq = ticket.lane, ticket.tq
         assert lane is not None and tq is not None, "a waiting ticket is in a lane and a tenant queue"
         self._unqueue(ticket)
-        lane.charge(ticket, tq, not preempt)
+        lane.charge(ticket, tq, not preempt and not rescued)  # only the fair pick moves the lane's virtual time
+        if rescued:
+            self.rescued += 1
         ticket.state = RUNNING
         ticket.backend = backend.name
         ticket.dispatched_ms = now_ms

@@ -105,6 +105,8 @@ class HeadroomPolicy:
     hold_idle: bool = False  # also hold free slots that did not just free (an idle pool filled at once)
     miss_share: float = 0.0  # > 0: hold no more than the pool's turnover needs so that this share of top-class
     # arrivals finds no held slot (0: the need is the forecast arrivals alone)
+    rescue_ms: int = 0  # > 0: inside a class, a request this close to its deadline goes before the fair order
+    # (earliest deadline first among those at risk); works with or without ``enabled`` (``dispatching``)
 
 
 @dataclass(frozen=True)

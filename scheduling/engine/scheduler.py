@@ -32,7 +32,7 @@ from .aging import AgingCurve
 from .capacity import Capacity
 from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
-from .dispatching import DispatchMixin, PreemptEntry
+from .dispatching import DispatchMixin, PreemptEntry, RescueEntry
 from .fairness import Lane, tenant_weights
 from .headroom import HeadroomMixin
 from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
@@ -59,6 +59,9 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         "_hold_idle_on": bool,
         "_free_rate": float,
         "_free_rate_ms": int,
+        "_rescue_ms": int,
+        "_rescue": dict,
+        "rescued": int,
     }
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -87,6 +90,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._class_lanes: dict[str, list[Lane]] = {}  # the lanes of each class (one per model)
         self._preempt: dict[str, list[PreemptEntry]] = {}
         self._deadlines: list[tuple[int, str, Ticket]] = []
+        self._rescue: dict[tuple[str, str], list[RescueEntry]] = {}  # by lane key: waiting requests by deadline
+        self.rescued = 0  # grants the deadline rescue took out of the fair order
         self._promote_due_ms: float = 0  # no waiting request reaches preempt before this (see _promote)
         self._waiting = 0
         self._promoted = 0
@@ -148,6 +153,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._margin_after_ms = queue.margin_after_ms if self._predicted else 0
         self._depth_cap = queue.depth_cap
         self._apply_headroom(config.headroom, single_queue=self._single_queue)
+        # the deadline rescue needs deadlines (expiry) and a fair order to step out of
+        self._rescue_ms = config.headroom.rescue_ms if queue.enforce_deadline and not self._single_queue else 0
         self._weights()
 
     def _make_plan(self, spec: ClassSpec) -> ClassPlan:
@@ -196,6 +203,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         old_vt = {key: lane.vt for key, lane in self._lanes.items()}
         old_since, old_base = self._backlog_since, self._backlog_base
         self._lanes, self._lane_list, self._preempt, self._deadlines = {}, [], {}, []
+        self._rescue = {}
         self._class_lanes = {}
         self._promote_due_ms = float("inf")
         self._promoted = self._waiting = 0
@@ -253,6 +261,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         if plan.expires:
             ticket.deadline_ms = plan.deadline_ms(enqueued, ticket.request.deadline_ms)
             heappush(self._deadlines, (ticket.deadline_ms, ticket.id, ticket))
+            if self._rescue_ms:
+                self._rescue_push(lane, ticket, ticket.deadline_ms)
         else:
             ticket.deadline_ms = None
 
@@ -369,6 +379,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
             self._compact_deadlines()
         if len(lane.age) > 2 * lane.live + AGE_SLACK:
             self._compact_age(lane)
+        if self._rescue_ms:
+            self._rescue_compact(lane)
 
     def _compact_deadlines(self) -> None:
         """Drop the deadline heap's entries of tickets no longer waiting (left lazily when they were

@@ -12,6 +12,8 @@ headroom:
   profile_weight: 0.5    # the profile's share of the forecast (the rest: the recent rate)
   hold_idle: false       # also hold free slots that did not just free (an idle pool a lower class fills at once)
   miss_share: 0          # > 0: at most the slots the pool's turnover needs for this share of arrivals to find none held
+  rescue_ms: 0           # > 0: inside a class, a request this close to its deadline is served before the fair order
+                         # (earliest deadline first among those at risk); applies with or without enabled
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from scheduling.engine.schema import Checker
 
 KEYS = tuple(f.name for f in fields(HeadroomPolicy))
-_INTEGERS = {"horizon_ms": 1, "hold_ms": 1, "max_slots": 1, "bucket_ms": 60_000, "recent_ms": 1000}
+_INTEGERS = {"horizon_ms": 1, "hold_ms": 1, "max_slots": 1, "bucket_ms": 60_000, "recent_ms": 1000, "rescue_ms": 0}
 
 
 def headroom_section(ck: Checker, raw: Any) -> HeadroomPolicy | None:
