@@ -416,6 +416,7 @@ async def measure_postgres(stack: Stack, args) -> dict:
     found = {
         "postgres": pg.server_settings(stack.scratch.server),
         "worker_nice": pg.worker_niceness(stack.gateways["billing on"].process.pid),
+        "journal_wait": os.environ.get("FAIRGATE_JOURNAL_WAIT") or "write",  # the gateways' (settings' default)
         "analyzed": stack.analyze,
         "pg_latency": await postgres_latency(stack, args.phase_s, args.latency_rates, args.rounds),
         "saturation": await saturation(stack, args.step_s, args.rounds, args.connections),

@@ -92,6 +92,13 @@ def render(found: dict) -> str:
             if found.get("worker_nice") is not None
             else ""
         )
+        + (
+            f" An answer's end waits for its settlement's journal line to be"
+            f" {({'write': 'written', 'sync': 'written and synced'}).get(found['journal_wait'], found['journal_wait'])}"
+            f" (`FAIRGATE_JOURNAL_WAIT={found['journal_wait']}`)."
+            if found.get("journal_wait")
+            else ""
+        )
         + (f" Took {found['took_s'] / 60:.1f} min." if found.get("took_s") else ""),
         "",
         (
@@ -144,8 +151,9 @@ def render(found: dict) -> str:
         "(gateway.charging `Booker._send`); *asks per batch*: holds, settlements and releases per "
         "transaction (`fairgate_billing_batch_asks`). Each request asks twice (hold, settlement).",
         "- *answers waiting for billing* (latency rounds; `fairgate_billing_wait_seconds`): answers whose "
-        "end waited for their settlement's journal line to be synced (billing.journal: the line is "
-        "written, the journal's syncer process syncs it and answers, the event loop reads that), and "
+        "end waited for their settlement's journal line (billing.journal: written by the event loop at "
+        "the end of its turn; with FAIRGATE_JOURNAL_WAIT=sync also synced: the journal's syncer "
+        "process syncs it and answers, the event loop reads that), and "
         "answers whose first byte waited for their early hold, still being booked when the backend "
         "answered; in brackets the mean of those waits. Billing off waits for neither.",
         "- *commits/s*: transactions committed in its database (pg_stat_database.xact_commit).",

@@ -1,17 +1,31 @@
-"""Every settlement on local disk before its client gets the last byte: a write-ahead log.
+"""Every settlement in a local file before its client gets the last byte: a write-ahead log.
 
 A served request is charged exactly once, whatever process dies. `Journal.keep` appends the
-request's settlement (one JSON line) and returns a future that is done once the line is
-``fdatasync``'d; the exchange sends the answer's end after that, and the settlement is booked in
-the database meanwhile (gateway.charging), not on the answer's path. The lines gathered go to
-disk in one write and one ``fdatasync`` while the next lines gather behind it (group commit, as
-the Booker does for the database); a sync starts at most every ``FAIRGATE_JOURNAL_SYNC_INTERVAL_MS``
-after the one before (a quiet gateway's line goes at once), so a busy gateway syncs several
-answers' lines at once. The lines are written by the event loop (to the page cache) and synced by
-the journal's syncer, a small process of its own (billing/journal_sync.py): each sync costs about
-70 us of system time here, and a thread of the gateway's doing it took the GIL back from the event
-loop for every one. Without the syncer (it could not start, it died, FAIRGATE_JOURNAL_SYNCER=0)
-a thread of the journal's own writes and syncs.
+request's settlement (one JSON line) and returns a future; the exchange sends the answer's end
+once it is done, and the settlement is booked in the database meanwhile (gateway.charging), not
+on the answer's path. The lines are written by the event loop (to the page cache), those of one
+loop turn in one write, and ``fdatasync``'d by the journal's syncer, a small process of its own
+(billing/journal_sync.py): each sync costs about 70 us of system time here, and a thread of the
+gateway's doing it took the GIL back from the event loop for every one. A sync starts at most
+every ``FAIRGATE_JOURNAL_SYNC_INTERVAL_MS`` after the one before (a quiet gateway's line goes at
+once), one at a time, so a busy gateway syncs several answers' lines at once (group commit, as the
+Booker does for the database).
+
+What the future waits for (``FAIRGATE_JOURNAL_WAIT``):
+
+* ``write`` (the default): the line's write. Once written, the line is the kernel's: a kill of
+  any process (the gateway, its worker, both) loses nothing; only the host's own crash (power,
+  kernel) before the sync that follows within the interval can. Such a host's holds are released
+  by the others' sweep (billing.heartbeats), and finance sees them as released because their
+  process was gone: never charged twice, at worst not at all.
+* ``sync``: the line's ``fdatasync``. The answer's end then also survives a power loss, at the
+  price of the sync's latency on every answer: 0.2 ms on an idle disk here, tens of milliseconds
+  while the database's own WAL fsyncs share the disk, which was most of what billing added to the
+  gateway's p99 (bench/REPORT-gateway-postgres.md). A streamed answer's tokens reach the client
+  before its end either way.
+
+Without the syncer (it could not start, it died, FAIRGATE_JOURNAL_SYNCER=0) a thread of the
+journal's own writes and syncs, and answers wait for the sync.
 
 Booking is idempotent per request, so the journal needs no "booked" marks. It is a series of
 segment files: the current one takes new lines until it holds ``ROTATE_LINES`` or is
@@ -109,7 +123,7 @@ def _sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-@dataclass
+@dataclass(eq=False)  # one per file: compared, and kept in sets, by identity
 class _Segment:
     path: Path
     fd: int
@@ -204,6 +218,10 @@ class Journal:
         self._syncer: _Syncer | None = None
         self._syncer_failed = False  # not started again once it could not be or ended
         self._syncing: tuple[list[int], list[asyncio.Future]] | None = None  # out with the syncer
+        # FAIRGATE_JOURNAL_WAIT=write: segments written and not synced yet, and those asked of the syncer
+        self._unsynced: set[_Segment] = set()
+        self._asked: list[_Segment] = []
+        self._sync_timer: asyncio.TimerHandle | None = None
         self._seq = 0
         self._closed = False
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="journal")  # in order: writes, then removals
@@ -237,7 +255,10 @@ class Journal:
 
     def _flush_next(self, loop: asyncio.AbstractEventLoop) -> None:
         """The next sync: after this turn (its other lines go along), and no sooner than the
-        interval after the last one started."""
+        interval after the last one started. (Answers waiting for the write only: after this turn.)"""
+        if self._waits_for_write():
+            loop.call_soon(self._flush)
+            return
         wait_s = self._synced_at_s + settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS / 1000 - loop.time()
         if wait_s > 0:
             loop.call_later(wait_s, self._flush)
@@ -278,7 +299,6 @@ class Journal:
         lines, waiters = self._buffer, self._waiters
         self._buffer, self._waiters = [], []
         loop = asyncio.get_running_loop()
-        self._synced_at_s = loop.time()
         syncer = self._syncer_of(loop)
         if syncer is not None:
             try:
@@ -286,11 +306,18 @@ class Journal:
             except OSError as failed:
                 self._flushed(failed, waiters)
                 return
+            if self._waits_for_write():
+                self._unsynced.update(segment for segment in self._segments if segment.fd in fds)
+                self._flushed(None, waiters)  # the kernel has the lines: no process's death loses them
+                self._sync_later(loop)
+                return
+            self._synced_at_s = loop.time()
             paths = [str(segment.path) for segment in self._segments if segment.fd in fds]
             self._seq += 1
             self._syncing = (fds, waiters)
             syncer.ask(self._seq, paths)  # (if it is gone, `_syncer_ended` syncs them in the thread)
             return
+        self._synced_at_s = loop.time()
         written = loop.run_in_executor(self._disk, _write, lines)
         written.add_done_callback(lambda done: self._flushed(done.exception(), waiters))
 
@@ -303,8 +330,40 @@ class Journal:
                 self._syncer_failed = True
         return self._syncer
 
+    def _waits_for_write(self) -> bool:
+        """Whether an answer's end waits only for its line's write (FAIRGATE_JOURNAL_WAIT=write,
+        with the syncer), the sync following apart."""
+        return settings.FAIRGATE_JOURNAL_WAIT == "write" and self._syncer is not None
+
+    def _sync_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The written lines' sync, nobody waiting for it: one out at a time, no sooner than the
+        interval after the last one started."""
+        if self._asked or self._sync_timer is not None or not self._unsynced:
+            return
+        wait_s = self._synced_at_s + settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS / 1000 - loop.time()
+        self._sync_timer = loop.call_later(max(wait_s, 0), self._ask_sync)
+
+    def _ask_sync(self) -> None:
+        self._sync_timer = None
+        if self._closed or self._asked:
+            return
+        self._asked = [segment for segment in self._segments if segment in self._unsynced]  # (not removed since)
+        self._unsynced.clear()
+        if not self._asked:
+            return
+        self._synced_at_s = asyncio.get_running_loop().time()
+        self._seq += 1
+        assert self._syncer is not None
+        self._syncer.ask(self._seq, [str(segment.path) for segment in self._asked])
+
     def _synced(self, error: int) -> None:
         """The syncer's answer to the request out."""
+        if self._asked:
+            self._asked = []
+            if error:  # (not tried again: a failed sync may have lost the pages, and a second one reports nothing)
+                log.error("could not sync the settlement journal: %s (booked meanwhile)", os.strerror(error))
+            self._sync_later(asyncio.get_running_loop())
+            return
         if self._syncing is None:
             return
         _fds, waiters = self._syncing
@@ -314,6 +373,15 @@ class Journal:
     def _syncer_ended(self) -> None:
         log.warning("the journal's syncer ended; syncing in a thread from now on")
         self._syncer, self._syncer_failed = None, True
+        unsynced = [s for s in self._segments if s in self._unsynced or s in self._asked]
+        self._unsynced.clear()
+        self._asked = []
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+            self._sync_timer = None
+        if unsynced and not self._closed:  # written while answers waited only for the write: synced by the thread
+            synced = asyncio.get_running_loop().run_in_executor(self._disk, _sync_all, [s.fd for s in unsynced])
+            synced.add_done_callback(_log_failed_sync)
         if self._syncing is not None and not self._closed:
             fds, waiters = self._syncing
             self._syncing = None
@@ -399,7 +467,13 @@ class Journal:
         if self._syncer is not None:
             self._syncer.close()
             self._syncer = None
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+            self._sync_timer = None
         self._disk.shutdown(wait=True)
+        _sync_all([s.fd for s in self._segments if s in self._unsynced or s in self._asked])  # written, not synced
+        self._unsynced.clear()
+        self._asked = []
         if self._syncing is not None:  # written, its sync not answered: synced here
             _sync_all(self._syncing[0])
             self._waiters[:0] = self._syncing[1]
@@ -433,6 +507,11 @@ def _write(ops: list[tuple[int, bytes | Path]], *, sync: bool = True) -> list[in
     for fd, path in removed:
         _unlink(path, fd)
     return list(lines)
+
+
+def _log_failed_sync(done: asyncio.Future) -> None:
+    if done.exception() is not None:
+        log.error("could not sync the settlement journal: %r (booked meanwhile)", done.exception())
 
 
 def _sync_all(fds: list[int]) -> None:

@@ -175,6 +175,10 @@ FAIRGATE_BILLING_WORKER_NICE = env_int("FAIRGATE_BILLING_WORKER_NICE", 10, minim
 FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = env_int("FAIRGATE_JOURNAL_SYNC_INTERVAL_MS", 2, minimum=0)
 # Syncs by a small process of the gateway's own (billing/journal_sync.py); off: by a thread.
 FAIRGATE_JOURNAL_SYNCER = env_bool("FAIRGATE_JOURNAL_SYNCER", True)
+# What an answer's end waits for (billing/journal.py): "write", its settlement's line written to the
+# kernel (no process's death loses it; the fdatasync follows within the interval, a power loss
+# in between can); "sync", the line's fdatasync. "write" needs the syncer (without it: "sync").
+FAIRGATE_JOURNAL_WAIT = env_choice("FAIRGATE_JOURNAL_WAIT", "write", ("write", "sync"))
 FAIRGATE_BILLING_STALE_HOLD_S = env_int("FAIRGATE_BILLING_STALE_HOLD_S", 7200, minimum=60)
 # PostgreSQL: booking statements are prepared on the server after this many runs (billing/statements.py);
 # 0 never prepares (behind a transaction-pooling proxy that cannot keep prepared statements).

@@ -64,8 +64,8 @@ class Bill:
                     _WAITED_HOLD.observe(time.monotonic() - waits_s)
 
     async def settled(self) -> charging.Charged | None:
-        """The settlement's Charged once its line is on disk (None: booked but its charge unknown
-        here). Only after `end` of a served request."""
+        """The settlement's Charged once its journal line is written (or synced: billing.journal;
+        None: booked but its charge unknown here). Only after `end` of a served request."""
         assert self.settlement is not None
         if self.settlement.done():
             return self.settlement.result()

@@ -7,7 +7,7 @@
   (see "early holds" below);
 * ``settle`` once, when the upstream finished, with the actual usage (for a stream the client
   abandoned: the tokens sent so far, ``partial=True``); returns a future of the charge, set once
-  the settlement is in the journal on disk (billing.journal), and booked in the database behind
+  the settlement is in the journal (billing.journal: written, or synced), and booked in the database behind
   it (see "settlements" below);
 * ``release`` once, when the request ends without a charge (refused, queue timeout, cancelled
   while waiting, upstream failure).
@@ -29,16 +29,17 @@ costs the worker and the database about a millisecond of CPU whatever its size.
 A hold's caller waits for its hold to commit (an early hold's, before the answer's first byte):
 a request never goes on, nor a 402 out, on a booking that could still be lost.
 
-Settlements: the answer's end waits for its settlement to be on local disk, not in the
-database. The journal (billing.journal) makes it durable with an ``fdatasync`` (about 0.1 ms);
-the booking follows in the next batch, and if this process is killed first, its billing worker
-or the next gateway on this host books it from the journal. ``X-Charge`` is priced here as the
-booking prices it: the backend's prices as the billing worker last read them (sent back with
-its answers, `Booker.prices`), the hold's factor, at most the hold; the settlement carries that
-base cost, so the ledger charges what the client was told. (One exception, written down in
-billing.booking: a process taken for dead whose hold went back to the budget has its late
-settlement charged at most what the budget still has.) Before the worker's first answer, or if
-the journal cannot be written, the answer waits for the booking, as it did before the journal.
+Settlements: the answer's end waits for its settlement to be in a local file, not in the database:
+its journal line written, which no process's death can lose (or with ``FAIRGATE_JOURNAL_WAIT=sync``
+also ``fdatasync``'d, see billing.journal); the booking follows in the next batch, and if this
+process is killed first, its billing worker or the next gateway on this host books it from the
+journal. ``X-Charge`` is priced here as the booking prices it: the backend's prices as the billing
+worker last read them (sent back with its answers, `Booker.prices`), the hold's factor, at most the
+hold; the settlement carries that base cost, so the ledger charges what the client was told. (One
+exception, written down in billing.booking: a process taken for dead whose hold went back to the
+budget has its late settlement charged at most what the budget still has.) Before the worker's first
+answer, or if the journal cannot be written, the answer waits for the booking, as it did before the
+journal.
 
 ``FAIRGATE_BILLING=0`` turns the seam into no-ops (used by the benchmark that measures billing's
 cost).
@@ -166,7 +167,7 @@ class Booker:
         self.unbooked.close()
 
     def settle(self, ask: SettleAsk, held: Hold) -> asyncio.Future:
-        """Journals ``ask`` and books it: the future gives the Charged once the line is on disk
+        """Journals ``ask`` and books it: the future gives the Charged once the line is written (or synced)
         (``ask`` priced with its ``base_cost``, see the module's doc), or, when that cannot be,
         the booking's result once it is booked (None if it could not be: then it is kept and
         retried)."""
@@ -625,7 +626,7 @@ def hold_early(
 def settle(
     held: Hold, *, backend: str, prompt_tokens: int, output_tokens: int, partial: bool = False
 ) -> asyncio.Future | None:
-    """Sends the settlement now. The future gives the ``Charged`` once the settlement is on disk
+    """Sends the settlement now. The future gives the ``Charged`` once the settlement is journaled
     (`Booker.settle`); it is booked whether or not anyone waits. ``partial``: a stream the client
     abandoned, charged for the tokens sent."""
     if not settings.FAIRGATE_BILLING:

@@ -41,7 +41,7 @@ BILLING_BATCH_SECONDS = Histogram(
 BILLING_WAIT_SECONDS = Histogram(
     "fairgate_billing_wait_seconds",
     "How long an answer waited for billing, counted only when it did wait: step=hold, an early hold's"
-    " booking before the answer's first byte; step=settlement, the settlement's journal line on disk"
+    " booking before the answer's first byte; step=settlement, the settlement's journal line written (or synced)"
     " before the answer's end.",
     ["step"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),

@@ -211,3 +211,5 @@ def test_overhead_benchmark_on_postgres_uses_scratch_databases_and_reports_the_b
     nicer = min(mine + settings.FAIRGATE_BILLING_WORKER_NICE, 19) - mine  # as configured (the default, here)
     assert found["worker_nice"] == nicer  # read off the running worker
     assert f"The billing worker runs {nicer} nicer than its gateway" in text
+    assert found["journal_wait"] == settings.FAIRGATE_JOURNAL_WAIT
+    assert f"(`FAIRGATE_JOURNAL_WAIT={settings.FAIRGATE_JOURNAL_WAIT}`)" in text

@@ -71,7 +71,9 @@ def test_a_syncer_killed_before_a_sync_hands_it_to_the_thread():
     asyncio.run(scenario())
 
 
-def test_a_syncer_that_dies_with_a_sync_out_hands_it_to_the_thread():
+def test_a_syncer_that_dies_with_a_sync_out_hands_it_to_the_thread(settings):
+    settings.FAIRGATE_JOURNAL_WAIT = "sync"
+
     async def scenario() -> None:
         mine = Journal("host:1:a")
         await mine.keep(settle("t/r1"))
@@ -91,6 +93,7 @@ def test_a_syncer_that_dies_with_a_sync_out_hands_it_to_the_thread():
 
 
 def test_syncs_start_no_sooner_than_the_interval_after_the_last(settings, monkeypatch):
+    settings.FAIRGATE_JOURNAL_WAIT = "sync"
     settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = 60_000  # the test decides when the next one may go
     delays: list[float] = []
 
@@ -112,6 +115,111 @@ def test_syncs_start_no_sooner_than_the_interval_after_the_last(settings, monkey
 
     asyncio.run(scenario())
     assert len(lines_on_disk()) == 2
+
+
+async def _turns(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _all_synced(mine: Journal) -> None:
+    """Until nothing written waits for its sync, none is out, none is put off."""
+    while mine._asked or mine._unsynced or mine._sync_timer is not None:
+        await asyncio.sleep(0.01)
+
+
+def test_waiting_for_the_write_an_answer_goes_on_before_the_sync_which_still_follows(settings, monkeypatch):
+    """FAIRGATE_JOURNAL_WAIT=write (the default): a line's future is done once it is written, while
+    its sync is still out; the sync is asked all the same, one out at a time, spaced by the interval."""
+    settings.FAIRGATE_JOURNAL_WAIT = "write"
+    settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = 60_000
+    asked: list[list[str]] = []
+    real_ask = journal._Syncer.ask
+
+    def ask(self, seq, paths):
+        asked.append(paths)
+        real_ask(self, seq, paths)
+
+    monkeypatch.setattr(journal._Syncer, "ask", ask)
+
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))  # starts the syncer; the first sync goes at once
+        syncer = mine._syncer
+        assert syncer is not None
+        await _all_synced(mine)
+        assert len(asked) == 1 and asked[0] == [str(mine._current.path)]
+        os.kill(syncer.process.pid, signal.SIGSTOP)  # the next sync will not be answered
+        mine._synced_at_s = float("-inf")  # (the interval is not what this step checks)
+        await asyncio.wait_for(mine.keep(settle("t/r2")), 30)  # done: written, not synced
+        await _turns()
+        assert mine._asked and len(asked) == 2  # its sync is out, unanswered
+        await asyncio.wait_for(mine.keep(settle("t/r3")), 30)  # done while the sync is out
+        assert len(lines_on_disk()) == 3 and mine._unsynced and len(asked) == 2  # its sync waits its turn
+        os.kill(syncer.process.pid, signal.SIGCONT)
+        while mine._asked:
+            await asyncio.sleep(0.01)
+        assert mine._sync_timer is not None and mine._unsynced and len(asked) == 2  # r3's: put off by the interval
+        mine.close()
+
+    asyncio.run(scenario())
+
+
+def test_waiting_for_the_write_the_interval_spaces_syncs(settings, monkeypatch):
+    settings.FAIRGATE_JOURNAL_WAIT = "write"
+    settings.FAIRGATE_JOURNAL_SYNC_INTERVAL_MS = 60_000
+    delays: list[float] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        real_call_later = loop.call_later
+
+        def call_later(delay, callback, *args):
+            if getattr(callback, "__name__", "") != "_ask_sync":  # (the test's own sleeps)
+                return real_call_later(delay, callback, *args)
+            delays.append(delay)
+            return real_call_later(0, callback, *args)
+
+        monkeypatch.setattr(loop, "call_later", call_later)
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))
+        await _all_synced(mine)
+        assert delays == [0]  # the first sync: at once
+        await mine.keep(settle("t/r2"))  # done at once all the same
+        assert len(delays) == 2 and 59 < delays[1] <= 60  # its sync put off to the interval after the first
+        await _all_synced(mine)
+        mine.close()
+
+    asyncio.run(scenario())
+    assert len(lines_on_disk()) == 2
+
+
+def test_waiting_for_the_write_a_syncer_that_dies_leaves_its_sync_to_the_thread(settings, monkeypatch):
+    settings.FAIRGATE_JOURNAL_WAIT = "write"
+    synced: list[list[int]] = []
+    real_sync_all = journal._sync_all
+    monkeypatch.setattr(journal, "_sync_all", lambda fds: (synced.append(list(fds)), real_sync_all(fds)))
+
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))
+        syncer = mine._syncer
+        assert syncer is not None
+        await _all_synced(mine)
+        os.kill(syncer.process.pid, signal.SIGSTOP)
+        await asyncio.wait_for(mine.keep(settle("t/r2")), 30)
+        await _turns()
+        assert mine._asked  # out with the stopped syncer
+        fd = mine._current.fd
+        os.kill(syncer.process.pid, signal.SIGKILL)
+        while mine._syncer is not None or not synced:
+            await asyncio.sleep(0.01)
+        assert synced[0] == [fd] and not mine._asked and not mine._unsynced  # the thread synced it
+        await asyncio.wait_for(mine.keep(settle("t/r3")), 30)  # from now on written and synced by the thread
+        assert len(lines_on_disk()) == 3 and len(synced) == 2
+        mine.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_settlement_whose_line_could_not_be_synced_is_told_its_charge_once_booked(tmp_path, settings, monkeypatch):
