@@ -38,6 +38,7 @@ import time
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -47,6 +48,7 @@ from bench.surge import SurgePlan, SurgeResult, headline_table, markdown_table, 
 from bench.surge.plan import FIELD_BATCH_COUNT
 from bench.surge.replay import run_sync
 from bench.surge.report import P95, p95_of, ratio, ratio_text
+from scheduling.engine.forecast import DAY_MS
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"
 DEFAULT_BATCH_COUNT = 6_200  # half the field event (24 slots): ~3 min per policy at time scale 60
@@ -61,6 +63,8 @@ PROBLEMS = ("Traceback", "CRITICAL", "ERROR", "WARNING")  # what a log line that
 FILE_BROKER = "filesystem://localhost/"  # kombu's file transport under the gateway's var dir: no server
 TARGET_RATIO = 2.0  # the issue's: with the job uploaded, peak window p95 <= 2x the whole surge's
 BASELINE_TARGET = 1.5  # issue 15 item 4: the worst window's p95 <= 1.5x the no-batch run's
+HEADROOM_MIN_BUCKET_MS = 60_000  # the schema's least headroom.bucket_ms (scheduling/engine/schema_headroom.py)
+HEADROOM_MIN_RECENT_MS = 1_000  # and its least headroom.recent_ms
 
 
 def engine_policy(name: str) -> str:
@@ -68,13 +72,47 @@ def engine_policy(name: str) -> str:
     return name.removesuffix(UPLOAD).removesuffix(NO_BATCH)
 
 
+def scaled_ms(plan: SurgePlan, sim_ms: int, *, at_least: int = 1) -> int:
+    """A duration of the simulated day in real milliseconds (0 stays 0: "off"), no less than ``at_least``."""
+    return 0 if sim_ms == 0 else max(at_least, plan.sla_ms(sim_ms))
+
+
+def scaled_bucket_ms(plan: SurgePlan, sim_ms: int) -> int:
+    """The headroom profile's bucket in real ms: the smallest the schema takes (it must divide a day
+    and be at least a minute) that is no shorter than the scaled one. A compressed replay never sees
+    a day twice, so the profile learns only today's earlier buckets (as in the simulator's ``surge``);
+    at time scale 20 a bucket is one real minute, 20 simulated ones, of steady chat traffic."""
+    bucket = max(HEADROOM_MIN_BUCKET_MS, plan.sla_ms(sim_ms))
+    while DAY_MS % bucket:
+        bucket += 1
+    return bucket
+
+
+def scaled_headroom(plan: SurgePlan, headroom: dict[str, Any]) -> dict[str, Any]:
+    """A ``headroom`` section with its durations divided by the time scale (its counts and shares as
+    they are), each kept within what the schema accepts."""
+    scaled = dict(headroom)
+    for key in ("horizon_ms", "hold_ms", "rescue_ms"):
+        if key in scaled:
+            scaled[key] = scaled_ms(plan, scaled[key])
+    if "recent_ms" in scaled:
+        scaled["recent_ms"] = scaled_ms(plan, scaled["recent_ms"], at_least=HEADROOM_MIN_RECENT_MS)
+    if "bucket_ms" in scaled:
+        scaled["bucket_ms"] = scaled_bucket_ms(plan, scaled["bucket_ms"])
+    return scaled
+
+
 def gateway_yaml(plan: SurgePlan, policy: str, backend_url: str, slots: int) -> str:
-    """The surge scenario's configuration, its times divided by the time scale."""
+    """The surge scenario's configuration, its times divided by the time scale: the classes' SLAs,
+    the queue's durations and service prior, and the headroom section's durations."""
     scenario = json.loads(SCENARIO.read_text(encoding="utf-8"))
     config = dict(scenario["config"])
     config["policy"] = policy
     config["classes"] = [{**c, "sla_ms": plan.sla_ms(c["sla_ms"])} for c in config["classes"]]
-    config["queue"] = {**config["queue"], "service_ms_prior": plan.sla_ms(SERVICE_MS_PRIOR)}
+    queue = {key: scaled_ms(plan, value) if key.endswith("_ms") else value for key, value in config["queue"].items()}
+    config["queue"] = {**queue, "service_ms_prior": plan.sla_ms(SERVICE_MS_PRIOR)}
+    if "headroom" in config:
+        config["headroom"] = scaled_headroom(plan, config["headroom"])
     config["tenants"] = [
         {"slug": t["slug"], "name": t["slug"].title(), "quota_share": t["quota_share"], "annual_budget": 1_000_000_000}
         for t in scenario["tenants"]

@@ -6,6 +6,9 @@ window's p95 over it and issue 15's target line. No server, no clock."""
 from __future__ import annotations
 
 import json
+import math
+
+import yaml
 
 from bench.surge import SurgePlan
 from bench.surge.plan import Prompts
@@ -15,17 +18,58 @@ from bench.surge.report import COLUMNS, P95, UPLOAD_COLUMNS, BatchTally, Sample,
 from bench.surge.traffic import GAVE_UP, OK, Ledger, Outcome, batch_bodies
 from bench.surge.upload import ENDPOINT, BatchCounts, batch_jsonl, failure_codes
 from bench.surge_compare import (
+    SCENARIO,
     baseline_plan,
     baseline_target_line,
     engine_policy,
     first_problem,
+    gateway_yaml,
     log_problems,
+    scaled_headroom,
     target_line,
     with_baseline,
     worker_timing,
 )
+from scheduling.engine.schema import config_from_dict, config_from_yaml
 
 PLAN = SurgePlan(batch_count=40, time_scale=60)
+
+
+def test_the_gateway_gets_the_scenarios_headroom_with_its_durations_divided_by_the_time_scale():
+    plan = SurgePlan(batch_count=6200, time_scale=20)
+    scenario = json.loads(SCENARIO.read_text(encoding="utf-8"))["config"]
+    config = yaml.safe_load(gateway_yaml(plan, "fairgate", "http://127.0.0.1:1", 24))["scheduler"]
+    sim, real = scenario["headroom"], config["headroom"]
+    for key in ("horizon_ms", "hold_ms", "rescue_ms", "recent_ms"):
+        assert real[key] == math.ceil(sim[key] / 20), key
+    assert {k: v for k, v in real.items() if not k.endswith("_ms")} == {
+        k: v for k, v in sim.items() if not k.endswith("_ms")
+    }
+    assert [c["sla_ms"] for c in config["classes"]] == [math.ceil(c["sla_ms"] / 20) for c in scenario["classes"]]
+    assert config_from_yaml(gateway_yaml(plan, "fairgate", "http://127.0.0.1:1", 24)).headroom.enabled
+
+
+def test_scaled_headroom_keeps_off_as_off_and_every_duration_within_the_schema():
+    plan = SurgePlan(batch_count=6200, time_scale=60)
+    section = {"enabled": True, "horizon_ms": 4000, "hold_ms": 90, "bucket_ms": 300_000, "recent_ms": 30_000}
+    scaled = scaled_headroom(plan, {**section, "rescue_ms": 0, "max_slots": 3})
+    assert scaled == {
+        "enabled": True,
+        "horizon_ms": 67,
+        "hold_ms": 2,
+        "bucket_ms": 60_000,  # 5,000 is below the schema's least; a minute divides a day
+        "recent_ms": 1_000,  # 500 is below the schema's least
+        "rescue_ms": 0,
+        "max_slots": 3,
+    }
+    assert scaled_headroom(SurgePlan(batch_count=6200, time_scale=2), section)["bucket_ms"] == 150_000
+    odd = scaled_headroom(SurgePlan(batch_count=6200, time_scale=7), {"bucket_ms": 600_000})["bucket_ms"]
+    assert odd >= 600_000 / 7 and 86_400_000 % odd == 0
+    classes = [
+        {"name": "INTERACTIVE", "level": 0, "sla_ms": 50, "price_factor": "1"},
+        {"name": "BATCH", "level": 2, "sla_ms": 240_000, "price_factor": "1"},
+    ]
+    assert config_from_dict({"classes": classes, "headroom": scaled}).headroom.bucket_ms == 60_000  # schema: valid
 
 
 def test_the_batch_file_holds_the_http_replays_bodies_one_line_each():
