@@ -164,9 +164,8 @@ FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
 FAIRGATE_EARLY_HOLDS = env_bool("FAIRGATE_EARLY_HOLDS", True)
 FAIRGATE_EARLY_HOLD_ROOM_MS = env_int("FAIRGATE_EARLY_HOLD_ROOM_MS", 1000, minimum=0)
 # How long a booking no request waits for now (a journaled settlement, a release, an early hold)
-# may wait for others to share its batch (gateway.charging): fewer, fuller transactions. (An early
-# hold an answer starts waiting for is sent at once.)
-FAIRGATE_BILLING_LINGER_MS = env_int("FAIRGATE_BILLING_LINGER_MS", 25, minimum=0)
+# may wait for others to share its batch (gateway.charging): fewer, fuller transactions.
+FAIRGATE_BILLING_LINGER_MS = env_int("FAIRGATE_BILLING_LINGER_MS", 10, minimum=0)
 # The billing worker's niceness, added to the gateway's (gateway/billing_worker.py): on a machine
 # whose cores are all busy, the event loop (every request's path) goes before the bookkeeping
 # (group commit: a slower worker books fuller batches). 0: the same priority as the gateway.
