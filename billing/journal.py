@@ -356,6 +356,17 @@ class Journal:
         assert self._syncer is not None
         self._syncer.ask(self._seq, [str(segment.path) for segment in self._asked])
 
+    def _take_unsynced(self) -> list[_Segment]:
+        """The open segments written and not synced yet (FAIRGATE_JOURNAL_WAIT=write), taken off the
+        syncer: their sync, out or put off, is no longer awaited from it."""
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+            self._sync_timer = None
+        unsynced = [segment for segment in self._segments if segment in self._unsynced or segment in self._asked]
+        self._unsynced.clear()
+        self._asked = []
+        return unsynced
+
     def _synced(self, error: int) -> None:
         """The syncer's answer to the request out."""
         if self._asked:
@@ -373,12 +384,7 @@ class Journal:
     def _syncer_ended(self) -> None:
         log.warning("the journal's syncer ended; syncing in a thread from now on")
         self._syncer, self._syncer_failed = None, True
-        unsynced = [s for s in self._segments if s in self._unsynced or s in self._asked]
-        self._unsynced.clear()
-        self._asked = []
-        if self._sync_timer is not None:
-            self._sync_timer.cancel()
-            self._sync_timer = None
+        unsynced = self._take_unsynced()
         if unsynced and not self._closed:  # written while answers waited only for the write: synced by the thread
             synced = asyncio.get_running_loop().run_in_executor(self._disk, _sync_all, [s.fd for s in unsynced])
             synced.add_done_callback(_log_failed_sync)
@@ -467,13 +473,9 @@ class Journal:
         if self._syncer is not None:
             self._syncer.close()
             self._syncer = None
-        if self._sync_timer is not None:
-            self._sync_timer.cancel()
-            self._sync_timer = None
+        unsynced = self._take_unsynced()
         self._disk.shutdown(wait=True)
-        _sync_all([s.fd for s in self._segments if s in self._unsynced or s in self._asked])  # written, not synced
-        self._unsynced.clear()
-        self._asked = []
+        _sync_all([segment.fd for segment in unsynced])  # written, not synced
         if self._syncing is not None:  # written, its sync not answered: synced here
             _sync_all(self._syncing[0])
             self._waiters[:0] = self._syncing[1]
