@@ -151,8 +151,9 @@ def render(found: dict) -> str:
         "(gateway.charging `Booker._send`); *asks per batch*: holds, settlements and releases per "
         "transaction (`fairgate_billing_batch_asks`). Each request asks twice (hold, settlement).",
         "- *answers waiting for billing* (latency rounds; `fairgate_billing_wait_seconds`): answers whose "
-        "end waited for their settlement's journal line (billing.journal: written by the event loop at "
-        "the end of its turn; with FAIRGATE_JOURNAL_WAIT=sync also synced: the journal's syncer "
+        "end waited for their settlement's journal line (billing.journal: with FAIRGATE_JOURNAL_WAIT=write "
+        "written as it is kept, so none waits; with FAIRGATE_JOURNAL_WAIT=sync written at the end of "
+        "the event loop's turn and synced: the journal's syncer "
         "process syncs it and answers, the event loop reads that), and "
         "answers whose first byte waited for their early hold, still being booked when the backend "
         "answered; in brackets the mean of those waits. Billing off waits for neither.",

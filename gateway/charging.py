@@ -181,6 +181,9 @@ class Booker:
             return self.submit(ask)
         self.submit(ask, answer=False, urgent=False)  # no one waits for the booking
         result = asyncio.get_running_loop().create_future()
+        if durable.done() and durable.exception() is None:  # written already: told without a turn
+            result.set_result(charged)
+            return result
 
         def on_disk(done: asyncio.Future) -> None:
             if result.done():  # the client left

@@ -62,8 +62,9 @@ def test_a_syncer_killed_before_a_sync_hands_it_to_the_thread():
         assert mine._syncer is not None
         mine._syncer.process.kill()
         mine._syncer.process.wait()
-        await mine.keep(settle("t/r2"))  # asked of a dead syncer: synced by the thread
-        assert len(lines_on_disk()) == 2 and mine._syncer is None
+        await mine.keep(settle("t/r2"))  # written; its sync asked of a dead syncer: synced by the thread
+        await asyncio.wait_for(_syncer_gone(mine), 30)
+        assert len(lines_on_disk()) == 2 and not mine._asked and not mine._unsynced
         await mine.keep(settle("t/r3"))  # and from now on by the thread
         assert len(lines_on_disk()) == 3
         mine.close()
@@ -115,6 +116,11 @@ def test_syncs_start_no_sooner_than_the_interval_after_the_last(settings, monkey
 
     asyncio.run(scenario())
     assert len(lines_on_disk()) == 2
+
+
+async def _syncer_gone(mine: Journal) -> None:
+    while mine._syncer is not None:
+        await asyncio.sleep(0.01)
 
 
 async def _turns(n: int = 20) -> None:
