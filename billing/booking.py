@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
+from operator import attrgetter
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -140,6 +141,8 @@ class Booked:
 
 
 COLUMNS = tuple(f.name for f in fields(Booked))
+_columns_of = attrgetter(*COLUMNS)  # an entry's values in the order of COLUMNS
+_AT = COLUMNS.index("at")
 assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields if not f.primary_key}
 
 
@@ -185,7 +188,7 @@ class _Plan:
     entries: list[Booked] = field(default_factory=list)
 
     @property
-    def budget_ids(self) -> list[int]:
+    def budget_ids(self) -> tuple[int, ...]:
         """The budget rows it moves: its hold's (as priced), or those of the hold it ends."""
         held = self.priced.held if self.priced is not None else self.held
         assert held is not None  # `_prepare` lets no end without its hold into a batch
@@ -403,14 +406,14 @@ def _decide_hold(plan: _Plan, ask: HoldAsk, rows: dict[int, _Row], holds: Holds,
     refused = None
     while candidates:
         priced = candidates.pop(0)
-        held = replace(priced.held, request_id=key)
+        held = priced.held.booked_as(key)
         moved = [rows[pk] for pk in held.budget_ids]
         blocking = next((row for row in moved if not row.fits(held.amount)), None)
         if blocking is None:
             for row in moved:
                 row.held += held.amount
             room = _room(moved)
-            plan.result = holds[key] = replace(held, room=UNLIMITED if room is None else room)
+            plan.result = holds[key] = held.booked_as(key, UNLIMITED if room is None else room)
             plan.entries.append(
                 _booked(
                     held,
@@ -497,9 +500,12 @@ def _decide_end(plan: _Plan, ask: SettleAsk | ReleaseAsk, rows: dict[int, _Row],
 def _write(entries: list[Booked], rows: list[_Row]) -> None:
     """Step 5: the INSERT of the entries, the UPDATE of the moved rows."""
     adapt_at = connection.ops.adapt_datetimefield_value
+    values = [list(_columns_of(entry)) for entry in entries]
+    for row in values:
+        row[_AT] = adapt_at(row[_AT])
     statements.booking_writes(
         COLUMNS,
-        [tuple(adapt_at(entry.at) if name == "at" else getattr(entry, name) for name in COLUMNS) for entry in entries],
+        values,
         [(r.pk, money(r.spent), money(r.held), r.limit) for r in rows],
     )
 
