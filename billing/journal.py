@@ -244,12 +244,13 @@ class Journal:
         written here and now, and the future is done when this returns: the answer's end waits
         for no turn of the event loop (one write per line, a few microseconds, against the two or
         three turns a write at the end of the turn cost every answer)."""
-        segment = self._taking()
+        loop = asyncio.get_running_loop()
+        syncer = self._syncer_of(loop)
+        segment = self._taking(syncer is not None)
         self._track(ask.request_id, segment)
         segment.lines += 1
-        loop = asyncio.get_running_loop()
         future = loop.create_future()
-        if settings.FAIRGATE_JOURNAL_WAIT == "write" and self._syncer_of(loop) is not None:
+        if settings.FAIRGATE_JOURNAL_WAIT == "write" and syncer is not None:
             # (Lines wait in the buffer only without a syncer, which never comes back once gone:
             # none is queued ahead of this one.)
             try:
@@ -284,7 +285,12 @@ class Journal:
         else:
             loop.call_soon(self._flush)
 
-    def _taking(self) -> _Segment:
+    def _taking(self, syncer: bool) -> _Segment:
+        """The segment that takes the next line. A new one's name is put on disk by whoever syncs
+        its first lines: the syncer (``syncer``: it syncs the directory of each file it opens), else
+        here, before any line of it counts as kept (the thread's fallback). The event loop does not
+        wait for a directory sync where it can help it: on a disk the database's WAL shares, one
+        costs as long as a file's sync."""
         current = self._current
         if current is not None and current.full():
             self._close_to_lines(current)
@@ -296,7 +302,8 @@ class Journal:
             self._next += 1
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _sync_dir(directory)
+            if not syncer:
+                _sync_dir(directory)
             current = self._current = _Segment(path, fd, time.monotonic())
             self._segments.append(current)
         return current
@@ -405,7 +412,7 @@ class Journal:
         self._syncer, self._syncer_failed = None, True
         unsynced = self._take_unsynced()
         if unsynced and not self._closed:  # written while answers waited only for the write: synced by the thread
-            synced = asyncio.get_running_loop().run_in_executor(self._disk, _sync_all, [s.fd for s in unsynced])
+            synced = asyncio.get_running_loop().run_in_executor(self._disk, _sync_with_dir, [s.fd for s in unsynced])
             synced.add_done_callback(_log_failed_sync)
         if self._syncing is not None and not self._closed:
             fds, waiters = self._syncing
@@ -413,7 +420,7 @@ class Journal:
             self._sync_in_thread(asyncio.get_running_loop(), fds, waiters)
 
     def _sync_in_thread(self, loop: asyncio.AbstractEventLoop, fds: list[int], waiters: list[asyncio.Future]) -> None:
-        synced = loop.run_in_executor(self._disk, _sync_all, fds)
+        synced = loop.run_in_executor(self._disk, _sync_with_dir, fds)
         synced.add_done_callback(lambda done: self._flushed(done.exception(), waiters))
 
     def _flushed(self, failed: BaseException | None, waiters: list[asyncio.Future]) -> None:
@@ -538,6 +545,13 @@ def _log_failed_sync(done: asyncio.Future) -> None:
 def _sync_all(fds: list[int]) -> None:
     for fd in fds:
         os.fdatasync(fd)
+
+
+def _sync_with_dir(fds: list[int]) -> None:
+    """What a syncer that died was asked: the files, and the directory of a segment it may not
+    have opened yet (its name)."""
+    _sync_dir(journal_dir())
+    _sync_all(fds)
 
 
 def _unlink(path: Path, fd: int) -> None:

@@ -4,9 +4,11 @@ the GIL back from the event loop is paid by the gateway's loop.
 
 Standard library only; started as ``python -I billing/journal_sync.py``. Reads one request per
 line on stdin, ``[seq, [path, ...]]`` (JSON), syncs each file (the gateway wrote the lines before
-asking), and answers ``[seq, errno]`` on stdout (0: every file is on disk). A file that is gone is
-synced: the gateway removes a segment only once every settlement in it is booked. Ends at the end
-of its input (the gateway stopped or died), not at a signal, so it never ends before its gateway.
+asking) and, the first time it opens one, its directory (a new segment's name: the gateway does
+not sync that on its event loop), and answers ``[seq, errno]`` on stdout (0: every file is on
+disk). A file that is gone is synced: the gateway removes a segment only once every settlement
+in it is booked. Ends at the end of its input (the gateway stopped or died), not at a signal, so
+it never ends before its gateway.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ KEEP_OPEN = 8  # files kept open between requests (a journal writes to one segme
 
 def _sync(path: str, open_fds: dict[str, int]) -> None:
     fd = open_fds.get(path)
+    opened = fd is None
     if fd is None:
         try:
             fd = os.open(path, os.O_RDONLY)  # fdatasync syncs the file, whichever descriptor asks
@@ -28,6 +31,16 @@ def _sync(path: str, open_fds: dict[str, int]) -> None:
             return
         open_fds[path] = fd
     os.fdatasync(fd)
+    if opened:  # a new segment (or one not synced lately): its name on disk too, which fdatasync does not promise
+        _sync_dir(os.path.dirname(path) or ".")
+
+
+def _sync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def serve(requests, answers) -> None:

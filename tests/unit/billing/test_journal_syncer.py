@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 import os
 import signal
+import stat
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -274,3 +277,51 @@ def test_a_settlement_whose_line_could_not_be_synced_is_told_its_charge_once_boo
 
     asyncio.run(scenario())
     assert [type(ask).__name__ for ask in fake.sent] == ["SettleAsk", "SettleAsk"]
+
+
+@pytest.mark.parametrize("syncer", [True, False], ids=["syncer", "thread"])
+def test_a_new_segments_name_is_synced_off_the_event_loop_by_the_syncer(settings, monkeypatch, syncer):
+    """The directory sync a new segment needs: the syncer's, with its first lines (on a disk the
+    database's WAL shares it costs as long as a file's sync); only the thread's fallback does it
+    on the event loop, before the segment's first line."""
+    settings.FAIRGATE_JOURNAL_SYNCER = syncer
+    on_the_loop: list[str] = []
+    real_sync_dir = journal._sync_dir
+
+    def sync_dir(directory) -> None:
+        on_the_loop.append(str(directory))
+        real_sync_dir(directory)
+
+    monkeypatch.setattr(journal, "_sync_dir", sync_dir)
+
+    async def scenario() -> None:
+        mine = Journal("host:1:a")
+        await mine.keep(settle("t/r1"))
+        await _all_synced(mine)
+        assert on_the_loop == ([] if syncer else [str(journal.journal_dir())])
+        mine.close()
+
+    asyncio.run(scenario())
+    assert len(lines_on_disk()) == 1
+
+
+def test_the_syncer_syncs_the_directory_of_each_file_it_opens(tmp_path, monkeypatch):
+    from billing import journal_sync
+
+    directories: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            directories.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    first, second = tmp_path / "a.0.jsonl", tmp_path / "a.1.jsonl"
+    for path in (first, second):
+        path.write_text("{}\n")
+    asked = [[1, [str(first)]], [2, [str(first)]], [3, [str(first), str(second)]]]
+    answers = io.BytesIO()
+    journal_sync.serve([json.dumps(request).encode() for request in asked], answers)
+    assert [json.loads(line) for line in answers.getvalue().splitlines()] == [[1, 0], [2, 0], [3, 0]]
+    assert directories == [str(tmp_path), str(tmp_path)]  # once per file, when it is first opened
