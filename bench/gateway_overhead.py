@@ -29,7 +29,9 @@ run the scratch databases are ANALYZEd (``--stale-statistics``: not). Every run 
 how busy each gateway's own process, its billing worker, its database's backends and the whole
 machine were, the Booker's batches (``fairgate_billing_batch_seconds``/``_asks`` from /metrics),
 and, sampled from ``pg_stat_activity`` during the closed loop, where the billing worker's
-connection was (idle, idle in a transaction, running, flushing WAL, waiting for a lock).
+connection was (idle, idle in a transaction, running, flushing WAL, waiting for a lock). Beside each
+latency round it prints the machine's own stalls during it (bench.canary: this VM sometimes stops as
+a whole for a few hundred milliseconds, which a round then measures with its system).
 ``--write-report`` writes bench/REPORT-gateway-postgres.md (REPORT-gateway.md keeps SQLite's).
 """
 
@@ -49,6 +51,7 @@ from statistics import mean
 
 from bench import gateway_overhead_postgres as pg
 from bench import gateway_overhead_postgres_report as pg_report
+from bench.canary import Canary
 from bench.launch import Server, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
 from bench.report_gateway import section_write
@@ -90,6 +93,7 @@ class Stack:
     dbnames: dict[str, str] | None = None  # gateway name -> its database (PostgreSQL)
     meters: dict[str, pg.Meter] | None = None
     analyze: bool = True  # PostgreSQL: fresh planner statistics before every run (--stale-statistics: not)
+    canary: Canary | None = None  # PostgreSQL: the machine's own stalls, printed beside each latency round
 
     def target(self, name: str) -> Target:
         if name == "direct":
@@ -100,6 +104,8 @@ class Stack:
 
     def stop(self) -> None:
         try:
+            if self.canary is not None:
+                self.canary.stop()
             for meter in (self.meters or {}).values():
                 meter.close()
             for server in (*self.gateways.values(), self.sim):
@@ -140,7 +146,7 @@ def stack_start(
     if scratch is None:
         return Stack(sim, gateways)
     meters = {name: pg.Meter(gateway, scratch.server, dbnames[name]) for name, gateway in gateways.items()}
-    return Stack(sim, gateways, database, scratch, dbnames, meters, analyze)
+    return Stack(sim, gateways, database, scratch, dbnames, meters, analyze, Canary())
 
 
 def _log(line: str) -> None:
@@ -160,9 +166,10 @@ class Phase:
     lag_p99_ms: float | None
     failures: dict[str, int]
     gateway_cpu_ms_per_request: float | None = None
+    stalls_ms: tuple[float, ...] = ()  # the machine's own stalls during the run (bench.canary)
 
     @classmethod
-    def of(cls, target: str, result: Result, cpu_s: float | None = None) -> Phase:
+    def of(cls, target: str, result: Result, cpu_s: float | None = None, stalls_ms=()) -> Phase:
         return cls(
             target,
             result.offered_per_s,
@@ -173,6 +180,7 @@ class Phase:
             percentile(result.send_lag_ms, 0.99),
             dict(result.errors),
             None if cpu_s is None or not result.ok else 1000.0 * cpu_s / result.ok,
+            tuple(stalls_ms),
         )
 
 
@@ -351,7 +359,14 @@ async def postgres_latency(stack: Stack, phase_s: float, rates, rounds: int) -> 
                 "rate": rate,
                 "round": "all",
                 "usage": {},
-                **{name: Phase.of(name, _pool(results)) for name, results in pooled.items()},
+                **{
+                    name: Phase.of(
+                        name,
+                        _pool(results),
+                        stalls_ms=[ms for row in rows if row["rate"] == rate for ms in row[name].stalls_ms],
+                    )
+                    for name, results in pooled.items()
+                },
             }
         )
     return rows
@@ -366,14 +381,20 @@ async def _open_phase(
         await quiesce(stack)
     gateway = stack.gateways.get(name)
     cpu_before_s = gateway.cpu_s() if gateway else None
+    started = time.time()
     result = await open_loop(stack.target(name), rate_per_s, duration_s, seed=seed, timeout_s=REQUEST_TIMEOUT_S)
-    summary = Phase.of(name, result, gateway.cpu_s() - cpu_before_s if gateway else None)
+    stalls = stack.canary.between(started, time.time()) if stack.canary is not None else []
+    summary = Phase.of(name, result, gateway.cpu_s() - cpu_before_s if gateway else None, stalls)
     _log(
         f"  {name:>11} @ {rate_per_s:>5.0f}/s: sent {summary.sent_per_s:.0f}/s, ok {summary.ok_share:.1%}, "
         f"p50 {_ms(summary.p50_ms)}, p99 {_ms(summary.p99_ms)}, send lag p99 {_ms(summary.lag_p99_ms)} "
-        f"{summary.failures or ''}"
+        f"{summary.failures or ''}{_stalls_note(stalls)}"
     )
     return summary, result
+
+
+def _stalls_note(stalls: list[float]) -> str:
+    return f" (machine stalls: {len(stalls)}, longest {max(stalls):.0f} ms)" if stalls else ""
 
 
 def _pool(results: list[Result]) -> Result:

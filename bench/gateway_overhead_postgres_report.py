@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from statistics import mean
 
+from bench.canary import STALL_MS
 from bench.gateway_overhead_postgres import SAMPLE_INTERVAL_MS, Usage
 
 REPORT_PATH = Path(__file__).resolve().parent / "REPORT-gateway-postgres.md"
@@ -167,6 +168,11 @@ def render(found: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
+def _stalls(phase) -> str:
+    stalls = getattr(phase, "stalls_ms", ())
+    return f"{len(stalls)} ({max(stalls):.0f} ms)" if stalls else "0"
+
+
 def latency_section(rows: list[dict]) -> list[str]:
     """rows: one per round: {"direct": Phase, "billing on": Phase, "billing off": Phase, "usage": {...}},
     plus the pooled one (round "all")."""
@@ -174,8 +180,8 @@ def latency_section(rows: list[dict]) -> list[str]:
         f"### Added latency at {rows[0]['rate']:.0f} requests/s (Poisson arrivals, {len(rows) - 1} alternated rounds)",
         "",
         "| round | direct p50 / p99 | billing on p50 / p99 | billing off p50 / p99 | added p99 on | "
-        "added p99 off | on / off | target (on <= 3x off) | failed on / off |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "added p99 off | on / off | target (on <= 3x off) | failed on / off | machine stalls direct / on / off |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     every_round = True
     for row in rows:
@@ -193,12 +199,16 @@ def latency_section(rows: list[dict]) -> list[str]:
             f"| {name} | {_ms(direct.p50_ms)} / {_ms(direct.p99_ms)} | {_ms(on.p50_ms)} / {_ms(on.p99_ms)} | "
             f"{_ms(off.p50_ms)} / {_ms(off.p99_ms)} | {_ms(added_on)} | {_ms(added_off)} | "
             f"{'–' if ratio is None else f'{ratio:.1f}x'} | {verdict} | "
-            f"{_failed(on)} / {_failed(off)} |"
+            f"{_failed(on)} / {_failed(off)} | {_stalls(direct)} / {_stalls(on)} / {_stalls(off)} |"
         )
     lines += [
         "",
         "- added p99 = gateway p99 - direct p99 of the same round (a difference of percentiles); "
         "\"all\" pools every round's latencies; its target is met only if every round's is.",
+        "- machine stalls: how many times during the run an idle process of its own (bench.canary) woke "
+        f"up {STALL_MS:.0f} ms or more late, and the longest (ms): this shared VM sometimes stops as a "
+        "whole, every process at once, which a round then measures with its system. Rounds are kept as "
+        "measured, stalls or not.",
         "",
         f"| round | gateway | {USAGE_HEADER} | CPU per request | answers waiting for their settlement's journal "
         "(mean wait) | answers waiting for their early hold (mean wait) |",

@@ -206,6 +206,7 @@ def test_overhead_benchmark_on_postgres_uses_scratch_databases_and_reports_the_b
     assert found["saturation"]["billing off"][0].usage.batches_per_s == 0
     text = gateway_overhead.render(found)
     assert "### Added latency at 20 requests/s" in text and "### Billing on vs off" in text
+    assert "machine stalls direct / on / off" in text and stack.canary._process.poll() is not None  # stopped
     assert "the peak over the concurrencies" in text and "Where the billing worker's connection was" in text
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     nicer = min(mine + settings.FAIRGATE_BILLING_WORKER_NICE, 19) - mine  # as configured (the default, here)
