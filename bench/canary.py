@@ -1,12 +1,13 @@
 """A canary for the machine's own stalls, beside a benchmark: a process of its own that only sleeps
 5 ms at a time and notes every wake-up that came ``STALL_MS`` or more late (when, how late).
 
-This shared VM sometimes stops as a whole, every process at once: an idle gateway's event loop
-and this canary wake up the same few hundred milliseconds late (measured while investigating
-billing's p99 on PostgreSQL: both gateways' loops, the idle one's too, lagged 290-300 ms at the
-same instant, twice, 120 s apart). A latency round that holds such a stop measures the machine,
-not the system under test; the reports print each round's stalls beside its percentiles, so a
-miss can be told from a stall (the rounds are not dropped or redone: the figures stay as measured).
+A shared VM can stop as a whole, every process at once. A latency round that holds such a stop
+measures the machine, not the system under test; the reports print each round's stalls beside
+its percentiles, so a miss can be told from a stall of the machine (the rounds are not dropped
+or redone: the figures stay as measured). Why it is there: while investigating billing's p99 on
+PostgreSQL, both gateways' event loops, the idle billing-off one's too, woke up 290-300 ms late
+at the same instant, twice, 120 s apart; a stall of the machine, or work both do at once, which
+this process tells apart (it shares nothing with them).
 
     python -m bench.canary        # prints "<unix time> <ms late>" per stall until stopped
 """
