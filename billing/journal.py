@@ -71,6 +71,7 @@ from pathlib import Path
 from django.conf import settings
 
 from billing.booking import SettleAsk, attempt_of
+from billing.journal_sync import sync_dir
 
 log = logging.getLogger(__name__)
 SUFFIX = ".jsonl"
@@ -113,15 +114,6 @@ def _ask(record: dict) -> SettleAsk:
             "base_cost": None if base is None else Decimal(base),
         }
     )
-
-
-def _sync_dir(directory: Path) -> None:
-    """A new file's name is on disk too (what fdatasync of the file alone does not promise)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(eq=False)  # one per file: compared, and kept in sets, by identity
@@ -303,7 +295,7 @@ class Journal:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not syncer:
-                _sync_dir(directory)
+                sync_dir(directory)
             current = self._current = _Segment(path, fd, time.monotonic())
             self._segments.append(current)
         return current
@@ -550,7 +542,7 @@ def _sync_all(fds: list[int]) -> None:
 def _sync_with_dir(fds: list[int]) -> None:
     """What a syncer that died was asked: the files, and the directory of a segment it may not
     have opened yet (its name)."""
-    _sync_dir(journal_dir())
+    sync_dir(journal_dir())
     _sync_all(fds)
 
 

@@ -32,10 +32,11 @@ def _sync(path: str, open_fds: dict[str, int]) -> None:
         open_fds[path] = fd
     os.fdatasync(fd)
     if opened:  # a new segment (or one not synced lately): its name on disk too, which fdatasync does not promise
-        _sync_dir(os.path.dirname(path) or ".")
+        sync_dir(os.path.dirname(path) or ".")
 
 
-def _sync_dir(directory: str) -> None:
+def sync_dir(directory: str | os.PathLike[str]) -> None:
+    """A directory's entries on disk (a new file's name: what fdatasync of the file does not promise)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -286,13 +286,13 @@ def test_a_new_segments_name_is_synced_off_the_event_loop_by_the_syncer(settings
     on the event loop, before the segment's first line."""
     settings.FAIRGATE_JOURNAL_SYNCER = syncer
     on_the_loop: list[str] = []
-    real_sync_dir = journal._sync_dir
+    real_sync_dir = journal.sync_dir
 
     def sync_dir(directory) -> None:
         on_the_loop.append(str(directory))
         real_sync_dir(directory)
 
-    monkeypatch.setattr(journal, "_sync_dir", sync_dir)
+    monkeypatch.setattr(journal, "sync_dir", sync_dir)
 
     async def scenario() -> None:
         mine = Journal("host:1:a")
