@@ -30,8 +30,8 @@ how busy each gateway's own process, its billing worker, its database's backends
 machine were, the Booker's batches (``fairgate_billing_batch_seconds``/``_asks`` from /metrics),
 and, sampled from ``pg_stat_activity`` during the closed loop, where the billing worker's
 connection was (idle, idle in a transaction, running, flushing WAL, waiting for a lock). Beside each
-latency round it prints the machine's own stalls during it (bench.canary: this VM sometimes stops as
-a whole for a few hundred milliseconds, which a round then measures with its system).
+latency round it prints the machine's own stalls during it (bench.canary: a shared VM can stop as a
+whole for a few hundred milliseconds, which a round then measures with its system).
 ``--write-report`` writes bench/REPORT-gateway-postgres.md (REPORT-gateway.md keeps SQLite's).
 """
 

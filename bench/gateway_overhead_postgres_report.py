@@ -206,7 +206,7 @@ def latency_section(rows: list[dict]) -> list[str]:
         "- added p99 = gateway p99 - direct p99 of the same round (a difference of percentiles); "
         "\"all\" pools every round's latencies; its target is met only if every round's is.",
         "- machine stalls: how many times during the run an idle process of its own (bench.canary) woke "
-        f"up {STALL_MS:.0f} ms or more late, and the longest (ms): this shared VM sometimes stops as a "
+        f"up {STALL_MS:.0f} ms or more late, and the longest (ms): a shared VM can stop as a "
         "whole, every process at once, which a round then measures with its system. Rounds are kept as "
         "measured, stalls or not.",
         "",
