@@ -9,22 +9,29 @@ import time
 
 from bench.canary import STALL_MS, Canary
 
+STOPPED_S = 0.3
+
 
 def test_a_stopped_canary_reports_the_stall_it_woke_up_late_from():
     canary = Canary()
+
+    def stopped() -> tuple[float, float] | None:  # (a busy machine may add short stalls of its own)
+        return next(((at, late_ms) for at, late_ms in list(canary.stalls) if late_ms >= 200), None)
+
     try:
         deadline = time.monotonic() + 60
-        while not canary.stalls and time.monotonic() < deadline:  # (the first stops may come before its loop)
+        while stopped() is None and time.monotonic() < deadline:  # (the first stops may come before its loop)
             os.kill(canary._process.pid, signal.SIGSTOP)
-            time.sleep(0.3)
+            time.sleep(STOPPED_S)
             os.kill(canary._process.pid, signal.SIGCONT)
             for _ in range(100):
-                if canary.stalls:
+                if stopped() is not None:
                     break
                 time.sleep(0.01)
-        assert canary.stalls, "no stall reported"
-        at, late_ms = canary.stalls[0]
-        assert late_ms >= 200 >= STALL_MS  # stopped for 300 ms
+        found = stopped()
+        assert found is not None, f"no stall of 200 ms or more reported: {canary.stalls}"
+        at, late_ms = found
+        assert 200 >= STALL_MS  # what a stop of 300 ms is reported as, at least
         assert late_ms in canary.between(at - 1, at + 1) and canary.between(at + 3600, at + 7200) == []
     finally:
         canary.stop()
