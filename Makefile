@@ -76,9 +76,10 @@ test-fast: venv
 # the batch uploaded through the Batch API (a Celery worker on kombu's file broker), side by side,
 # after a Fairgate one with the same chat traffic and no batch (the baseline of each window's p95)
 # (scaled: half the event, 60x time compression; about 14 minutes). Writes bench/REPORT-gateway.md.
-SURGE_BATCH_COUNT ?= 6200
+SURGE_BATCH_COUNT ?= 12400
+SURGE_TIME_SCALE ?= 20
 surge: venv
-	$(PY) -m bench.surge_compare --batch-count $(SURGE_BATCH_COUNT) --write-report
+	$(PY) -m bench.surge_compare --batch-count $(SURGE_BATCH_COUNT) --time-scale $(SURGE_TIME_SCALE) --write-report
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3* .pytest_cache

@@ -19,18 +19,11 @@ from pathlib import Path
 from bench import engine_speed
 from bench.findings import findings
 from bench.simulate import run_file
+from bench.surge.plan import FIELD_TIMELINE
 from bench.targets import surge_checks
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 POLICIES = ("fairgate", "fifo", "strict", "linear")
-REPORT_TIMES = (
-    ("09:00", 143, "1.12s", 0, 0),
-    ("09:05", 11_872, "1.31s", 412, 0),
-    ("09:20", 10_105, "1.28s", 2_338, 17),
-    ("10:00", 6_442, "1.35s", 6_001, 186),
-    ("11:30", 917, "1.19s", 11_483, 742),
-    ("12:10", 0, "1.08s", 12_400, 803),
-)
 FIELD = {
     "surge": {
         "INTERACTIVE wait p95": "1.35 s (old FIFO: 37.4 s)",
@@ -127,12 +120,12 @@ def surge_timeline(out: dict, origin: str) -> str:
         "| aging_preempt (ours / report) |",
         "|---|---|---|---|---|",
     ]
-    for hhmm, queue, p95, done, preempt in REPORT_TIMES:
+    for hhmm, queue, p95, done, preempt in FIELD_TIMELINE:
         r = rows.get(_clock_ms(hhmm, origin))
         if r is None:
             continue
         lines.append(
-            f"| {hhmm} | {r['in_queue']:,} / {queue:,} | {_s(r['interactive_p95_ms'])} / {p95} | "
+            f"| {hhmm} | {r['in_queue']:,} / {queue:,} | {_s(r['interactive_p95_ms'])} / {p95:.2f}s | "
             f"{r['batch_completed']:,} / {done:,} | {r['aging_preempt']} / {preempt} |"
         )
     return "\n".join(lines)

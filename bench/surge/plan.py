@@ -29,7 +29,17 @@ FIELD_SLOTS = 48
 INTERACTIVE_PER_S = 2.82  # simulated; 11 departments x 0.22/s + 8 small ones x 0.05/s
 NEAR_RT_PER_S = 1.24  # 10 x 0.10/s + 8 x 0.03/s
 SURGE_AT_S = 9 * 3600  # 09:00
-REPORT_TIMES = ("09:00", "09:05", "09:20", "10:00", "11:30", "12:10")  # the field report's rows
+# The field report's surge timeline: time, in_queue, interactive p95 (s), batch_completed, aging_preempt.
+FIELD_TIMELINE = (
+    ("09:00", 143, 1.12, 0, 0),
+    ("09:05", 11_872, 1.31, 412, 0),
+    ("09:20", 10_105, 1.28, 2_338, 17),
+    ("10:00", 6_442, 1.35, 6_001, 186),
+    ("11:30", 917, 1.19, 11_483, 742),
+    ("12:10", 0, 1.08, 12_400, 803),
+)
+REPORT_TIMES = tuple(row[0] for row in FIELD_TIMELINE)  # the field report's rows
+FIELD_P95_S = {row[0]: row[2] for row in FIELD_TIMELINE}  # its interactive p95 at each of them
 
 # The simulated GPU: prefill per 512 prompt tokens and decode speed, in simulated time; with
 # the request shapes below, chat holds a slot ~4.3 s, near-RT ~7 s, batch ~19 s (surge.json).

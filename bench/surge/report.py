@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.surge.plan import REPORT_TIMES, SurgePlan
+from bench.surge.plan import FIELD_P95_S, REPORT_TIMES, SurgePlan
 from bench.surge.probe import GatewayView
 from bench.surge.traffic import ERROR, GAVE_UP, OK, Ledger, Outcome
 
@@ -27,6 +27,7 @@ COLUMNS = (
     "time",
     "in_queue",
     "interactive_p95",
+    "field_p95",
     "batch_completed",
     "aging_preempt",
     "chat_gave_up",
@@ -38,6 +39,7 @@ UPLOAD_COLUMNS = (
     "in_queue",
     "batch_pending",
     "interactive_p95",
+    "field_p95",
     "batch_completed",
     "aging_preempt",
     "chat_gave_up",
@@ -121,6 +123,7 @@ class SurgeResult:
             "time": sample.clock,
             "in_queue": "?" if view is None else f"{view.batch_waiting:,}",
             "interactive_p95": p95.text(),
+            "field_p95": f"{FIELD_P95_S[sample.clock]:.2f}s" if sample.clock in FIELD_P95_S else "",
             "batch_completed": f"{sample.batch_completed:,}",
             "aging_preempt": "?" if view is None else f"{view.aging_preempts:,}",
             "chat_gave_up": str(sum(o.state == GAVE_UP for o in chats)),
