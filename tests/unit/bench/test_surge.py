@@ -281,3 +281,12 @@ def test_the_window_before_0900_is_not_a_surge_window_even_when_its_sample_was_l
     ledger = Ledger(_chats(1.0, [9.0] * 10) + _chats(301.0, [1.0] * 10))
     result = SurgeResult(PLAN, [late, *_samples("09:05")], ledger, None, 600.0)
     assert result.peak_window()[1].value_s == 1.0
+
+
+def test_a_window_at_one_of_the_field_reports_rows_shows_its_p95_beside_ours():
+    ledger = Ledger(_chats(301.0, [2.0] * 10))
+    result = SurgeResult(PLAN, _samples("09:05", "09:10"), ledger, None, 900.0)
+    at_0905, at_0910 = result.rows(every_step=True)
+    assert (at_0905["interactive_p95"], at_0905["field_p95"]) == ("2.00s", "1.31s")
+    assert at_0910["field_p95"] == ""  # 09:10 is not one of the report's rows
+    assert "field_p95" in COLUMNS and "field_p95" in UPLOAD_COLUMNS
