@@ -353,7 +353,11 @@ def render(
         f"surge's (09:00 to the drain). field_p95 is the field report's interactive p95 at its own rows "
         "(the full event in real time, 48 slots; its quiet hours about 0.9 s): our windows are compressed and "
         "carry the gateway's overhead multiplied, so the like-for-like target is vs_no_batch, the same run's "
-        f"chat traffic without the batch. Took {took_s / 60:.1f} min. {revision()}",
+        "chat traffic without the batch. client_lag is how late the replay's own event loop woke up in the "
+        "window, the longest (real ms; from 5 ms, with their count when several): every chat's time to first "
+        f"token counts it, {plan.time_scale:g}x; machine_stalls are the machine's own stalls (bench.canary, a "
+        "process that only sleeps: 20 ms or more, every process at once). "
+        f"Took {took_s / 60:.1f} min. {revision()}",
     ]
     bases = [name for name, result in results.items() if result.no_batch]
     if bases:

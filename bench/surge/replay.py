@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
+from bench.canary import Canary
 from bench.surge import probe
 from bench.surge.plan import Prompts, SurgePlan
 from bench.surge.report import BatchTally, Sample, SurgeResult, p95_of
@@ -26,6 +28,18 @@ from bench.surge.upload import UploadedBatch, batch_jsonl
 
 Progress = Callable[[str], None]
 POLL_LIMIT = 0.5  # of a step: how long an uploaded batch's poll and /metrics read may take (then '?')
+LAG_MS = 5.0  # the replay's event loop woke up this late or more: noted (a chat's timing counts it)
+LAG_NAP_S = 0.002
+
+
+async def _watch_lag(clock: Clock, lags: list[tuple[float, float]]) -> None:
+    """Notes (simulated s, real ms late) whenever this process's event loop woke up ``LAG_MS`` late."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(LAG_NAP_S)
+        late_ms = (time.perf_counter() - before - LAG_NAP_S) * 1000.0
+        if late_ms >= LAG_MS:
+            lags.append((clock.now_sim_s(), late_ms))
 
 
 def _sample(
@@ -100,6 +114,9 @@ async def replay(
     stop = asyncio.Event()
     samples: list[Sample] = []
     loop = asyncio.get_running_loop()
+    lags: list[tuple[float, float]] = []
+    canary, started_unix = Canary(), time.time()
+    watcher = loop.create_task(_watch_lag(clock, lags))
     senders = [
         loop.create_task(traffic.arrivals("chat", plan.interactive_per_real_s, interactive_keys, stop, plan.seed)),
         loop.create_task(traffic.arrivals("near_rt", plan.near_rt_per_real_s, interactive_keys, stop, plan.seed + 1)),
@@ -132,6 +149,8 @@ async def replay(
                 await asyncio.wait_for(uploaded.finish(), timeout=60)  # its error file is read
     finally:
         stop.set()
+        canary.stop()
+        watcher.cancel()
         for task in (*senders, *([batch_task] if batch_task else [])):
             task.cancel()
         await asyncio.gather(*senders, *([batch_task] if batch_task else []), return_exceptions=True)
@@ -139,12 +158,17 @@ async def replay(
         if uploaded is not None:
             await uploaded.close()
     if uploaded is not None:
-        return _missed(_uploaded_result(plan, samples, ledger, clock, uploaded))
-    if not batch:
-        return _missed(SurgeResult(plan, samples, ledger, None, clock.now_sim_s(), no_batch=True))
-    result = SurgeResult(plan, samples, ledger, drained_at(plan, ledger), clock.now_sim_s())
-    if result.drained_sim_s is None:
-        result.notes.append(f"stopped at {plan.clock(plan.max_sim_s)} before the batch drained")
+        result = _uploaded_result(plan, samples, ledger, clock, uploaded)
+    elif not batch:
+        result = SurgeResult(plan, samples, ledger, None, clock.now_sim_s(), no_batch=True)
+    else:
+        result = SurgeResult(plan, samples, ledger, drained_at(plan, ledger), clock.now_sim_s())
+        if result.drained_sim_s is None:
+            result.notes.append(f"stopped at {plan.clock(plan.max_sim_s)} before the batch drained")
+    # the canary's unix times on the replay's clock (it started with the replay, within milliseconds)
+    offset_sim_s = clock.now_sim_s() - plan.sim_s(time.time() - started_unix)
+    result.client_lags = lags
+    result.stalls = [(plan.sim_s(at - started_unix) + offset_sim_s, ms) for at, ms in canary.stalls]
     return _missed(result)
 
 

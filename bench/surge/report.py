@@ -33,6 +33,8 @@ COLUMNS = (
     "chat_gave_up",
     "chat_refused",
     "batch_not_sent",
+    "client_lag",
+    "machine_stalls",
 )
 UPLOAD_COLUMNS = (
     "time",
@@ -44,8 +46,10 @@ UPLOAD_COLUMNS = (
     "aging_preempt",
     "chat_gave_up",
     "chat_refused",
+    "client_lag",
+    "machine_stalls",
 )
-NO_BATCH_COLUMNS = ("time", "interactive_p95", "chat_gave_up", "chat_refused")
+NO_BATCH_COLUMNS = ("time", "interactive_p95", "chat_gave_up", "chat_refused", "client_lag", "machine_stalls")
 VS_BASELINE = "vs_no_batch"  # the column of a window's p95 over the no-batch run's
 
 
@@ -106,6 +110,11 @@ class SurgeResult:
     uploaded: bool = False  # the batch went through the Batch API, not as HTTP requests
     no_batch: bool = False  # the same chat and near-RT traffic with no batch at all (the baseline run)
     baseline: P95 | None = None  # the no-batch run's p95 from 09:00, when the comparison had one
+    # (simulated s since the replay started, real ms late): the replay's own event loop woke up late
+    # (bench.surge.replay.LAG_MS or more: a chat's time to first token counts the client's delay too)
+    # and the machine stalled (bench.canary: every process at once)
+    client_lags: list[tuple[float, float]] = field(default_factory=list)
+    stalls: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -131,6 +140,8 @@ class SurgeResult:
             "batch_not_sent": f"{sample.batch_not_sent:,}",
             "batch_pending": _pending(view),
             VS_BASELINE: ratio_text(p95, self.baseline) if self.baseline is not None else "",
+            "client_lag": _longest(self.client_lags, sample.sim_s - self.plan.step_sim_s, sample.sim_s, "<5 ms"),
+            "machine_stalls": _longest(self.stalls, sample.sim_s - self.plan.step_sim_s, sample.sim_s, "0"),
         }
 
     def rows(self, every_step: bool = False) -> list[dict[str, str]]:
@@ -219,6 +230,14 @@ def ratio_text(peak: P95, whole: P95) -> str:
     if peak.censored and whole.censored:
         return f"{value:.2f}x (both lower bounds)"
     return f"{'>' if peak.censored else '<' if whole.censored else ''}{value:.2f}x"
+
+
+def _longest(lates: list[tuple[float, float]], start_sim_s: float, end_sim_s: float, none: str) -> str:
+    """How many of ``lates`` fell in the window and the longest (real ms), or ``none``."""
+    within = [ms for at, ms in lates if start_sim_s < at <= end_sim_s]
+    if not within:
+        return none
+    return f"{max(within):.0f} ms" if len(within) == 1 else f"{len(within)}, longest {max(within):.0f} ms"
 
 
 def _pending(view: GatewayView | None) -> str:

@@ -290,3 +290,13 @@ def test_a_window_at_one_of_the_field_reports_rows_shows_its_p95_beside_ours():
     assert (at_0905["interactive_p95"], at_0905["field_p95"]) == ("2.00s", "1.31s")
     assert at_0910["field_p95"] == ""  # 09:10 is not one of the report's rows
     assert "field_p95" in COLUMNS and "field_p95" in UPLOAD_COLUMNS
+
+
+def test_a_window_shows_the_clients_own_lag_and_the_machines_stalls_that_fell_in_it():
+    result = SurgeResult(PLAN, _samples("09:05", "09:10"), Ledger(_chats(301.0, [2.0] * 10)), None, 900.0)
+    at_0905 = PLAN.since_start("09:05")
+    result.client_lags = [(at_0905 - 10.0, 7.0), (at_0905 - 5.0, 41.0)]
+    result.stalls = [(at_0905 + 60.0, 250.0)]
+    first, second = result.rows(every_step=True)
+    assert (first["client_lag"], first["machine_stalls"]) == ("2, longest 41 ms", "0")
+    assert (second["client_lag"], second["machine_stalls"]) == ("<5 ms", "250 ms")
