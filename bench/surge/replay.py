@@ -23,7 +23,7 @@ from bench.canary import Canary
 from bench.surge import probe
 from bench.surge.plan import Prompts, SurgePlan
 from bench.surge.report import BatchTally, Sample, SurgeResult, p95_of
-from bench.surge.traffic import ERROR, OK, Clock, Ledger, Traffic
+from bench.surge.traffic import ERROR, OK, Clock, Ledger, Traffic, batch_payloads
 from bench.surge.upload import UploadedBatch, batch_jsonl
 
 Progress = Callable[[str], None]
@@ -107,6 +107,7 @@ async def replay(
     if upload and not batch:
         raise ValueError("a run with no batch uploads none")
     content = batch_jsonl(plan, Prompts(plan.seed)) if upload else b""  # made before the clock starts
+    payloads = batch_payloads(plan, base_url, batch_key) if batch and not upload else []  # so are these
     clock = Clock(plan)
     ledger = Ledger()
     traffic = Traffic(plan, base_url, clock, ledger)
@@ -129,7 +130,7 @@ async def replay(
             step += 1
             await clock.sleep_until_sim(step * plan.step_sim_s)
             if batch and batch_task is None and clock.now_sim_s() >= plan.warmup_sim_s - 1e-6:
-                batch_task = loop.create_task(uploaded.submit() if uploaded else traffic.batch(batch_key))
+                batch_task = loop.create_task(uploaded.submit() if uploaded else traffic.batch(payloads))
             if uploaded is None:
                 view = await probe.read(base_url)
             else:  # side by side, the poll bounded: a slow gateway must not hold the timeline back

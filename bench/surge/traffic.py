@@ -75,6 +75,19 @@ def batch_bodies(plan: SurgePlan, prompts: Prompts) -> Iterator[dict]:
         yield _body(plan, prompts, BATCH, rng, stream=False)
 
 
+def _payload(host: str, port: int, key: str, body: dict, cls: str) -> bytes:
+    headers = {"Authorization": f"Bearer {key}", "X-Priority-Class": cls}
+    return rawhttp.request_bytes(host, port, "/v1/chat/completions", json.dumps(body).encode(), headers)
+
+
+def batch_payloads(plan: SurgePlan, base_url: str, key: str) -> list[bytes]:
+    """The batch's HTTP requests, whole, made before the replay's clock starts. Made as they were
+    sent, the 12,400 bodies of ~17 KB each kept this process's event loop busy for seconds as the
+    flood began, and every chat timed meanwhile counted that (times the time scale) as the gateway's."""
+    host, port = rawhttp.split_url(base_url)
+    return [_payload(host, port, key, body, "BATCH") for body in batch_bodies(plan, Prompts(plan.seed))]
+
+
 class Traffic:
     def __init__(self, plan: SurgePlan, base_url: str, clock: Clock, ledger: Ledger) -> None:
         self.plan = plan
@@ -91,10 +104,7 @@ class Traffic:
         self.pool.close()
 
     def _request(self, key: str, body: dict, cls: str) -> bytes:
-        headers = {"Authorization": f"Bearer {key}", "X-Priority-Class": cls}
-        return rawhttp.request_bytes(
-            self.pool.host, self.pool.port, "/v1/chat/completions", json.dumps(body).encode(), headers
-        )
+        return _payload(self.pool.host, self.pool.port, key, body, cls)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -120,7 +130,7 @@ class Traffic:
                 self._spawn(self._chat(key, body, patience_sim_s))
             else:
                 body = _body(self.plan, self.prompts, NEAR_RT, rng, stream=False)
-                self._spawn(self._plain("near_rt", key, body, "NEAR_RT"))
+                self._spawn(self._plain("near_rt", self._request(key, body, "NEAR_RT")))
 
     async def _chat(self, key: str, body: dict, patience_sim_s: float) -> None:
         """Streaming chat; the user leaves (closes the connection) after ``patience_sim_s``."""
@@ -155,10 +165,9 @@ class Traffic:
             if conn is not None:
                 self.pool.give_back(conn, reusable=reusable and outcome.state != GAVE_UP)
 
-    async def _plain(self, kind: str, key: str, body: dict, cls: str) -> None:
+    async def _plain(self, kind: str, payload: bytes) -> None:
         outcome = Outcome(kind, self.clock.now_sim_s())
         self.ledger.outcomes.append(outcome)
-        payload = self._request(key, body, cls)
         conn, reusable = None, False
         try:
             conn = await self.pool.take()
@@ -180,22 +189,23 @@ class Traffic:
 
     # --- the batch ------------------------------------------------------------------------
 
-    async def batch(self, key: str) -> None:
-        """All ``batch_count`` requests at once; at most ``max_open_batch`` connections are open,
-        the rest wait in this process for one (they reach the gateway's queue as others finish)."""
+    async def batch(self, payloads: list[bytes]) -> None:
+        """All ``batch_count`` requests (`batch_payloads`) at once; at most ``max_open_batch``
+        connections are open, the rest wait in this process for one (they reach the gateway's queue
+        as others finish)."""
         gate = asyncio.Semaphore(self.plan.max_open_batch)
 
-        async def one(body: dict) -> None:
+        async def one(payload: bytes) -> None:
             async with gate:
                 self.ledger.batch_sent += 1
-                await self._plain("batch", key, body, "BATCH")
+                await self._plain("batch", payload)
 
         loop = asyncio.get_running_loop()
         pending = []
         start_sim_s = self.clock.now_sim_s()
         gap_sim_s = self.plan.batch_spread_sim_s / self.plan.batch_count
-        for index, body in enumerate(batch_bodies(self.plan, self.prompts)):
-            pending.append(loop.create_task(one(body)))
+        for index, payload in enumerate(payloads):
+            pending.append(loop.create_task(one(payload)))
             if index % 50 == 49:  # evenly over the spread (and never blocking the loop for long)
                 await self.clock.sleep_until_sim(start_sim_s + (index + 1) * gap_sim_s)
         await asyncio.gather(*pending)

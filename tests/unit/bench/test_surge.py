@@ -300,3 +300,15 @@ def test_a_window_shows_the_clients_own_lag_and_the_machines_stalls_that_fell_in
     first, second = result.rows(every_step=True)
     assert (first["client_lag"], first["machine_stalls"]) == ("2, longest 41 ms", "0")
     assert (second["client_lag"], second["machine_stalls"]) == ("<5 ms", "250 ms")
+
+
+def test_the_batchs_http_requests_are_made_whole_before_the_replay_and_carry_the_same_bodies_as_the_upload():
+    from bench.surge.traffic import batch_payloads
+
+    payloads = batch_payloads(PLAN, "http://127.0.0.1:9", "sk-finance")
+    bodies = list(batch_bodies(PLAN, Prompts(PLAN.seed)))
+    assert len(payloads) == len(bodies) == PLAN.batch_count
+    for payload, body in zip(payloads, bodies):
+        head, _, sent = payload.partition(b"\r\n\r\n")
+        assert b"X-Priority-Class: BATCH" in head and b"Authorization: Bearer sk-finance" in head
+        assert json.loads(sent) == body and f"Content-Length: {len(sent)}".encode() in head
