@@ -75,7 +75,7 @@ test-fast: venv
 # The field report's surge replayed live against a `fifo` gateway, a Fairgate one, and Fairgate with
 # the batch uploaded through the Batch API (a Celery worker on kombu's file broker), side by side,
 # after a Fairgate one with the same chat traffic and no batch (the baseline of each window's p95)
-# (scaled: half the event, 60x time compression; about 14 minutes). Writes bench/REPORT-gateway.md.
+# (the field event: 12,400 batch requests on 48 slots, 20x time compression; about 45 minutes). Writes bench/REPORT-gateway.md.
 SURGE_BATCH_COUNT ?= 12400
 SURGE_TIME_SCALE ?= 20
 surge: venv
