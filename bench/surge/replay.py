@@ -116,7 +116,7 @@ async def replay(
     samples: list[Sample] = []
     loop = asyncio.get_running_loop()
     lags: list[tuple[float, float]] = []
-    canary, started_unix = Canary(), time.time()
+    canary, started_unix, started_sim_s = Canary(), time.time(), clock.now_sim_s()
     watcher = loop.create_task(_watch_lag(clock, lags))
     senders = [
         loop.create_task(traffic.arrivals("chat", plan.interactive_per_real_s, interactive_keys, stop, plan.seed)),
@@ -166,10 +166,8 @@ async def replay(
         result = SurgeResult(plan, samples, ledger, drained_at(plan, ledger), clock.now_sim_s())
         if result.drained_sim_s is None:
             result.notes.append(f"stopped at {plan.clock(plan.max_sim_s)} before the batch drained")
-    # the canary's unix times on the replay's clock (it started with the replay, within milliseconds)
-    offset_sim_s = clock.now_sim_s() - plan.sim_s(time.time() - started_unix)
     result.client_lags = lags
-    result.stalls = [(plan.sim_s(at - started_unix) + offset_sim_s, ms) for at, ms in canary.stalls]
+    result.stalls = [(started_sim_s + plan.sim_s(at - started_unix), ms) for at, ms in canary.stalls]  # on our clock
     return _missed(result)
 
 
