@@ -55,7 +55,7 @@ from bench.canary import Canary
 from bench.launch import Server, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
 from bench.report_gateway import section_write
-from bench.surge.replay import run_sync
+from bench.surge.traffic import run_sync
 
 BACKEND_LATENCY_MS = 50
 LATENCY_RATES = (100, 400)

@@ -46,8 +46,8 @@ from bench.launch import REPO_ROOT, KeptWorker, Server, start_gateway, start_sim
 from bench.report_gateway import section_write
 from bench.surge import SurgePlan, SurgeResult, headline_table, markdown_table, replay
 from bench.surge.plan import FIELD_BATCH_COUNT
-from bench.surge.replay import run_sync
 from bench.surge.report import P95, p95_of, ratio, ratio_text
+from bench.surge.traffic import run_sync
 from scheduling.engine.forecast import DAY_MS
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from bench.surge import SurgePlan, markdown_table, replay
-from bench.surge.replay import run_sync
+from bench.surge.traffic import run_sync
 
 
 def _parser() -> argparse.ArgumentParser:

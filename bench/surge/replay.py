@@ -1,8 +1,9 @@
 """One live replay of the surge against a running gateway; bounded in time, never hangs.
 
-Timeline: chat and near-RT traffic from 08:55; the batch at 09:00; a sample of the gateway's
-/metrics and the client's counts every step; the replay ends one step after the last batch
-request was answered, or at ``max_sim_s``. In-flight chats then get their patience to finish.
+Timeline: chat and near-RT traffic from 08:55; the batch at 09:00 (sent by a process of its own,
+bench.surge.batch_sender, so that its connections do not delay the loop that times the chats); a
+sample of the gateway's /metrics and the client's counts every step; the replay ends one step
+after the last batch request was answered, or at ``max_sim_s``. In-flight chats then get their patience to finish.
 
 With ``upload``, the batch is not sent as HTTP requests but uploaded at 09:00 as one file and
 started through the Batch API (bench.surge.upload); its counts are then the batch's own, read
@@ -21,9 +22,10 @@ from collections.abc import Callable
 
 from bench.canary import Canary
 from bench.surge import probe
+from bench.surge.batch_sender import BatchSender
 from bench.surge.plan import Prompts, SurgePlan
 from bench.surge.report import BatchTally, Sample, SurgeResult, p95_of
-from bench.surge.traffic import ERROR, OK, Clock, Ledger, Traffic, batch_payloads
+from bench.surge.traffic import ERROR, OK, Clock, Ledger, Traffic
 from bench.surge.upload import UploadedBatch, batch_jsonl
 
 Progress = Callable[[str], None]
@@ -107,7 +109,9 @@ async def replay(
     if upload and not batch:
         raise ValueError("a run with no batch uploads none")
     content = batch_jsonl(plan, Prompts(plan.seed)) if upload else b""  # made before the clock starts
-    payloads = batch_payloads(plan, base_url, batch_key) if batch and not upload else []  # so are these
+    batch_process = BatchSender(plan, base_url, batch_key) if batch and not upload else None  # a process of its own
+    if batch_process is not None:
+        await batch_process.start()  # it has built the batch's requests
     clock = Clock(plan)
     ledger = Ledger()
     traffic = Traffic(plan, base_url, clock, ledger)
@@ -118,6 +122,8 @@ async def replay(
     lags: list[tuple[float, float]] = []
     canary, started_unix, started_sim_s = Canary(), time.time(), clock.now_sim_s()
     watcher = loop.create_task(_watch_lag(clock, lags))
+    if batch_process is not None:
+        batch_process.go(clock, ledger)  # it sends the batch at 09:00 on this clock
     senders = [
         loop.create_task(traffic.arrivals("chat", plan.interactive_per_real_s, interactive_keys, stop, plan.seed)),
         loop.create_task(traffic.arrivals("near_rt", plan.near_rt_per_real_s, interactive_keys, stop, plan.seed + 1)),
@@ -129,8 +135,8 @@ async def replay(
         while True:
             step += 1
             await clock.sleep_until_sim(step * plan.step_sim_s)
-            if batch and batch_task is None and clock.now_sim_s() >= plan.warmup_sim_s - 1e-6:
-                batch_task = loop.create_task(uploaded.submit() if uploaded else traffic.batch(payloads))
+            if uploaded is not None and batch_task is None and clock.now_sim_s() >= plan.warmup_sim_s - 1e-6:
+                batch_task = loop.create_task(uploaded.submit())
             if uploaded is None:
                 view = await probe.read(base_url)
             else:  # side by side, the poll bounded: a slow gateway must not hold the timeline back
@@ -155,6 +161,8 @@ async def replay(
         for task in (*senders, *([batch_task] if batch_task else [])):
             task.cancel()
         await asyncio.gather(*senders, *([batch_task] if batch_task else []), return_exceptions=True)
+        if batch_process is not None:
+            await batch_process.stop()  # its last outcomes are in the ledger
         await traffic.close()
         if uploaded is not None:
             await uploaded.close()
@@ -231,12 +239,3 @@ async def _let_chats_finish(plan: SurgePlan, traffic: Traffic) -> None:
     pending = [t for t in traffic.tasks]
     if pending:
         await asyncio.wait(pending, timeout=plan.real_s(plan.patience_sim_s[1]) + 5.0)
-
-
-def run_sync(coro):
-    """Run ``coro`` on uvloop when installed (a cheaper client), else on asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)

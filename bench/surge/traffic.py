@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from bench import rawhttp
@@ -30,28 +31,39 @@ class Outcome:
 
 @dataclass
 class Ledger:
-    """Everything the clients observed, appended as it happens."""
+    """Everything the clients observed, appended as it happens. ``listener`` (if any) is told of
+    each outcome added and of each that ended (the batch sender's process passes them on)."""
 
     outcomes: list[Outcome] = field(default_factory=list)
     batch_sent: int = 0  # batch requests handed to the gateway so far (connections opened)
+    listener: Callable[[Outcome], None] | None = None
 
     def of(self, kind: str) -> list[Outcome]:
         return [o for o in self.outcomes if o.kind == kind]
 
+    def add(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.listener is not None:
+            self.listener(outcome)
+
+    def ended(self, outcome: Outcome) -> None:
+        if self.listener is not None:
+            self.listener(outcome)
+
 
 class Clock:
-    """Simulated seconds since the replay started, from the loop's monotonic clock."""
+    """Simulated seconds since the replay started, on the machine's monotonic clock, so that
+    another process given ``start_real_s`` keeps the same time (bench.surge.batch_sender)."""
 
-    def __init__(self, plan: SurgePlan) -> None:
+    def __init__(self, plan: SurgePlan, start_real_s: float | None = None) -> None:
         self.plan = plan
-        self.loop = asyncio.get_running_loop()
-        self.start_real_s = self.loop.time()
+        self.start_real_s = time.monotonic() if start_real_s is None else start_real_s
 
     def now_sim_s(self) -> float:
-        return self.plan.sim_s(self.loop.time() - self.start_real_s)
+        return self.plan.sim_s(time.monotonic() - self.start_real_s)
 
     async def sleep_until_sim(self, sim_s: float) -> None:
-        delay = self.start_real_s + self.plan.real_s(sim_s) - self.loop.time()
+        delay = self.start_real_s + self.plan.real_s(sim_s) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
 
@@ -136,7 +148,7 @@ class Traffic:
     async def _chat(self, key: str, body: dict, patience_sim_s: float) -> None:
         """Streaming chat; the user leaves (closes the connection) after ``patience_sim_s``."""
         outcome = Outcome("chat", self.clock.now_sim_s())
-        self.ledger.outcomes.append(outcome)
+        self.ledger.add(outcome)
         payload = self._request(key, body, "INTERACTIVE")
         conn, reusable = None, False
         try:
@@ -168,7 +180,7 @@ class Traffic:
 
     async def _plain(self, kind: str, payload: bytes) -> None:
         outcome = Outcome(kind, self.clock.now_sim_s())
-        self.ledger.outcomes.append(outcome)
+        self.ledger.add(outcome)
         conn, reusable = None, False
         try:
             conn = await self.pool.take()
@@ -185,6 +197,7 @@ class Traffic:
             outcome.state, outcome.code = ERROR, type(exc).__name__
         finally:
             outcome.done_sim_s = self.clock.now_sim_s()
+            self.ledger.ended(outcome)
             if conn is not None:
                 self.pool.give_back(conn, reusable=reusable)
 
@@ -193,7 +206,7 @@ class Traffic:
     async def batch(self, payloads: list[bytes]) -> None:
         """All ``batch_count`` requests (`batch_payloads`) at once; at most ``max_open_batch``
         connections are open, the rest wait in this process for one (they reach the gateway's queue
-        as others finish)."""
+        as others finish). The replay runs this in a process of its own (bench.surge.batch_sender)."""
         gate = asyncio.Semaphore(self.plan.max_open_batch)
 
         async def one(payload: bytes) -> None:
@@ -210,3 +223,12 @@ class Traffic:
             if index % 50 == 49:  # evenly over the spread (and never blocking the loop for long)
                 await self.clock.sleep_until_sim(start_sim_s + (index + 1) * gap_sim_s)
         await asyncio.gather(*pending)
+
+
+def run_sync(coro):
+    """Run ``coro`` on uvloop when installed (a cheaper client), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
