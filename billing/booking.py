@@ -1,5 +1,5 @@
 """Every budget move of the request path goes through `book`: a batch of holds, settlements and
-releases applied in ONE short transaction, with one multi-row INSERT into the ledger.
+releases applied in ONE short transaction, with one append of all its ledger entries.
 
 The gateway collects what its requests ask for while the previous batch is being written and
 books it all at once (group commit, gateway.charging), so under load a transaction serves many
@@ -23,13 +23,14 @@ Inside the transaction, in this order:
    moves keeps ``spent + held <= limit``, so concurrent holds at a budget's edge never overspend,
    and a charge never exceeds its hold (the rest of what usage priced is recorded as unbilled),
    so settling keeps ``spent + held <= limit`` too.
-5. One INSERT appends the entries; one UPDATE per moved row writes its new balance; 80 %/100 %
+5. One append writes the entries (COPY on PostgreSQL); one UPDATE writes the moved rows' balances; 80 %/100 %
    crossings are recorded as alerts.
 
 After commit the charges are announced (billing.news; the console's live feed listens). The
-memo of holds in flight (billing.inflight) is not kept here: it is the serving process's
-(gateway.charging), which sends the hold it knows with each settlement and release; an end
-without it (replayed from a journal, asked by another process) reads its hold from the ledger.
+memo of holds in flight (billing.inflight) is not kept here but by the processes that book for a
+gateway: the gateway's billing worker remembers the holds it booked (billing.worker), so the
+gateway's settlements and releases need not carry their hold; an end whose hold is in no memo
+(replayed from a journal, asked by another process, a worker replaced since) reads it from the ledger.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class SettleAsk:
     # The unrounded base cost, priced by the gateway that told its client the charge (X-Charge)
     # from the backend's prices it had; None: priced here, from the backend's prices now.
     base_cost: Decimal | None = None
-    held: HeldEntry | None = None  # the hold it ends, as its process booked it; None: read from the ledger
+    held: HeldEntry | None = None  # the hold it ends, as booked; None: from this process's memo, else the ledger
 
 
 @dataclass(frozen=True)
@@ -498,7 +499,7 @@ def _decide_end(plan: _Plan, ask: SettleAsk | ReleaseAsk, rows: dict[int, _Row],
 
 
 def _write(entries: list[Booked], rows: list[_Row]) -> None:
-    """Step 5: the INSERT of the entries, the UPDATE of the moved rows."""
+    """Step 5: the append of the entries, the UPDATE of the moved rows."""
     adapt_at = connection.ops.adapt_datetimefield_value
     values = [list(_columns_of(entry)) for entry in entries]
     for row in values:

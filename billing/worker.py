@@ -205,10 +205,27 @@ def book_batch(asks: list) -> BatchAnswer:
     if reused and failed and not connection.is_usable():
         for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
             results[i] = result
+    _remember(asks, results)
     from billing import news
 
     results = [_crossing(r) for r in results]
     return results, news.taken(), _prices_changed()
+
+
+def _remember(asks: list, results: list[object]) -> None:
+    """The holds booked here go in this process's memo of holds in flight (billing.inflight), and
+    out once their end is booked: the gateway sends its settlements and releases without their
+    hold, which the booking then finds here without a query (a hold booked by a worker before this
+    one is read from the ledger)."""
+    from billing.booking import HoldAsk
+    from billing.inflight import HeldEntry, held_forget, held_remember
+
+    for ask, result in zip(asks, results):
+        if isinstance(ask, HoldAsk):
+            if isinstance(result, HeldEntry):
+                held_remember(result)
+        elif not isinstance(result, BaseException):  # booked (a failed end keeps its hold for the retry)
+            held_forget(ask.request_id)
 
 
 _prices_sent: object = None

@@ -63,7 +63,7 @@ from billing import news
 from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.errors import BudgetExhausted, RequestIdInUse, RequestIdUsed
 from billing.heartbeats import process_owner
-from billing.inflight import HeldEntry, held_forget, held_get_cached, held_remember
+from billing.inflight import HeldEntry, held_forget, held_remember
 from billing.money import ZERO
 from billing.pricing import UnitPrices, capped, charge_of
 from billing.tasks import holds_release_at_startup
@@ -644,8 +644,7 @@ def settle(
         completion_tokens=output_tokens,
         at=_now(),
         base_cost=base,
-        held=held_get_cached(held.request_id),
-    )
+    )  # without its hold: the billing worker that booked it remembers it (billing.worker)
     return books.settle(ask, held)
 
 
@@ -674,7 +673,7 @@ def release(held: Hold | EarlyHold, *, reason: str) -> None:
         held.release(reason)
     else:
         booker().submit(
-            ReleaseAsk(request_id=held.request_id, reason=reason, at=_now(), held=held_get_cached(held.request_id)),
+            ReleaseAsk(request_id=held.request_id, reason=reason, at=_now()),  # its hold: as for a settlement
             answer=False,
             urgent=False,
         )

@@ -67,3 +67,19 @@ def log_failure(logger: logging.Logger, message: str, *args: object) -> None:
         logger.warning(message + ": the database is out of reach (%s)", *args, first_line)
     else:
         logger.exception(message, *args)
+
+
+def close_at_request_end(**kwargs) -> None:
+    """``request_finished``: the connections of a Django view's request are closed with it.
+
+    Under ASGI, Django runs each request's synchronous part (the console's pages, the admin, the
+    REST API) in a thread of its own (asgiref's ThreadSensitiveContext), so a connection kept for
+    ``CONN_MAX_AGE`` would outlive its thread, still open on the server, until the collector
+    frees it (Django's connection objects are tied in cycles): pages fast enough then use up
+    PostgreSQL's ``max_connections``. The gateway's own calls (`db_call`) run in long-lived
+    threads and keep theirs. A connection inside a transaction (a test's) is left alone."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()

@@ -29,6 +29,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from billing.news import Charges
 from console.live import db
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
 from console.live.jobs import JobMoney, job_cards, job_tallies
@@ -101,9 +102,16 @@ class Publisher:
         if events and self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.add_events, events)
 
-    def add_charges(self, charges: list, row) -> None:
+    def add_charges(self, charges: list | Charges, row) -> None:
         """On the publisher's own loop (a gateway announcing what its billing worker booked): each
         charge's ``row(entry)`` is made only for the tenants watched here; finance hears of every one."""
+        if isinstance(charges, Charges):  # from the billing worker: a tenant's entries unpickled only if watched
+            for tenant_id in charges.tenant_ids:
+                self.finance_pending.add(tenant_id)
+                if tenant_id in self.watched:
+                    for entry in charges.of_tenant(tenant_id):
+                        self.add_event({"kind": "charges", "tenant_id": tenant_id, "row": row(entry)})
+            return
         for entry in charges:
             self.finance_pending.add(entry.tenant_id)
             if entry.tenant_id in self.watched:

@@ -65,4 +65,4 @@ def test_in_the_billing_worker_news_is_kept_for_the_gateway_not_sent(
     assert news.taken() == ([], [])  # taken once
     monkeypatch.setattr(news, "_kept", None)
     news.announce(charges=charges, alerts=alerts)  # the gateway, with the worker's answer
-    assert heard["charges"] == charges and heard["alerts"] == alerts
+    assert heard["charges"] == list(charges) and heard["alerts"] == alerts
