@@ -24,6 +24,7 @@ import pickle
 import struct
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:  # for the types only: nothing here imports Django at module level (see above)
@@ -35,6 +36,7 @@ STOP = pickle.dumps(None, pickle.HIGHEST_PROTOCOL)
 ORPHAN_GRACE_S = 120.0  # a worker whose gateway died ends within this, its last bookings done or not
 IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
 CACHE_CHECK_S = 0.1  # while idle with nothing to reload, how often to look again
+MEMO_S = 600.0  # how long the worker remembers a hold it booked, at most (`_remember`)
 _SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
 _LONG_SIZE = struct.Struct("!Q")  # after a size of -1
 _LONG_MARK = -1
@@ -212,20 +214,29 @@ def book_batch(asks: list) -> BatchAnswer:
     return results, news.taken(), _prices_changed()
 
 
-def _remember(asks: list, results: list[object]) -> None:
+_remembered: deque[tuple[float, str]] = deque()  # (when, request id) of the holds remembered here
+
+
+def _remember(asks: list, results: list[object], now_s: float | None = None) -> None:
     """The holds booked here go in this process's memo of holds in flight (billing.inflight), and
     out once their end is booked: the gateway sends its settlements and releases without their
     hold, which the booking then finds here without a query (a hold booked by a worker before this
-    one is read from the ledger)."""
+    one is read from the ledger). A hold whose end never comes here (another process ends it: a
+    Batch API line run by a Celery worker) leaves after `MEMO_S`, as does any hold older than
+    that (its end then reads it from the ledger), so the memo holds only what is recent."""
     from billing.booking import HoldAsk
     from billing.inflight import HeldEntry, held_forget, held_remember
 
+    now_s = time.monotonic() if now_s is None else now_s
     for ask, result in zip(asks, results):
         if isinstance(ask, HoldAsk):
             if isinstance(result, HeldEntry):
                 held_remember(result)
+                _remembered.append((now_s, result.request_id))
         elif not isinstance(result, BaseException):  # booked (a failed end keeps its hold for the retry)
             held_forget(ask.request_id)
+    while _remembered and now_s - _remembered[0][0] > MEMO_S:
+        held_forget(_remembered.popleft()[1])
 
 
 _prices_sent: object = None

@@ -239,6 +239,26 @@ def test_the_billing_worker_remembers_the_holds_it_booked_until_their_end(
 
 
 @pytest.mark.django_db
+def test_the_billing_worker_forgets_holds_older_than_its_memo_keeps(
+    world, django_capture_on_commit_callbacks, monkeypatch
+):
+    """A hold whose end never reaches the worker (another process ends it) leaves its memo after
+    MEMO_S; an end that comes later still finds it, in the ledger."""
+    from billing import worker
+
+    monkeypatch.setattr(worker, "_remembered", worker.deque())
+    asks: list = _holds("old", 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        held = book(asks)
+    worker._remember(asks, held, now_s=1000.0)
+    worker._remember([], [], now_s=1000.0 + worker.MEMO_S / 2)
+    assert held_get_cached("old0") == held[0]
+    worker._remember([], [], now_s=1001.0 + worker.MEMO_S)
+    assert held_get_cached("old0") is None
+    assert settle("old0") == D("1.12")
+
+
+@pytest.mark.django_db
 def test_settling_from_another_process_reads_the_hold_from_the_ledger(world, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         hold("r1")
