@@ -105,17 +105,13 @@ class Publisher:
     def add_charges(self, charges: list | Charges, row) -> None:
         """On the publisher's own loop (a gateway announcing what its billing worker booked): each
         charge's ``row(entry)`` is made only for the tenants watched here; finance hears of every one."""
-        if isinstance(charges, Charges):  # from the billing worker: a tenant's entries unpickled only if watched
-            for tenant_id in charges.tenant_ids:
-                self.finance_pending.add(tenant_id)
-                if tenant_id in self.watched:
-                    for entry in charges.of_tenant(tenant_id):
-                        self.add_event({"kind": "charges", "tenant_id": tenant_id, "row": row(entry)})
-            return
-        for entry in charges:
-            self.finance_pending.add(entry.tenant_id)
-            if entry.tenant_id in self.watched:
-                self.add_event({"kind": "charges", "tenant_id": entry.tenant_id, "row": row(entry)})
+        if not isinstance(charges, Charges):  # (the billing worker sends them so: a tenant's unpickled only if watched)
+            charges = Charges.of(charges)
+        for tenant_id in charges.tenant_ids:
+            self.finance_pending.add(tenant_id)
+            if tenant_id in self.watched:
+                for entry in charges.of_tenant(tenant_id):
+                    self.add_event({"kind": "charges", "tenant_id": tenant_id, "row": row(entry)})
 
     def on_its_loop(self) -> bool:
         try:
