@@ -1,7 +1,7 @@
 """The shared scheduler's dispatcher alone, fed by synthetic gateways through Redis, and its takeover.
 
     python -m bench.shared_dispatcher [--seconds 10] [--gateways 4] [--outstanding 256] [--rounds 2]
-                                      [--peak-s 6] [--takeovers 5]
+                                      [--peak-s 6] [--takeovers 5] [--takeover-rate 2000]
 
 1. **Throughput.** One dispatcher (scheduling.shared.owner, in a process of its own) and
    ``--gateways`` synthetic gateways in this process (scheduling.shared.client, each with its own
@@ -16,10 +16,15 @@
    above the load; bench.shared_gateway's set-up), closed loops of 128 and 256 connections, the
    higher rate. The two measures alternate, ``--rounds`` times, the order flipped each round; the
    ratio is of their means. Target (issue 13): the dispatcher ≥ 20× the gateway.
-3. **Takeover.** Two dispatcher processes bid; a gateway keeps a load going; the lease holder is
-   killed (SIGKILL) at a known instant, and the takeover time is from then to the first step
-   the new owner committed (a step's stream id carries its commit time in ms). A new standby is
-   started for the next round. The lease lasts `scheduling.shared.owner.LEASE_MS`.
+3. **Takeover.** Two dispatcher processes bid; a gateway keeps a load of ``--takeover-rate``
+   requests/s going (default 2,000: two gateway processes at their peak, this machine's
+   deployment); the lease holder is killed (SIGKILL) at a known instant, and the takeover time is
+   from then to the first step the new owner committed (a step's stream id carries its commit
+   time in ms). A new standby is started for the next round. The lease lasts
+   `scheduling.shared.owner.LEASE_MS`. The load is paced, not the throughput part's closed loop:
+   a dispatcher driven at its own saturation leaves a standby started beside it no CPU to catch
+   up with (on two cores it replays more slowly than the owner logs, reloads the snapshot when
+   the log is trimmed under it, and never reports ready).
 """
 
 from __future__ import annotations
@@ -115,7 +120,11 @@ async def _ready(process: subprocess.Popen) -> None:
     """Returns once the dispatcher process ``process`` has started and caught up with the steps
     logged (it says so on its stdout), so that a takeover measures a standby, not a process start."""
     assert process.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), timeout=READY_TIMEOUT_S)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), timeout=READY_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()  # ends the reading thread too (its pipe closes), so the run can end
+        raise RuntimeError(f"dispatcher process {process.pid} was not ready within {READY_TIMEOUT_S:.0f} s") from None
     if line.strip() != READY:
         raise RuntimeError(f"dispatcher process {process.pid} ended before it was ready (exit {process.poll()})")
 
@@ -133,6 +142,7 @@ class Load:
     keys: Keys
     gateways: int
     outstanding: int
+    pace_per_s: float = 0.0  # submits per second, paced; 0: a closed loop of ``outstanding`` per gateway
     done: int = 0
     clients: list[Client] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -151,9 +161,21 @@ class Load:
         if answer[0] == "granted":
             client.send(["complete", answer[1], 100, 50])
             self.done += 1
+            if not self.pace_per_s:
+                self._submit(client)
+        elif answer[0] in ("refused", "expired") and not self.pace_per_s:
             self._submit(client)
-        elif answer[0] in ("refused", "expired"):
-            self._submit(client)
+
+    async def _pace(self) -> None:
+        """``pace_per_s`` submits a second, spread over the gateways, in ticks of 10 ms."""
+        tick_s, owed, started = 0.01, 0.0, time.monotonic()
+        sent = 0
+        while True:
+            await asyncio.sleep(tick_s)
+            owed = (time.monotonic() - started) * self.pace_per_s - sent
+            for _ in range(int(owed)):
+                self._submit(self.clients[sent % len(self.clients)])
+                sent += 1
 
     def start(self) -> None:
         for g in range(self.gateways):
@@ -161,8 +183,10 @@ class Load:
             client.on_answer = lambda answer, c=client: self._answer(c, answer)
             self.clients.append(client)
             self.tasks.append(asyncio.get_running_loop().create_task(client.run()))
-            for _ in range(self.outstanding):
+            for _ in range(0 if self.pace_per_s else self.outstanding):
                 self._submit(client)
+        if self.pace_per_s:
+            self.tasks.append(asyncio.get_running_loop().create_task(self._pace()))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -255,19 +279,22 @@ async def _holder_pid(redis, prefix: str, owners: list[subprocess.Popen]) -> sub
         await asyncio.sleep(0.02)
 
 
-async def takeovers(rounds: int) -> list[float]:
+async def takeovers(rounds: int, rate: float) -> list[float]:
     redis = _redis()
     prefix = f"bench:shared:{secrets.token_hex(3)}"
     keys = Keys(prefix)
     owners = [_start_owner(prefix), _start_owner(prefix)]
     for process in owners:
         await _ready(process)
-    load = Load(redis, keys, gateways=1, outstanding=20)
+    load = Load(redis, keys, gateways=2, outstanding=0, pace_per_s=rate)
     times_ms: list[float] = []
     try:
         load.start()
         for _ in range(rounds):
+            give_up_s = time.monotonic() + READY_TIMEOUT_S
             while load.done < 200:
+                if time.monotonic() > give_up_s:
+                    raise RuntimeError(f"only {load.done} requests granted in {READY_TIMEOUT_S:.0f} s before a kill")
                 await asyncio.sleep(0.05)
             holder = await _holder_pid(redis, prefix, owners)
             await asyncio.sleep(0.5)  # both running steadily
@@ -332,9 +359,12 @@ async def main_async(args: argparse.Namespace) -> None:
         rate, peak = mean(d["requests_per_s"] for d in dispatcher), mean(p[0] for p in peaks)
         print(f"dispatcher {rate:.0f}/s against one gateway's peak {peak:.0f}/s: {rate / peak:.1f}x (target >= 20x)")
     if args.takeovers:
-        times = await takeovers(args.takeovers)
+        times = await takeovers(args.takeovers, args.takeover_rate)
         shown = ", ".join(f"{t:.0f}" for t in times)
-        print(f"takeover after SIGKILL of the lease holder (lease {LEASE_MS} ms): {shown} ms; max {max(times):.0f} ms")
+        print(
+            f"takeover after SIGKILL of the lease holder (lease {LEASE_MS} ms, load {args.takeover_rate:.0f} requests/s): "
+            f"{shown} ms; max {max(times):.0f} ms"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -345,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="dispatcher and gateway peak, alternated")
     parser.add_argument("--peak-s", type=float, default=6.0, help="seconds per connection count of the gateway peak")
     parser.add_argument("--takeovers", type=int, default=5)
+    parser.add_argument("--takeover-rate", type=float, default=2000.0, help="requests/s during the takeovers")
     parser.add_argument("--owner", help=argparse.SUPPRESS)  # internal: run one dispatcher process
     args = parser.parse_args(argv)
     if args.owner:
