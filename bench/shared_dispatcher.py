@@ -362,8 +362,8 @@ async def main_async(args: argparse.Namespace) -> None:
         times = await takeovers(args.takeovers, args.takeover_rate)
         shown = ", ".join(f"{t:.0f}" for t in times)
         print(
-            f"takeover after SIGKILL of the lease holder (lease {LEASE_MS} ms, load {args.takeover_rate:.0f} requests/s): "
-            f"{shown} ms; max {max(times):.0f} ms"
+            f"takeover after SIGKILL of the lease holder (lease {LEASE_MS} ms, "
+            f"load {args.takeover_rate:.0f} requests/s): {shown} ms; max {max(times):.0f} ms"
         )
 
 
