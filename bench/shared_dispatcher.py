@@ -16,8 +16,8 @@
    above the load; bench.shared_gateway's set-up), closed loops of 128 and 256 connections, the
    higher rate. The two measures alternate, ``--rounds`` times, the order flipped each round; the
    ratio is of their means. Target (issue 13): the dispatcher ≥ 20× the gateway.
-3. **Takeover.** Two dispatcher processes bid; a gateway keeps a load of ``--takeover-rate``
-   requests/s going (default 2,000: two gateway processes at their peak, this machine's
+3. **Takeover.** Two dispatcher processes bid; two synthetic gateways keep a load of
+   ``--takeover-rate`` requests/s going (default 2,000: two gateway processes at their peak, this machine's
    deployment); the lease holder is killed (SIGKILL) at a known instant, and the takeover time is
    from then to the first step the new owner committed (a step's stream id carries its commit
    time in ms). A new standby is started for the next round. The lease lasts
@@ -168,8 +168,7 @@ class Load:
 
     async def _pace(self) -> None:
         """``pace_per_s`` submits a second, spread over the gateways, in ticks of 10 ms."""
-        tick_s, owed, started = 0.01, 0.0, time.monotonic()
-        sent = 0
+        tick_s, started, sent = 0.01, time.monotonic(), 0
         while True:
             await asyncio.sleep(tick_s)
             owed = (time.monotonic() - started) * self.pace_per_s - sent
