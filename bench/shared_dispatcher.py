@@ -147,6 +147,7 @@ class Load:
     clients: list[Client] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     serial: int = 0
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def _submit(self, client: Client) -> None:
         self.serial += 1
@@ -169,7 +170,7 @@ class Load:
     async def _pace(self) -> None:
         """``pace_per_s`` submits a second, spread over the gateways, in ticks of 10 ms."""
         tick_s, started, sent = 0.01, time.monotonic(), 0
-        while True:
+        while not self.stopping.is_set():
             await asyncio.sleep(tick_s)
             owed = (time.monotonic() - started) * self.pace_per_s - sent
             for _ in range(int(owed)):
@@ -181,16 +182,16 @@ class Load:
             client = Client(self.redis, f"synthetic-{g}-{secrets.token_hex(2)}", keys=self.keys)  # type: ignore[arg-type]
             client.on_answer = lambda answer, c=client: self._answer(c, answer)
             self.clients.append(client)
-            self.tasks.append(asyncio.get_running_loop().create_task(client.run()))
+            self.tasks.append(asyncio.get_running_loop().create_task(client.run(self.stopping)))
             for _ in range(0 if self.pace_per_s else self.outstanding):
                 self._submit(client)
         if self.pace_per_s:
             self.tasks.append(asyncio.get_running_loop().create_task(self._pace()))
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        """Ends the load by its event, not by cancelling (see `Client.run`)."""
+        self.stopping.set()
+        await asyncio.gather(*self.tasks)
 
 
 async def _clean(redis, prefix: str) -> None:  # type: ignore[no-untyped-def]

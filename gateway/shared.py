@@ -38,7 +38,7 @@ from scheduling.engine import Grant, Scheduler, apply_policy
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.engine.outcomes import Live
 from scheduling.shared.client import Client, connect
-from scheduling.shared.owner import Owner, owner_id
+from scheduling.shared.owner import Owner, owner_id, sleep_or
 from scheduling.shared.protocol import Answer, Command, submit
 from scheduling.shared.replica import Keys, entries, id_key
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ANSWER_LIMIT_S = 10.0  # no dispatcher answered a submit for this long: 503
 FRESH_LIMIT_S = 0.5  # a read waits this long at most for the replica to catch up
+CLOSE_WITHIN_S = 15.0  # above the socket timeout (10 s): a task reading from a Redis gone silent ends too
 
 
 def _redis() -> Redis:
@@ -97,7 +98,7 @@ class SharedDispatcher(Dispatcher):
         return dispatcher
 
     def _start(self) -> None:
-        self._answers = self.loop.create_task(self.client.run(), name="fairgate-shared-answers")
+        self._answers = self.loop.create_task(self.client.run(self._stop), name="fairgate-shared-answers")
         self._ended_follower = self.loop.create_task(
             self.ended.follow(self._ended_elsewhere, now_ms=self.now_ms(), stop=self._stop),
             name="fairgate-shared-ended",
@@ -108,23 +109,26 @@ class SharedDispatcher(Dispatcher):
             self._role = self.loop.create_task(self._follow(), name="fairgate-shared-replica")
 
     async def _follow(self) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
                 await self.owner.follow(block_ms=1000)
             except Exception:
                 log.exception("the replica of the shared scheduler could not follow; retrying")
-                await asyncio.sleep(1)
+                await sleep_or(self._stop, 1)
 
     async def close(self) -> None:
-        self._stop.set()  # the owner ends its step and gives its lease back: a standby takes over at once
-        if self._role is not None:
-            if settings.FAIRGATE_DISPATCHER != "auto":
-                self._role.cancel()
-            await asyncio.gather(self._role, return_exceptions=True)
-        for task in (self._answers, self._ended_follower):
-            if task is not None:
+        """Stops the tasks on Redis by their event (the owner ends its step and gives its lease
+        back: a standby takes over at once), each ending within one blocking read; one that has
+        not ended in `CLOSE_WITHIN_S` (Redis out of reach) is cancelled. Not by cancelling first:
+        see `Client.run`."""
+        self._stop.set()
+        tasks = [task for task in (self._role, self._answers, self._ended_follower) if task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=CLOSE_WITHIN_S)
+            for task in late:
+                log.warning("%s did not end in %s s; cancelled", task.get_name(), CLOSE_WITHIN_S)
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         await self.ended.close()
         await super().close()
         await self.redis.aclose()

@@ -530,7 +530,7 @@ class Owner(Replica):
                     self.token = None  # a lease it cannot renew expires: a standby may take over
                     self._hand_back()
                     self._reset()
-                    await _sleep_or(stop, RETRY_S)
+                    await sleep_or(stop, RETRY_S)
         finally:
             try:
                 await self.resign()
@@ -630,7 +630,8 @@ class Owner(Replica):
             await self._committer.sleep(max(0.0, wait_s))
 
 
-async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or(stop: asyncio.Event, seconds: float) -> None:
+    """Sleeps ``seconds``, or less if ``stop`` is set meanwhile."""
     try:
         await asyncio.wait_for(stop.wait(), seconds)
     except TimeoutError:
