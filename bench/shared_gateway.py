@@ -16,14 +16,15 @@ Each round, in an order that flips every round:
    and p99 ≤ 2× embedded's.
 2. **CPU per request** during that phase: the gateway's process tree (with its children), plus,
    for the shared one, the Redis server's CPU. Target: shared ≤ 1.5× embedded.
-3. **Peak throughput**: closed loops of 128, 256 and 512 connections through *embedded* and
-   *shared ×2*; each one's peak over the three. Target: shared ×2 ≥ 1.3× embedded. The load
-   generator's own CPU is reported (it shares the machine's 2 cores). Beside them, the **ceiling**
-   of two processes on this machine: two independent embedded gateways (each with its own
-   scheduler, so not a correct deployment — each would own every backend slot), the connections
-   split between them. No sharing costs anything there, so ``--workers 2`` cannot beat it: it
-   tells what the machine's two cores allow once the simulated backend and the load generator
-   have taken theirs.
+3. **Peak throughput**: closed loops of 128 to 2,048 connections through *embedded* and
+   *shared ×2*; each one's peak over them, with the connections and the latency p50 there (the
+   shared path holds each request longer, so its closed loop needs more connections to fill the
+   machine). Target: shared ×2 ≥ 1.3× embedded. The load generator's own CPU is reported (it
+   shares the machine's 2 cores). Beside them, the **ceiling** of two processes on this machine:
+   two independent embedded gateways (each with its own scheduler, so not a correct deployment —
+   each would own every backend slot), the connections split between them. No sharing costs
+   anything there, so ``--workers 2`` cannot beat it: it tells what the machine's two cores allow
+   once the simulated backend and the load generator have taken theirs.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from bench.launch import Server, _cpu_s, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
 
 RATE = 100
-CONNECTIONS = (128, 256, 512)
+CONNECTIONS = (128, 256, 512, 1024, 2048)
 GATEWAYS = ("embedded", "shared", "shared x2", "pair a", "pair b")
 
 
@@ -138,6 +139,9 @@ async def peak_round(gateways: dict[str, Server], step_s: float, order: list[str
             share = connections // len(servers)
             results = await asyncio.gather(*(closed_loop(_target(server), share, step_s) for server in servers))
             found[name][connections] = sum(result.ok_per_s for result in results)
+            latencies = [ms for result in results for ms in result.latencies_ms]
+            found.setdefault(f"{name} p50 ms", {})[connections] = percentile(latencies, 0.5) or float("nan")
+            found.setdefault(f"{name} failed", {})[connections] = sum(sum(r.errors.values()) for r in results)
             cores = found.setdefault("generator cores", {})
             cores[connections] = max(cores.get(connections, 0.0), (time.process_time() - cpu0) / step_s)
     return found
@@ -184,7 +188,8 @@ def report(latencies: list[dict], peaks: list[dict]) -> None:
     failed = {n: sum(r[n]["failed"] for r in latencies) for n in ("embedded", "shared")}
     print(f"failed requests: {failed}")
     names = ("embedded", "shared x2", "ceiling")
-    peak = {n: max(mean(p[n][c] for p in peaks) for c in CONNECTIONS) for n in names}
+    at = {n: max(CONNECTIONS, key=lambda c, n=n: mean(p[n][c] for p in peaks)) for n in names}
+    peak = {n: mean(p[n][at[n]] for p in peaks) for n in names}
     gen = max(mean(p["generator cores"][c] for p in peaks) for c in CONNECTIONS)
     per_round = {n: [round(max(p[n].values())) for p in peaks] for n in names}
     print(
@@ -194,6 +199,10 @@ def report(latencies: list[dict], peaks: list[dict]) -> None:
         f"{peak['ceiling']:.0f}/s ({peak['ceiling'] / peak['embedded']:.2f}x); per round {per_round}; "
         f"load generator up to {gen:.2f} cores"
     )
+    for n in names:
+        p50 = mean(p[f"{n} p50 ms"][at[n]] for p in peaks)
+        failed = sum(p[f"{n} failed"][c] for p in peaks for c in CONNECTIONS)
+        print(f"  {n}: peak at {at[n]} connections, latency p50 there {p50:.0f} ms; failed requests {failed}")
 
 
 def main(argv: list[str] | None = None) -> None:
