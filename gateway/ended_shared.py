@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 
+from scheduling.shared.owner import sleep_or
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -88,10 +90,7 @@ class EndedStream:
                     if fields.get(b"g") != self.gateway:
                         _add_all(add, fields, int(last.split("-", 1)[0]))
             if found:  # what is appended meanwhile comes in one read
-                try:
-                    await asyncio.wait_for(stop.wait(), FOLLOW_PAUSE_MS / 1000)
-                except TimeoutError:
-                    pass
+                await sleep_or(stop, FOLLOW_PAUSE_MS / 1000)
 
     async def close(self) -> None:
         if self._flush is not None:

@@ -4,9 +4,9 @@ Commands are appended to the command stream in the order `send` was called: what
 the event loop sends goes in one stream entry (`protocol.pack`; `protocol.BATCH_MAX` commands at
 most, more entries in one pipeline for more), after the previous one has gone (one flush at a
 time). Answers arrive on the gateway's own list, one element per commit of the dispatcher, read
-by `run` until stopped (a blocking pop, then whatever else has arrived) and handed to ``on_answer`` in order.
-The heartbeat (``gw:<gateway>``, with a time to live) tells the dispatcher the gateway's requests
-still have someone waiting for them.
+by `run` until stopped (a blocking pop, then whatever else has arrived) and handed to
+``on_answer`` in order; `run` also beats between reads. The heartbeat (``gw:<gateway>``, with a time
+to live) tells the dispatcher the gateway's requests still have someone waiting for them.
 """
 
 from __future__ import annotations
