@@ -6,7 +6,8 @@ most, more entries in one pipeline for more), after the previous one has gone (o
 time). Answers arrive on the gateway's own list, one element per commit of the dispatcher, read
 by `run` until stopped (a blocking pop, then whatever else has arrived) and handed to
 ``on_answer`` in order; `run` also beats between reads. The heartbeat (``gw:<gateway>``, with a time
-to live) tells the dispatcher the gateway's requests still have someone waiting for them.
+to live) tells the dispatcher the gateway's requests still have someone waiting for them; with each
+beat ``on_beat`` runs (the gateway renews its running requests' leases there: a ``renew`` command).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Client:
         self.gateway = gateway
         self.keys = keys or Keys()
         self.on_answer: Callable[[Answer], None] = lambda answer: None
+        self.on_beat: Callable[[], None] = lambda: None
         self._pending: list[Command] = []
         self._flushing: asyncio.Task[None] | None = None
         self._out = self.keys.out(gateway)
@@ -121,6 +123,12 @@ class Client:
         await self.redis.set(self.keys.gateway(self.gateway), b"1", px=GATEWAY_TTL_MS)
         self._beaten = True
 
+    def _on_beat(self) -> None:
+        try:
+            self.on_beat()
+        except Exception:
+            log.exception("gateway %s: what runs with its heartbeat failed", self.gateway)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Reads answers, and beats between reads, until ``stop`` is set; it ends within one
         blocking read (`READ_BLOCK_S`). Stopped by an event, not by cancelling: on Python 3.11 a
@@ -133,6 +141,7 @@ class Client:
                 if time.monotonic() >= beat_at:
                     await self.beat()
                     beat_at = time.monotonic() + BEAT_EVERY_S
+                    self._on_beat()
                 answers = await self.answers()
             except Exception as failed:  # Redis out of reach: what is on the list waits there
                 log.warning("gateway %s could not reach Redis (%r); retrying", self.gateway, failed)

@@ -23,10 +23,14 @@ Commands (``gw`` is the sending gateway's id, answers go to its list):
   breakers (scheduling.engine.circuits, with the gateway's ``threshold`` and ``cooldown_ms``) take
   a backend whose circuit opens out of the engine's rotation for every gateway;
 * ``["gone", gw]``: the gateway died (sent by the dispatcher itself): its waiting requests are
-  cancelled, its running ones failed, so their slots come back.
+  cancelled, its running ones failed, so their slots come back;
+* ``["renew", gw, [id, ...]]``: the gateway's requests still running (sent with its heartbeat):
+  each grant leases its slot for `RUN_LEASE_MS`, and a renewal extends the lease of the sender's
+  own running requests; one whose lease ends is failed and its slot comes back (``["reclaimed",
+  id]`` to its gateway) — a request a live gateway lost track of does not hold a slot for good.
 
-Answers of a step's pump: ``["granted", id, backend, waited_ms, preempt, boosted]`` and
-``["expired", id, waited_ms]`` (its queue timeout).
+Answers of a step's pump: ``["granted", id, backend, waited_ms, preempt, boosted]``,
+``["expired", id, waited_ms]`` (its queue timeout) and ``["reclaimed", id]`` (its lease ended).
 
 `Step` applies one batch of commands at one instant, then pumps (expire, dispatch) — the same
 engine calls, in the same order, as the embedded dispatcher makes. The engine is deterministic
@@ -54,6 +58,9 @@ Answer = list[Any]
 
 
 BATCH_MAX = 128  # commands per stream entry: a step takes a bounded amount of work per entry read
+RUN_LEASE_MS = 30_000  # a running request's slot, granted or renewed this long ago, comes back
+RUN_CHECK_MS = 1000  # how often a step looks for ended leases
+RENEW_MAX = 1000  # request ids per renew command
 
 
 def pack(messages: list[Any]) -> bytes:
@@ -153,9 +160,21 @@ class Routes:
 
     of: dict[str, str] = field(default_factory=dict)  # request id -> gateway id
     circuits: Circuits = field(default_factory=_circuits)
+    leased: dict[str, int] = field(default_factory=dict)  # running request id -> its lease's end (ms)
+    check_ms: int = 0  # the next step at or after this instant looks for ended leases
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A snapshot from before the shared circuits or the leases: fresh circuits; its running
+        requests are leased from their gateway's next renewal."""
+        self.__dict__.update({"circuits": _circuits(), "leased": {}, "check_ms": 0, **state})
 
     def live_of(self, gateway: str) -> list[str]:
         return [rid for rid, gw in self.of.items() if gw == gateway]
+
+    def end(self, rid: str) -> str | None:
+        """``rid`` is no longer live: its gateway (None: it was not)."""
+        self.leased.pop(rid, None)
+        return self.of.pop(rid, None)
 
 
 class Step:
@@ -199,14 +218,26 @@ class Step:
         if routes.circuits.reopen_due(now_ms):  # cool-downs ended: half-open, back in the rotation
             self._backends_changed()
         for request in sched.expire(now_ms=now_ms):
-            self._tell(routes.of.pop(request.id, None), ["expired", request.id, max(0, now_ms - request.enqueued_ms)])
+            self._tell(routes.end(request.id), ["expired", request.id, max(0, now_ms - request.enqueued_ms)])
+        if now_ms >= routes.check_ms:
+            self._reclaim()
         for grant in sched.dispatch(now_ms=now_ms):
             rid = grant.request.id
             gateway = routes.of.get(rid)
             if gateway is None:  # nobody waits for it (cannot happen: ends and routes go together)
                 sched.fail(rid, now_ms=now_ms, reason="cancelled")
                 continue
+            routes.leased[rid] = now_ms + RUN_LEASE_MS
             self._tell(gateway, ["granted", rid, grant.backend, grant.waited_ms, grant.preempt, grant.boosted])
+
+    def _reclaim(self) -> None:
+        """Running requests whose lease has ended are failed: their slots come back."""
+        routes, now_ms = self.routes, self.now_ms
+        routes.check_ms = now_ms + RUN_CHECK_MS
+        for rid in [rid for rid, until_ms in routes.leased.items() if until_ms <= now_ms]:
+            if self._running(rid):  # (its gateway logs it: every replica replays this step)
+                self.sched.fail(RequestId(rid), now_ms=now_ms, reason="lease_ended")
+            self._tell(routes.end(rid), ["reclaimed", rid])
 
     # --- the commands ----------------------------------------------------------------------
 
@@ -247,25 +278,26 @@ class Step:
             self.sched.complete(
                 RequestId(rid), now_ms=self.now_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens
             )
-        self.routes.of.pop(rid, None)
+        self.routes.end(rid)
 
     def _fail(self, c: Command) -> None:
         _, rid, reason = c
         if self._running(rid):
             self.sched.fail(RequestId(rid), now_ms=self.now_ms, reason=reason)
-        self.routes.of.pop(rid, None)
+        self.routes.end(rid)
 
     def _requeue(self, c: Command) -> None:
         _, rid, retry_after_ms = c
         if self._running(rid):
             self.sched.requeue(RequestId(rid), now_ms=self.now_ms, backend_retry_after_ms=max(0, retry_after_ms))
+            self.routes.leased.pop(rid, None)  # waiting again: leased anew when granted
 
     def _cancel(self, c: Command) -> None:
         _, rid = c
         gateway = self.routes.of.get(rid)
         left = self.sched.cancel(RequestId(rid), now_ms=self.now_ms)
         if left:
-            self.routes.of.pop(rid, None)
+            self.routes.end(rid)
         self._tell(gateway, ["cancelled", rid, left])
 
     def _upstream(self, c: Command) -> None:
@@ -287,7 +319,14 @@ class Step:
                 self.sched.cancel(key, now_ms=self.now_ms)
             elif state == "running":
                 self.sched.fail(key, now_ms=self.now_ms, reason="gateway_gone")
-            del self.routes.of[rid]
+            self.routes.end(rid)
+
+    def _renew(self, c: Command) -> None:
+        _, gateway, rids = c
+        routes, until_ms = self.routes, self.now_ms + RUN_LEASE_MS
+        for rid in rids:
+            if routes.of.get(rid) == gateway and self._running(rid):
+                routes.leased[rid] = until_ms
 
 
 _HANDLERS = {
@@ -298,4 +337,5 @@ _HANDLERS = {
     "cancel": Step._cancel,
     "upstream": Step._upstream,
     "gone": Step._gone,
+    "renew": Step._renew,
 }

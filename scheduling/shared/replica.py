@@ -128,9 +128,7 @@ class Replica:
         """From the snapshot (if any), then every step after it."""
         snap = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.snap) or {})
         if snap:
-            self.sched, self.routes, self.logged = pickle.loads(snap[b"state"])
-            if not hasattr(self.routes, "circuits"):  # a snapshot from before the shared circuits
-                self.routes.circuits = Routes().circuits
+            self.sched, self.routes, self.logged = pickle.loads(snap[b"state"])  # older Routes: Routes.__setstate__
             self.logged_version += 1
             self.last_step, self.cursor = snap[b"step"], snap[b"cmd"]
             self.step_ms = int(snap.get(b"now", b"0"))

@@ -1,8 +1,9 @@
 """The shared path decides exactly as the embedded engine does, through a handover too.
 
-The same random sequence of submits, completions, failures, requeues, cancels and clock ticks goes
-(a) straight into an in-memory engine, pumped after each operation, as the embedded dispatcher
-pumps it, and (b) through the full shared path on real Redis, from two gateways: the gateway of
+The same random sequence of submits, completions, failures, requeues, cancels and clock ticks (each
+with the gateways' renewals of their running requests' leases, as their heartbeats send) goes (a)
+straight into an in-memory engine, pumped after each operation, as the embedded dispatcher pumps
+it, and (b) through the full shared path on real Redis, from two gateways: the gateway of
 the owner's own process hands its commands to the owner in process and gets its answers in
 process, the other's client sends each command to the stream and reads its answers back from its
 list; the owning dispatcher (virtual clock) takes both and commits its step; a replica (what every
@@ -144,8 +145,10 @@ async def _scenario(redis, keys: Keys, steps) -> None:
     seq, handover = 0, None
 
     def send(rid: str, command: list) -> None:
+        send_as(gateway_of[rid], command)
+
+    def send_as(gw: str, command: list) -> None:
         """As the gateway sends it: in process to the owner of its own process, if that one can take it."""
-        gw = gateway_of[rid]
         local = owner_of.get(gw)
         if local is None or not local.offer(command):
             clients[gw].send(command)
@@ -185,6 +188,10 @@ async def _scenario(redis, keys: Keys, steps) -> None:
                 )
             elif kind == "advance":
                 now[0] += op[1]
+                for gw in GATEWAYS:  # each renews its running requests' leases, as it does with its heartbeat
+                    mine = [rid for rid in ref.running if gateway_of[rid] == gw]
+                    if mine:
+                        send_as(gw, ["renew", gw, mine])
             elif kind in ("complete", "fail", "requeue") and ref.running:
                 rid = ref.running[op[1] % len(ref.running)]
                 key = RequestId(rid)
