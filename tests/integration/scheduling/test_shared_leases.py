@@ -60,14 +60,14 @@ def test_a_running_request_not_renewed_gives_its_slot_back_when_its_lease_ends()
         waiting = submit("gw2", "b/0", tenant="b", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
         assert await step((gw2, waiting)) == {"gw1": [], "gw2": [["admitted", "b/0"]]}  # every slot it may take is held
 
-        now[0] = granted_ms + RUN_LEASE_MS + RUN_CHECK_MS  # a/2's has (gw2 cannot renew what is not its own)
+        now[0] = granted_ms + RUN_LEASE_MS + RUN_CHECK_MS  # a/2's lease has ended (gw2's renewal of it did not count)
         told = await step()
         assert kinds(told["gw1"], "reclaimed") == ["a/2"] and kinds(told["gw1"], "granted") == []
         assert kinds(told["gw2"], "granted") == ["b/0"]
         assert owner.sched is not None and owner.sched.state_of(RequestId("a/2")) is None
         assert sorted(owner.routes.of) == ["a/0", "a/1", "b/0"]
 
-        now[0] = granted_ms + RUN_LEASE_MS // 2 + RUN_LEASE_MS + RUN_CHECK_MS  # the renewed ones' have; not b/0's
+        now[0] = granted_ms + RUN_LEASE_MS // 2 + RUN_LEASE_MS + RUN_CHECK_MS  # a/0's and a/1's renewed leases have ended
         told = await step()
         assert kinds(told["gw1"], "reclaimed") == ["a/0", "a/1"] and told["gw2"] == []
         assert owner.routes.of == {"b/0": "gw2"} and list(owner.routes.leased) == ["b/0"]
