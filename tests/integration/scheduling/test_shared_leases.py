@@ -67,7 +67,7 @@ def test_a_running_request_not_renewed_gives_its_slot_back_when_its_lease_ends()
         assert owner.sched is not None and owner.sched.state_of(RequestId("a/2")) is None
         assert sorted(owner.routes.of) == ["a/0", "a/1", "b/0"]
 
-        now[0] = granted_ms + RUN_LEASE_MS // 2 + RUN_LEASE_MS + RUN_CHECK_MS  # a/0's and a/1's renewed leases have ended
+        now[0] = granted_ms + RUN_LEASE_MS // 2 + RUN_LEASE_MS + RUN_CHECK_MS  # a/0's, a/1's renewed leases ended
         told = await step()
         assert kinds(told["gw1"], "reclaimed") == ["a/0", "a/1"] and told["gw2"] == []
         assert owner.routes.of == {"b/0": "gw2"} and list(owner.routes.leased) == ["b/0"]
