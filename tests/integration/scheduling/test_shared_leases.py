@@ -16,12 +16,9 @@ from scheduling.shared.owner import Owner
 from scheduling.shared.protocol import RUN_CHECK_MS, RUN_LEASE_MS, submit
 from scheduling.shared.replica import Replica
 from tests.integration.scheduling.test_shared_differential import _config, _in_world
+from tests.integration.scheduling.test_shared_wire import _submit
 
 pytestmark = pytest.mark.redis
-
-
-def _submit(gateway: str, rid: str) -> list:
-    return submit(gateway, rid, tenant="a", cls="BATCH", model="m", prompt_tokens=5, expected_output_tokens=5)
 
 
 def test_a_running_request_not_renewed_gives_its_slot_back_when_its_lease_ends():
