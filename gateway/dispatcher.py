@@ -108,6 +108,7 @@ class Dispatcher:
             keep_ms=settings.FAIRGATE_TERMINAL_KEEP_MS, max_entries=settings.FAIRGATE_TERMINAL_MAX
         )
         self.live: dict[str, dict[str, Entry]] = {}  # tenant -> public id -> entry
+        self.claimed: set[RequestId] = set()  # ids between intake's check and their admission or refusal
         self.config = config
         self.rules = self._compiled_rules(config, previous=None)
         self.backend_specs = self._backend_specs_of(config)
@@ -241,6 +242,16 @@ class Dispatcher:
 
     def is_live(self, tenant: str, public_id: str) -> bool:
         return public_id in self.live.get(tenant, {})
+
+    def claim(self, key: RequestId, *, tenant: str, public_id: str) -> None:
+        """Reserves a request's id from intake to its admission (then its live entry keeps it):
+        a second request of the id is refused before it holds anything. Raises 400 if taken."""
+        if key in self.claimed or self.is_live(tenant, public_id):
+            raise id_in_use(public_id)
+        self.claimed.add(key)
+
+    def unclaim(self, key: RequestId) -> None:
+        self.claimed.discard(key)
 
     async def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
         """Submit to the engine (gateway.shared: to the shared one, which answers asynchronously)."""

@@ -9,6 +9,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -17,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gateway import admission, charging
 from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
-from gateway.dispatcher import Dispatcher, id_in_use
+from gateway.dispatcher import Dispatcher
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
 from gateway.lanes import UNIDENTIFIED, UNIDENTIFIED_LEVEL, Turn, lanes
@@ -121,9 +122,14 @@ def _free_headers(scope: dict) -> tuple[str | None, str | None]:
 
 
 async def _identify(authorization: str | None) -> Caller | None:
+    """The caller, None while its key cannot be looked up (an outage: its intake answers it, in the
+    lane after every class); a key that does not authenticate raises its 401 here, before the body
+    is read."""
     try:
         return await authenticate(authorization)
-    except Exception as exc:  # 401, an outage: its intake answers it, in the lane after every class
+    except GatewayError:
+        raise
+    except Exception as exc:
         log.debug("intake gate: caller not identified (%s)", type(exc).__name__)
         return None
 
@@ -133,7 +139,8 @@ async def intake_gate(scope: dict) -> Gated | None:
     nothing to read (the key, through the auth cache; ``X-Priority-Class``) and, below the top
     class, a turn in that class's intake lane (gateway.lanes), waited for here. None for other
     requests (and when there is no dispatcher to tell the classes: `intake` answers that). Raises
-    GatewayError 429 queue_full when the lane's backlog is full. The turn is the
+    GatewayError 401 invalid_api_key for a key that does not authenticate, 429 queue_full when the
+    lane's backlog is full. The turn is the
     one `intake` runs its costly steps in; the caller of this releases it however the request ends
     (`Turn.release` once more does nothing)."""
     if scope.get("method") != "POST" or scope.get("path") not in INTAKE_PATHS:
@@ -184,6 +191,7 @@ class Asked:
     timeout_ms: int | None
     downgrade_recorded: bool = False
     job: str | None = None  # X-Job-Id
+    priced_at: datetime | None = None  # the time whose prices apply (a batch line: its batch's creation); None: now
 
     @property
     def engine_id(self) -> RequestId:
@@ -194,7 +202,9 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     """Everything before the hold; raises GatewayError for a refused request. The request's id is
     named first (``request.fairgate_request_id``): gateway.views answers every refusal with it.
     What costs nothing to read (the key, the declared class) comes first; the costly steps run in
-    the declared class's intake lane (gateway.lanes), in the turn `intake_gate` took if it did."""
+    the declared class's intake lane (gateway.lanes), in the turn `intake_gate` took if it did.
+    The id is claimed (`Dispatcher.claim`) before the first await that follows its check: `serve`
+    gives it back once the request is admitted or refused."""
     gated: Gated | None = getattr(request, "scope", {}).get(GATE_SCOPE_KEY)
     public_id = _public_id(request)
     setattr(request, REQUEST_ID_ATTR, public_id)  # our own attribute: HttpRequest's type has none for it
@@ -208,21 +218,27 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
         payload = payload_parse(kind, request_body(request))
         d.check_model(payload.model, embeddings=kind == EMBED)
         payload.output_limit = output_limit(payload)
-        if d.is_live(caller.tenant, public_id):
-            raise id_in_use(public_id)
-        await payload_estimate(payload, in_lane=in_lane)
-        payload.prompt_bound = prompt_bound(payload)
-        src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
-        cls, rule = classify(d, caller, declared, payload, src_ip)
-    return Asked(d, caller, public_id, payload, declared, cls, rule, timeout_ms, job=job)
+        asked = Asked(d, caller, public_id, payload, declared, declared, None, timeout_ms, job=job)
+        d.claim(asked.engine_id, tenant=caller.tenant, public_id=public_id)  # no await since the check
+        try:
+            await payload_estimate(payload, in_lane=in_lane)
+            payload.prompt_bound = prompt_bound(payload)
+            src_ip = client_ip(request.META.get("REMOTE_ADDR"), request.headers.get("X-Forwarded-For"))
+            asked.cls, asked.rule = classify(d, caller, declared, payload, src_ip)
+        except BaseException:
+            d.unclaim(asked.engine_id)
+            raise
+    return asked
 
 
 async def serve(request: HttpRequest, kind: str) -> HttpResponse | StreamingHttpResponse:
     """A request from intake to its answer. An early hold refused for the budget (nothing was
     served or charged) is admitted again, hold first: a 402, or a cheaper class for a tenant set
     to fall back (gateway.admission)."""
-    asked = await intake(request, kind)
+    asked = await intake(request, kind)  # its id claimed until admitted or refused
     try:
         return await Exchange(await admission.admit(asked, early=True), asked.payload).run()
     except charging.EarlyHoldRefused:
         return await Exchange(await admission.admit(asked, early=False), asked.payload).run()
+    finally:
+        asked.d.unclaim(asked.engine_id)
