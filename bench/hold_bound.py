@@ -48,7 +48,7 @@ def measure(path: Path, *, prompt_chars: int, max_tokens: int, price_ratio: floa
             "max_tokens": max_tokens,
         }
         payload = payload_parse(CHAT, json.dumps(body, ensure_ascii=False).encode())
-        estimates += estimate_chat(payload.body["messages"])
+        estimates += estimate_chat(payload.body)
         bounds += prompt_bound(payload)
     output = price_ratio * max_tokens * len(prompts)
     return {

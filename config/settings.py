@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_choice, env_int, env_list, env_output_limits, env_str
+from config.env import env_bool, env_choice, env_decimal, env_int, env_list, env_output_limits, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("FAIRGATE_VAR_DIR", str(BASE_DIR / "var")))
@@ -158,6 +158,12 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery") or "c
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Budget holds and charges on the request path (off only to measure billing's own cost).
 FAIRGATE_BILLING = env_bool("FAIRGATE_BILLING", True)
+# The sane range of a class's price factor: every door that sets one refuses a factor outside it
+# (scheduling.prices); a change moving a factor more than 2x either way asks for confirmation.
+FAIRGATE_FACTOR_MIN = env_decimal("FAIRGATE_FACTOR_MIN", "0.1")
+FAIRGATE_FACTOR_MAX = env_decimal("FAIRGATE_FACTOR_MAX", "10")
+if not 0 <= FAIRGATE_FACTOR_MIN <= FAIRGATE_FACTOR_MAX:
+    raise ImproperlyConfigured("FAIRGATE_FACTOR_MIN and FAIRGATE_FACTOR_MAX need 0 <= MIN <= MAX")
 # Early holds (gateway/charging.py): a tenant with ample room need not wait for its hold before its
 # request queues and goes upstream (the answer still waits for it); the room a hold reported is
 # trusted for this long.
@@ -274,6 +280,7 @@ FAIRGATE_DEFAULT_MAX_TOKENS = env_int("FAIRGATE_DEFAULT_MAX_TOKENS", 512, minimu
 FAIRGATE_MAX_OUTPUT_TOKENS = env_int("FAIRGATE_MAX_OUTPUT_TOKENS", 32_768, minimum=1)
 FAIRGATE_MODEL_OUTPUT_LIMITS = env_output_limits("FAIRGATE_MODEL_OUTPUT_LIMITS")
 FAIRGATE_MAX_N = env_int("FAIRGATE_MAX_N", 8, minimum=1)  # choices per request
+FAIRGATE_MAX_PROMPTS = env_int("FAIRGATE_MAX_PROMPTS", 64, minimum=1)  # prompts of one /v1/completions list
 FAIRGATE_MAX_EMBEDDING_INPUTS = env_int(
     "FAIRGATE_MAX_EMBEDDING_INPUTS", 2048, minimum=1
 )  # items of one embeddings input
@@ -316,6 +323,12 @@ FAIRGATE_INTAKE_CONCURRENCY = env_int("FAIRGATE_INTAKE_CONCURRENCY", 2, minimum=
 FAIRGATE_INTAKE_BACKLOG = env_int("FAIRGATE_INTAKE_BACKLOG", 2_000, minimum=1)
 # How long a key lookup is cached: a revoked key stops working within this time.
 FAIRGATE_AUTH_CACHE_MS = env_int("FAIRGATE_AUTH_CACHE_MS", 1_000, minimum=0)
+# Refused keys past this many a second (and a burst) have their 401 held back (gateway.tarpit), at most
+# FAIRGATE_AUTH_TARPIT_MAX at once.
+FAIRGATE_AUTH_TARPIT_FREE_PER_S = env_int("FAIRGATE_AUTH_TARPIT_FREE_PER_S", 50, minimum=1)
+FAIRGATE_AUTH_TARPIT_BURST = env_int("FAIRGATE_AUTH_TARPIT_BURST", 20, minimum=1)
+FAIRGATE_AUTH_TARPIT_MS = env_int("FAIRGATE_AUTH_TARPIT_MS", 5_000, minimum=0)
+FAIRGATE_AUTH_TARPIT_MAX = env_int("FAIRGATE_AUTH_TARPIT_MAX", 10_000, minimum=0)
 # Terminal states kept for GET /v1/queue/{id}: how long and how many at most.
 FAIRGATE_TERMINAL_KEEP_MS = env_int("FAIRGATE_TERMINAL_KEEP_MS", 3_600_000, minimum=1)
 FAIRGATE_TERMINAL_MAX = env_int("FAIRGATE_TERMINAL_MAX", 100_000, minimum=1)
@@ -328,3 +341,5 @@ STATICFILES_DIRS = [("console-vendor", BASE_DIR / "node_modules" / "chart.js" / 
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/console/login/"
+# How often an open console socket re-reads its user (inactive, deleted, signed out, demoted: closed).
+FAIRGATE_CONSOLE_RECHECK_S = env_int("FAIRGATE_CONSOLE_RECHECK_S", 60, minimum=1)

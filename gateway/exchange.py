@@ -20,7 +20,15 @@ from gateway.admission import Admitted
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, State
 from gateway.payload import Payload, upstream_body
-from gateway.proxy import SseFilter, relayed_headers, retry_after_ms, sse_error, upstream_open, usage_of
+from gateway.proxy import (
+    SseFilter,
+    answer_text,
+    relayed_headers,
+    retry_after_ms,
+    sse_error,
+    upstream_open,
+    usage_of,
+)
 from gateway.tokens import count_text
 from gateway.upstream import UpstreamError as UpstreamFailure
 from gateway.upstream import UpstreamResponse
@@ -177,7 +185,7 @@ class Exchange:
         finally:
             await upstream.aclose()
         if upstream.status_code < 300:
-            usage = usage_of(content) or (self.payload.prompt_tokens, 0)
+            usage = usage_of(content) or (self.payload.prompt_tokens, count_text(answer_text(content)))
             self.finish(Outcome.COMPLETED, usage=usage)
         else:
             self.finish(Outcome.UPSTREAM_REJECTED)

@@ -3,7 +3,10 @@
 * **Output**: the limit per choice is the client's ``max_tokens`` / ``max_completion_tokens``
   (the smaller, if both), else the model's default; above the model's maximum the request is
   refused (400) before anything is held. The limit is what the gateway sends upstream
-  (``gateway.payload.upstream_body``), so a backend that honours it cannot produce more.
+  (``gateway.payload.upstream_body``), so a backend that honours it cannot produce more. The
+  request is held for that limit times its choices (``Payload.choices``: ``n`` per prompt; a
+  ``/v1/completions`` prompt list, at most ``FAIRGATE_MAX_PROMPTS`` prompts, is answered a
+  choice per prompt): `output_tokens_held`, for HTTP requests and batch lines alike.
 * **Prompt**: the backend's tokenizer is not ``cl100k_base``, so the estimate is no bound. The
   bound is the request body's length in bytes, plus a few tokens per message for the chat
   template's special tokens and a fixed allowance per image part. Every byte-level BPE tokenizer
@@ -53,6 +56,11 @@ def output_limit(payload: Payload) -> int:
             f"'{payload.max_tokens_field}' is at most {maximum} for model '{payload.model}'; got {payload.max_tokens}."
         )
     return payload.max_tokens
+
+
+def output_tokens_held(payload: Payload) -> int:
+    """The output tokens the request is held (and scheduled) for: ``output_limit`` per choice."""
+    return payload.output_limit * payload.choices
 
 
 def _media_parts(messages: list[dict]) -> int:

@@ -44,6 +44,12 @@ class Payload:
     def upstream_path(self) -> str:
         return UPSTREAM_PATHS[self.kind]
 
+    @property
+    def choices(self) -> int:
+        """The choices the backend answers: ``n`` per prompt (a ``/v1/completions`` prompt list
+        has one per prompt, as vLLM and OpenAI answer it)."""
+        return self.n * (prompt_count(self.body.get("prompt")) if self.kind == TEXT else 1)
+
 
 def _optional_int(body: dict, name: str, *, minimum: int) -> int | None:
     value = body.get(name)
@@ -65,9 +71,19 @@ def _check_messages(messages) -> None:
             raise invalid_request(f"'messages[{index}].content' must be a string, an array of parts, or null.")
 
 
+def prompt_count(prompt) -> int:
+    """The prompts of a checked ``prompt``: a string or one array of token ids is one; an array of
+    strings or of token-id arrays is one per item."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return len(prompt)
+    return 1
+
+
 def _check_prompt(prompt) -> None:
     if isinstance(prompt, str):
         return
+    if isinstance(prompt, list) and (count := prompt_count(prompt)) > (cap := settings.FAIRGATE_MAX_PROMPTS):
+        raise invalid_request(f"'prompt' has at most {cap} prompts here (FAIRGATE_MAX_PROMPTS); got {count}.")
     if (
         isinstance(prompt, list)
         and prompt
@@ -174,7 +190,7 @@ def _output_limit_asked(body: dict, kind: str) -> tuple[int | None, str]:
 def estimate(payload: Payload) -> int:
     """Prompt tokens with cl100k_base (synchronous; `payload_estimate` is the event loop's)."""
     if payload.kind == CHAT:
-        return estimate_chat(payload.body["messages"])
+        return estimate_chat(payload.body)
     return estimate_completion(payload.body["input" if payload.kind == EMBED else "prompt"])
 
 

@@ -153,18 +153,55 @@ class SseFilter:
         return self.forward_usage or bool(payload.get("choices"))
 
     def text_sent(self) -> str:
-        """The generated text relayed so far (to charge an abandoned stream)."""
+        """Everything generated that was relayed so far, of every choice (to charge an abandoned
+        stream): text, reasoning, and the function names and argument deltas of tool calls."""
         parts: list[str] = []
         for event in _EVENT_END.split(b"".join(self.sent)):
             payload = _data_of(event)
             choices = payload.get("choices") if isinstance(payload, dict) else None
-            for choice in choices if isinstance(choices, list) else ():
-                if isinstance(choice, dict):
-                    delta = choice.get("delta")
-                    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                    if isinstance(text, str):
-                        parts.append(text)
+            parts += _choices_texts(choices)
         return "".join(parts)
+
+
+def answer_text(content: bytes) -> str:
+    """Everything generated in a whole (not streamed) answer, of every choice: to charge one that
+    came without ``usage`` for what it holds."""
+    try:
+        choices = json.loads(content).get("choices")
+    except (ValueError, AttributeError):
+        return ""
+    return "".join(_choices_texts(choices))
+
+
+def _choices_texts(choices) -> list[str]:
+    """The generated texts of a chunk's or an answer's choices (a delta, a message, or text)."""
+    texts: list[str] = []
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict):
+            said = choice.get("delta", choice.get("message"))
+            texts += _delta_texts(said) if isinstance(said, dict) else _strings(choice, ("text",))
+    return texts
+
+
+DELTA_TEXT_KEYS = ("content", "reasoning_content", "reasoning", "refusal")
+CALL_TEXT_KEYS = ("name", "arguments")
+
+
+def _strings(holder: dict, keys: tuple[str, ...]) -> list[str]:
+    return [holder[key] for key in keys if isinstance(holder.get(key), str)]
+
+
+def _delta_texts(delta: dict) -> list[str]:
+    """The generated text of a chat chunk's delta: content, reasoning, tool and function calls."""
+    texts = _strings(delta, DELTA_TEXT_KEYS)
+    calls = delta.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            texts += _strings(function, CALL_TEXT_KEYS)
+    if isinstance(delta.get("function_call"), dict):
+        texts += _strings(delta["function_call"], CALL_TEXT_KEYS)
+    return texts
 
 
 def _data_of(event: bytes):

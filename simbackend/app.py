@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from .answer import Choice, ChunkEncoder, completion_body
 from .config import SimConfig
 from .gate import Gate
 from .model import Capacity, Rejection, ServicePlan, SimStats, plan_service
@@ -27,12 +28,10 @@ from .protocol import (
     DONE_EVENT,
     EMBED,
     TEXT,
-    ChunkEncoder,
     CompletionRequest,
     Filler,
     ResponseIdentity,
     SimError,
-    completion_body,
     embeddings_body,
     error_body,
     parse_request,
@@ -46,6 +45,7 @@ Headers = list[tuple[bytes, bytes]]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 CHUNK_INTERVAL_MIN_S = 0.02  # at most ~50 stream events per second per request
+CHOICE_KEY_STEP = 7919  # each choice enters the filler text elsewhere
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -122,12 +122,14 @@ class SimBackendApp:
         self._maybe_fail()
         config = self.config
         if req.kind == EMBED:  # no output: the prefill alone
-            completion_tokens = 0
+            per_choice = 0
         else:
-            completion_tokens = min(req.max_tokens or config.default_max_tokens, config.max_tokens_cap)
-            completion_tokens += config.extra_completion_tokens
+            per_choice = min(req.max_tokens or config.default_max_tokens, config.max_tokens_cap)
+            per_choice += config.extra_completion_tokens
         prompt_tokens = math.ceil(req.prompt_tokens * config.prompt_token_factor)
-        plan = plan_service(config, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        plan = plan_service(
+            config, prompt_tokens=prompt_tokens, completion_tokens=per_choice * req.choices, choices=req.choices
+        )
         lease_id = next(self._lease_ids)
         start_ms = _now_ms()
         rejection = self.capacity.try_admit(lease_id, plan, start_ms)
@@ -193,7 +195,9 @@ class _Job:
         self.req = req
         self.plan = plan
         self.start_s = start_s
-        self.tokens = app.filler.tokens(key, plan.completion_tokens)
+        per_choice = plan.completion_tokens // req.choices
+        self.tokens = [app.filler.tokens(key + index * CHOICE_KEY_STEP, per_choice) for index in range(req.choices)]
+        self.reasoning_tokens = app.config.reasoning_tokens if req.kind == CHAT else 0
         self.tokens_per_event = app._tokens_per_event
         self.finish = "length" if req.max_tokens is not None else "stop"
         prefix = "chatcmpl-sim" if req.kind == CHAT else "cmpl-sim"
@@ -216,6 +220,11 @@ class _Job:
             (b"x-sim-completion-tokens", str(plan.completion_tokens).encode()),
         ]
 
+    def _choice(self, tokens: list[str], start: int, end: int) -> Choice:
+        """The part of a choice from token ``start`` to ``end``: its first tokens are reasoning."""
+        split = max(start, min(end, self.reasoning_tokens))
+        return Choice("".join(tokens[start:split]), "".join(tokens[split:end]))
+
     async def respond(self, receive: Receive, send: Send) -> bool:
         """Non-streaming: hold the slot for the whole plan; True if the client left first."""
         if await _wait_until(receive, self.start_s + self.plan.total_ms / 1000.0):
@@ -223,7 +232,8 @@ class _Job:
         if self.req.kind == EMBED:
             body = embeddings_body(self.req, self.usage())
         else:
-            body = completion_body(self.req, self.ident, "".join(self.tokens), self.finish, self.usage())
+            choices = [self._choice(tokens, 0, len(tokens)) for tokens in self.tokens]
+            body = completion_body(self.req, self.ident, choices, self.finish, self.usage())
         await _send_body(send, 200, body, self.headers(JSON_HEADERS))
         return False
 
@@ -234,16 +244,18 @@ class _Job:
         first_s = self.start_s + self.plan.prefill_ms / 1000.0
         if await _wait_until(receive, first_s):
             return True
-        pending = [encoder.role()]
-        step = self.tokens_per_event
-        seconds_per_token = self.plan.decode_ms / 1000.0 / max(1, len(self.tokens))
-        for index in range(0, len(self.tokens), step):
+        pending = [encoder.start(choice) for choice in range(len(self.tokens))]
+        step, per_choice = self.tokens_per_event, len(self.tokens[0])
+        seconds_per_token = self.plan.decode_ms / 1000.0 / max(1, per_choice)
+        for index in range(0, per_choice, step):
             if await _flush_then_wait(receive, send, pending, first_s + index * seconds_per_token):
                 return True
-            pending.append(encoder.text("".join(self.tokens[index : index + step])))
+            for choice, tokens in enumerate(self.tokens):
+                part = self._choice(tokens, index, index + step)
+                pending += [encoder.reasoning(part.reasoning, choice), encoder.text(part.text, choice)]
         if await _flush_then_wait(receive, send, pending, self.start_s + self.plan.total_ms / 1000.0):
             return True
-        pending.append(encoder.finish(self.finish))
+        pending += [encoder.finish(self.finish, choice) for choice in range(len(self.tokens))]
         if self.req.include_usage:
             pending.append(encoder.usage(self.usage()))
         pending.append(DONE_EVENT)

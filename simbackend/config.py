@@ -37,6 +37,8 @@ class SimConfig:
     # estimate, and output beyond the max_tokens asked for.
     prompt_token_factor: float = 1.0
     extra_completion_tokens: int = 0
+    # A reasoning model: each chat choice's first tokens are reasoning (``reasoning_content``).
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
         _require(self.slots >= 1, "--slots must be at least 1")
@@ -52,6 +54,7 @@ class SimConfig:
         _require(self.default_max_tokens >= 1, "--default-max-tokens must be at least 1")
         _require(self.prompt_token_factor > 0, "--prompt-token-factor must be positive")
         _require(self.extra_completion_tokens >= 0, "--extra-completion-tokens must not be negative")
+        _require(self.reasoning_tokens >= 0, "--reasoning-tokens must not be negative")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SimConfig:
@@ -106,4 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.extra_completion_tokens,
         help="produce this many tokens beyond max_tokens (a backend that ignores the limit)",
+    )
+    add(
+        "--reasoning-tokens",
+        type=int,
+        default=d.reasoning_tokens,
+        help="the first this many tokens of each chat choice are reasoning_content",
     )

@@ -5,6 +5,7 @@ Plain Python with the time passed in (``now_ms``), so it is testable without a c
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +34,15 @@ class ServicePlan:
         return self.prompt_tokens + self.completion_tokens
 
 
-def plan_service(config: SimConfig, *, prompt_tokens: int, completion_tokens: int) -> ServicePlan:
-    """Prefill grows with prompt size past one unit; decode is output tokens at the decode speed."""
+def plan_service(config: SimConfig, *, prompt_tokens: int, completion_tokens: int, choices: int = 1) -> ServicePlan:
+    """Prefill grows with prompt size past one unit; decode is output tokens at the decode speed
+    (``choices`` decode side by side, as a batch on the GPU)."""
     if config.fixed_latency_ms is not None:
         prefill_ms, decode_ms = config.fixed_latency_ms, 0.0
     else:
         prompt_units = max(1.0, prompt_tokens / config.prefill_unit_tokens)
         prefill_ms = config.ttft_ms * prompt_units
-        decode_ms = completion_tokens * 1000.0 / config.tokens_per_s
+        decode_ms = math.ceil(completion_tokens / choices) * 1000.0 / config.tokens_per_s
     return ServicePlan(prompt_tokens, completion_tokens, prefill_ms, decode_ms)
 
 

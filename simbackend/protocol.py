@@ -1,7 +1,11 @@
-"""OpenAI wire format for the simulator: request parsing, token counting, response bodies.
+"""OpenAI wire format for the simulator: request parsing, token counting, embeddings bodies
+(completion bodies and stream chunks: simbackend.answer).
 
 Token counts are rough but deterministic (about four characters per token plus a small
-per-message overhead); the gateway does its own estimate with tiktoken.
+per-message overhead; tool definitions count as their JSON); the gateway does its own estimate
+with tiktoken. A request is answered ``n`` choices per prompt (a ``/v1/completions`` prompt list
+has one prompt per item), as vLLM and OpenAI answer; a chat request with ``tools`` (and no
+``tool_choice`` "none") is answered with a call of its first tool.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ class CompletionRequest:
     inputs: tuple[str, ...] = ()  # EMBED: each input, as text (token ids as their decimal list)
     dimensions: int = EMBEDDING_DIMENSIONS
     base64: bool = False  # EMBED: encoding_format "base64" (float32, little-endian)
+    choices: int = 1  # n per prompt
+    tool: str | None = None  # CHAT: the function the answer calls (the first of ``tools``)
 
 
 def error_body(code: str, message: str, err_type: str) -> bytes:
@@ -114,16 +120,45 @@ def parse_request(kind: str, raw_body: bytes) -> CompletionRequest:
     if kind == EMBED:
         return _embeddings_request(body, model)
     if kind == CHAT:
-        prompt_tokens = count_chat_tokens(body.get("messages"))
+        prompt_tokens = count_chat_tokens(body.get("messages")) + len(json.dumps(body.get("tools") or [])) // 4
+        prompts = 1
     else:
         prompt_tokens = count_prompt_tokens(body.get("prompt"))
+        prompts = _prompts(body["prompt"])
     stream = _optional_bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("'stream_options' must be an object.")
     include_usage = bool(stream and options and options.get("include_usage") is True)
     max_tokens = _max_tokens(body, kind)
-    return CompletionRequest(kind, model, prompt_tokens, max_tokens, stream, include_usage)
+    choices = prompts * _positive(body, "n")
+    tool = _tool_called(body) if kind == CHAT else None
+    return CompletionRequest(kind, model, prompt_tokens, max_tokens, stream, include_usage, choices=choices, tool=tool)
+
+
+def _prompts(prompt: list[Any] | str) -> int:
+    """A string or one array of token ids is one prompt; an array of strings or of arrays, one each."""
+    return len(prompt) if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else 1
+
+
+def _positive(body: dict[str, Any], field: str) -> int:
+    value = body.get(field, 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(f"'{field}' must be a positive integer.")
+    return value
+
+
+def _tool_called(body: dict[str, Any]) -> str | None:
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    function = tools[0].get("function") if isinstance(tools[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise invalid("Each tool must be {type: function, function: {name, ...}}.")
+    return name
 
 
 def _embeddings_request(body: dict[str, Any], model: str) -> CompletionRequest:
@@ -248,68 +283,6 @@ class ResponseIdentity:
     response_id: str
     created: int
     model: str
-
-
-def completion_body(
-    req: CompletionRequest, ident: ResponseIdentity, text: str, finish: str, usage: dict[str, int]
-) -> bytes:
-    if req.kind == CHAT:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        obj = "text_completion"
-    payload = {
-        "id": ident.response_id,
-        "object": obj,
-        "created": ident.created,
-        "model": ident.model,
-        "choices": [choice],
-        "usage": usage,
-        "system_fingerprint": "fairgate-sim",
-    }
-    return json.dumps(payload).encode()
-
-
-class ChunkEncoder:
-    """Builds SSE event bytes for a stream; the fixed parts are encoded once per stream."""
-
-    def __init__(self, req: CompletionRequest, ident: ResponseIdentity) -> None:
-        self._chat = req.kind == CHAT
-        obj = "chat.completion.chunk" if self._chat else "text_completion"
-        self._head = (
-            f'data: {{"id":{json.dumps(ident.response_id)},"object":"{obj}",'
-            f'"created":{ident.created},"model":{json.dumps(ident.model)},"choices":'
-        )
-        self._tail = ',"usage":null}\n\n' if req.include_usage else "}\n\n"
-
-    def role(self) -> bytes:
-        if not self._chat:
-            return b""
-        choice = '[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]'
-        return (self._head + choice + self._tail).encode()
-
-    def text(self, text: str) -> bytes:
-        if self._chat:
-            choice = f'[{{"index":0,"delta":{{"content":{json.dumps(text)}}},"finish_reason":null}}]'
-        else:
-            choice = f'[{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":null}}]'
-        return (self._head + choice + self._tail).encode()
-
-    def finish(self, finish: str) -> bytes:
-        if self._chat:
-            choice = f'[{{"index":0,"delta":{{}},"finish_reason":"{finish}"}}]'
-        else:
-            choice = f'[{{"index":0,"text":"","logprobs":null,"finish_reason":"{finish}"}}]'
-        return (self._head + choice + self._tail).encode()
-
-    def usage(self, usage: dict[str, int]) -> bytes:
-        return (self._head + "[]" + f',"usage":{json.dumps(usage)}}}\n\n').encode()
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
