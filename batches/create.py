@@ -86,7 +86,7 @@ def _terms_checked(found: BatchFile, endpoint: str, served: Mapping[str, bool]) 
             bad.append((number, f"Line {number}: {problem}."))
     if bad:
         raise FileRefused(400, f"File '{found.id}': {min(bad)[1]}")
-    return [Terms(*values) for values in rows.values_list("number", "model", "bound_tokens", "output_limit")]
+    return [Terms(*values) for values in rows.values_list("number", "model", "bound_tokens", "output_tokens")]
 
 
 def lines_copy(*, batch_id: str, file_id: str) -> None:

@@ -21,7 +21,7 @@ from django.utils import timezone
 from batches.files import file_chunks
 from batches.lines import URLS, Line, LineRefused, lines_read
 from batches.models import BatchFile, FileLine
-from gateway.limits import prompt_bound
+from gateway.limits import output_tokens_held, prompt_bound
 from gateway.payload import estimate
 
 PART_ROWS = 200  # lines written per transaction (~3 MB at the surge's 17 KB a line)
@@ -75,6 +75,7 @@ def _row(file_id: str, line: Line) -> FileLine:
         estimated_tokens=estimate(payload),
         bound_tokens=prompt_bound(payload),
         output_limit=payload.output_limit,
+        output_tokens=output_tokens_held(payload),
         body=payload.body,
     )
 

@@ -10,7 +10,8 @@ and storage): the API views run them in a thread.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+import tempfile
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,6 +29,7 @@ from gateway.lifecycle import ordered_id
 STORAGE_ALIAS = "batch_files"
 UPLOAD_PURPOSES = (BatchFile.Purpose.BATCH,)
 READ_CHUNK_BYTES = 256 * 1024
+SPOOL_BYTES = 1024 * 1024  # a file written here is held in memory up to this, then on local disk
 MAX_LIST = 10_000
 
 
@@ -97,6 +99,24 @@ def file_store(*, tenant_slug: str, purpose: str, upload: File, checked: bool = 
     upload.seek(0)
     stored = files_storage().save(f"{tenant_slug}/{file_id}.jsonl", upload)
     return Stored(file_id, stored, (upload.name or "upload.jsonl")[-255:], size, lines)
+
+
+def file_write(*, tenant_slug: str, filename: str, chunks: Iterable[bytes]) -> Stored | None:
+    """A file the product writes (a batch's output), from ``chunks`` as they come: spooled (at
+    most SPOOL_BYTES of it in memory), then saved to the files storage, which reads it in parts.
+    None if ``chunks`` held no bytes (no database: may run in any thread)."""
+    size = lines = 0
+    last = b"\n"
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
+        for chunk in chunks:
+            spool.write(chunk)
+            size, lines, last = size + len(chunk), lines + chunk.count(b"\n"), chunk[-1:] or last
+        if not size:
+            return None
+        spool.seek(0)
+        file_id = file_id_new()
+        stored = files_storage().save(f"{tenant_slug}/{file_id}.jsonl", File(spool, name=filename))
+    return Stored(file_id, stored, filename[-255:], size, lines + (last != b"\n"))
 
 
 EXPIRES_AFTER_S = (3600, 30 * 24 * 3600)  # what an upload's expires_after may ask (OpenAI's range)

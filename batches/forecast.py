@@ -3,10 +3,10 @@
 within its completion window.
 
 * Money: each line's hold is computed as the gateway would compute it (the prompt's upper bound,
-  its output limit, the dearest enabled backend for its model, the class's price factor; the
-  cheapest class the tenant may fall back to, for the 402). The batch's cost bound is the sum of
-  its lines' holds: what it cannot exceed; a budget with less left than that may end lines with
-  ``budget_exhausted``.
+  its output limit times its choices, the dearest enabled backend for its model, the class's
+  price factor; the cheapest class the tenant may fall back to, for the 402). The batch's cost
+  bound is the sum of its lines' holds: what it cannot exceed; a budget with less left than that
+  may end lines with ``budget_exhausted``.
 * Time: the batch work still to do (this batch's lines and those of the batches running before
   it) at the class's mean service time (measured by the engine, else its prior), on every slot
   the lines' models have outside those reserved for the top class. HTTP traffic of higher classes
@@ -48,16 +48,16 @@ def _holds(lines: Sequence[Terms]) -> list[Decimal]:
     """Each line's base cost at its hold (before the class's factor); lines alike cost alike."""
     costs: dict[tuple[str, int, int], Decimal] = {}
     for line in lines:
-        terms = (line.model, line.prompt_bound, line.output_limit)
+        terms = (line.model, line.prompt_bound, line.output_tokens)
         if terms in costs:
             continue
         try:
             costs[terms] = upper_bound_base_cost(
-                model=line.model, prompt_tokens=line.prompt_bound, completion_tokens=line.output_limit
+                model=line.model, prompt_tokens=line.prompt_bound, completion_tokens=line.output_tokens
             )
         except UnknownModel:
             raise FileRefused(400, f"Line {line.number}: no enabled backend serves model '{line.model}'.") from None
-    return [costs[(line.model, line.prompt_bound, line.output_limit)] for line in lines]
+    return [costs[(line.model, line.prompt_bound, line.output_tokens)] for line in lines]
 
 
 def _money(tenant_slug: str, class_name: str, lines: Sequence[Terms], at: datetime) -> dict:

@@ -2,11 +2,12 @@
 
 Each line is one JSON object: ``custom_id`` (unique in the file), ``method`` ``POST``, ``url`` the
 batch's endpoint, and ``body`` the request as the endpoint takes it. The first line that is not —
-malformed JSON, a missing or repeated ``custom_id``, another endpoint, a body the gateway would
-refuse (gateway.payload, gateway.limits), a model no backend serves for that endpoint, or more
-lines than ``FAIRGATE_BATCH_MAX_LINES`` — refuses the whole file, naming the line: a batch is
-accepted whole or not at all, never in part. Blank lines are skipped. What can only be known when
-a line runs (its budget, a class the key lacks after a downgrade) is not checked here.
+malformed JSON or JSON that PostgreSQL cannot store (batches.client_json: a NUL character, NaN),
+a missing or repeated ``custom_id``, another endpoint, a body the gateway would refuse
+(gateway.payload, gateway.limits), a model no backend serves for that endpoint, or more lines than
+``FAIRGATE_BATCH_MAX_LINES`` — refuses the whole file, naming the line: a batch is accepted whole
+or not at all, never in part. Blank lines are skipped. What can only be known when a line runs
+(its budget, a class the key lacks after a downgrade) is not checked here.
 
 Pure: no database, no storage; the caller passes the file's bytes and the models served.
 """
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from batches.client_json import JsonRefused, json_checked
 from gateway.errors import GatewayError
-from gateway.limits import output_limit, prompt_bound
+from gateway.limits import output_limit, output_tokens_held, prompt_bound
 from gateway.payload import CHAT, EMBED, TEXT, Payload, payload_parse
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT, "/v1/embeddings": EMBED}
@@ -46,7 +48,7 @@ class Line:
 
     @property
     def terms(self) -> Terms:
-        return Terms(self.number, self.payload.model, prompt_bound(self.payload), self.payload.output_limit)
+        return Terms(self.number, self.payload.model, prompt_bound(self.payload), output_tokens_held(self.payload))
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Terms:
     number: int
     model: str
     prompt_bound: int
-    output_limit: int
+    output_tokens: int  # held: the output limit times the line's choices
 
 
 def _split(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -83,9 +85,9 @@ def model_error(model: str, kind: str, served: Mapping[str, bool]) -> str | None
 
 def _record(number: int, raw: bytes) -> dict:
     try:
-        record = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise LineRefused(number, "not valid JSON.") from None
+        record = json_checked(raw)
+    except JsonRefused as refused:
+        raise LineRefused(number, refused.reason) from None
     if not isinstance(record, dict):
         raise LineRefused(number, "must be a JSON object with custom_id, method, url and body.")
     unknown = set(record) - LINE_KEYS

@@ -49,7 +49,8 @@ class FileLine(models.Model):
     model = models.CharField(max_length=200)
     estimated_tokens = models.PositiveIntegerField()  # cl100k_base estimate of its prompt (scheduling)
     bound_tokens = models.PositiveIntegerField()  # its prompt's upper bound (the hold: gateway.limits)
-    output_limit = models.PositiveIntegerField()  # per choice, held and sent upstream
+    output_limit = models.PositiveIntegerField()  # per choice, sent upstream
+    output_tokens = models.PositiveIntegerField(default=0)  # held: per choice times choices (gateway.limits)
     body = models.JSONField()
 
     class Meta:

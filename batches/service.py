@@ -3,27 +3,23 @@
 A batch is created whole from a file its lines check (batches.create) or not at all; its lines are
 then claimed by gateway processes (`lines_claim`, never twice: a claim is a conditional UPDATE),
 sent to Celery workers once granted, and ended by the worker (completed, failed) or here
-(cancelled, expired). A batch with no line left to run is finalized: its output and error files
-written in OpenAI's line format, its status completed, cancelled or expired.
+(cancelled, expired). A batch with no line left to run is then finalized (batches.finalize).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from io import BytesIO
 
-from django.core.files import File
 from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from batches import leases
-from batches.files import FileRefused, file_record, file_store
+from batches.files import FileRefused
 from batches.forecast import Pool
-from batches.models import Batch, BatchFile, BatchLine
+from batches.models import Batch, BatchLine
 from gateway.lifecycle import ordered_id
 
 WINDOWS = {"24h": timedelta(hours=24)}
@@ -82,7 +78,7 @@ EXPIRED_ERROR = leases.EXPIRED
 def batch_cancel(*, tenant_id: int, batch_id: str) -> Batch:
     """Stops granting its lines: the ones not yet sent to a worker end cancelled (a gateway that
     claimed one drops it from the engine and releases its hold); the ones running finish. The
-    batch is cancelling until none runs, then cancelled (`batches_finalize`)."""
+    batch is cancelling until none runs, then cancelled (batches.finalize)."""
     with transaction.atomic():
         batch = batch_get(tenant_id=tenant_id, batch_id=batch_id)
         if batch.status != Status.IN_PROGRESS:
@@ -302,28 +298,6 @@ def batches_cancelled(pks: Iterable[int]) -> set[int]:
 # --- ending batches -------------------------------------------------------------------------
 
 
-def _output_line(line: BatchLine) -> bytes:
-    """A line of the output or error file, in OpenAI's format."""
-    response = None
-    if line.status_code is not None:
-        response = {"status_code": line.status_code, "request_id": public_id_of(line), "body": line.response}
-    record = {"id": f"batch_req_{line.pk}", "custom_id": line.custom_id, "response": response, "error": line.error}
-    return json.dumps(record, separators=(",", ":")).encode() + b"\n"
-
-
-def _write_file(batch: Batch, lines: list[BatchLine], name: str) -> BatchFile | None:
-    if not lines:
-        return None
-    data = b"".join(_output_line(line) for line in lines)
-    upload = File(BytesIO(data), name=f"{batch.id}_{name}.jsonl")
-    stored = file_store(
-        tenant_slug=batch.tenant.slug, purpose=BatchFile.Purpose.BATCH_OUTPUT, upload=upload, checked=False
-    )
-    return file_record(
-        stored=stored, tenant_id=batch.tenant_id, key_prefix=batch.key_prefix, purpose=BatchFile.Purpose.BATCH_OUTPUT
-    )
-
-
 def batches_expire() -> int:
     """Beat's (batches.sweep): the pending lines of batches past their window end expired (lines
     waiting in an engine leave it at their deadline, the window's end, and come back here; running
@@ -333,46 +307,19 @@ def batches_expire() -> int:
     ).update(state=State.EXPIRED, ended_at=timezone.now(), error=EXPIRED_ERROR)
 
 
+FINALIZE_STALE_S = 600  # a batch finalizing this long is finalized again (its finalizer stopped)
+
+
 def batches_ready() -> list[str]:
     """Settles what is left over (lines of gone processes go back to their batch; the pending lines
-    of a cancelling batch are cancelled), then the batches with no line left to run, to finalize."""
+    of a cancelling batch are cancelled), then the batches with no line left to run, to finalize
+    (batches.finalize), and those whose finalizing stopped midway."""
     lines_of_the_gone_back()
     BatchLine.objects.filter(  # went back to pending (no room in the engine) after the cancel
         batch__status=Status.CANCELLING, state=State.PENDING
     ).update(state=State.CANCELLED, ended_at=timezone.now(), error=CANCELLED_ERROR)
-    candidates = Batch.objects.filter(status__in=(Status.IN_PROGRESS, Status.CANCELLING)).exclude(
+    stale = Q(status=Status.FINALIZING, finalizing_at__lte=timezone.now() - timedelta(seconds=FINALIZE_STALE_S))
+    candidates = Batch.objects.filter(Q(status__in=(Status.IN_PROGRESS, Status.CANCELLING)) | stale).exclude(
         lines__state__in=(State.PENDING, State.CLAIMED, State.SENT)
     )
     return list(candidates.values_list("pk", flat=True))
-
-
-def batch_finalize(pk: str) -> bool:
-    """Finalizes the batch ``pk`` if no line of it is left to run: its output and error files
-    written, its status set (completed, cancelled, or expired if a line expired). The heavy part
-    of a batch's end (every line read, the files built), so serving processes hand it to a worker
-    (``batches.finalize``). Returns whether it was finalized now (False: not ready, or done already)."""
-    with transaction.atomic():
-        locked = Batch.objects.select_for_update().get(pk=pk)  # its tenant is read below, not locked
-        if (
-            locked.status not in (Status.IN_PROGRESS, Status.CANCELLING)
-            or locked.lines.exclude(state__in=BatchLine.ENDED).exists()
-        ):
-            return False
-        lines = list(locked.lines.order_by("number"))
-        locked.output_file = _write_file(locked, [line for line in lines if line.state == State.COMPLETED], "output")
-        locked.error_file = _write_file(locked, [line for line in lines if line.state != State.COMPLETED], "errors")
-        ended = timezone.now()
-        locked.finalizing_at = ended
-        if locked.status == Status.CANCELLING:
-            locked.status, locked.cancelled_at = Status.CANCELLED, ended
-        elif any(line.state == State.EXPIRED for line in lines):
-            locked.status, locked.expired_at = Status.EXPIRED, ended
-        else:
-            locked.status, locked.completed_at = Status.COMPLETED, ended
-        locked.save()
-    return True
-
-
-def batches_finalize() -> int:
-    """Finalizes every batch with no line left to run (`batch_finalize`); returns how many."""
-    return sum(batch_finalize(pk) for pk in batches_ready())

@@ -22,6 +22,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from batches import files, service
+from batches.client_json import NUL, REPLACEMENT, JsonRefused, json_storable
+from batches.finalize import batch_finalize, batches_finalize
 from batches.leases import line_start, renewer
 from batches.lines import line_payload
 from batches.models import BatchLine
@@ -117,10 +119,11 @@ def _run(line: BatchLine) -> None:
         log.warning("batch line %s: the backend failed: %r", line.pk, failed)
         _finish(line, status=502, body={"error": {"message": str(failed), "code": "upstream_error"}}, usage=None)
         return
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"error": {"message": response.text[:1000], "code": "upstream_error"}}
+    try:  # stored as PostgreSQL can store it (a NUL or NaN in a model's answer does not wedge the line)
+        answer = json_storable(response.content)
+    except JsonRefused:
+        text = response.text[:1000].replace(NUL, REPLACEMENT)
+        answer = {"error": {"message": text, "code": "upstream_error"}}
     if not response.is_success:
         _finish(line, status=response.status_code, body=answer, usage=None)
         return
@@ -132,9 +135,9 @@ def _run(line: BatchLine) -> None:
 
 @shared_task(name="batches.finalize", ignore_result=True)
 def finalize(batch_pk: str) -> bool:
-    """A batch with no line left to run, finalized (service.batch_finalize: every line read, the
-    output and error files written) in a worker, not in the serving process that noticed it."""
-    return service.batch_finalize(batch_pk)
+    """A batch with no line left to run, finalized (batches.finalize: every line read, the output
+    and error files written) in a worker, not in the serving process that noticed it."""
+    return batch_finalize(batch_pk)
 
 
 @shared_task(name="batches.sweep", ignore_result=True)
@@ -144,6 +147,6 @@ def sweep() -> dict[str, int]:
     their time are deleted."""
     return {
         "lines_expired": service.batches_expire(),
-        "batches_finalized": service.batches_finalize(),
+        "batches_finalized": batches_finalize(),
         "files_deleted": files.files_expire(),
     }

@@ -8,13 +8,13 @@ an uploaded batch file's lines are checked before the upload is answered, in a p
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from batches import create, files, service
 from batches.check_process import file_check_off_process
+from batches.client_json import JsonRefused, json_checked, text_checked
 from batches.db import batch_db_call
 from batches.forecast import Pool
 from batches.models import BatchFile
@@ -58,6 +58,22 @@ def _page(data: list[dict], *, has_more: bool) -> HttpResponse:
     return json_response({"object": "list", "data": data, "has_more": has_more, "first_id": first, "last_id": last})
 
 
+def _param(request: HttpRequest, name: str) -> str | None:
+    """A query parameter that reaches the database (no NUL: PostgreSQL refuses it), or None."""
+    raw = request.GET.get(name) or None
+    try:
+        return None if raw is None else text_checked(raw)
+    except JsonRefused as refused:
+        raise invalid_request(f"'{name}': {refused.reason}") from None
+
+
+def _path_id(value: str, what: str) -> str:
+    """A file or batch id from the path; one holding NUL names nothing (404, not a query)."""
+    if "\x00" in value:
+        raise files.FileRefused(404, f"No {what} of yours with that id.")
+    return value
+
+
 def _int_param(request: HttpRequest, name: str, default: int) -> int:
     raw = request.GET.get(name)
     if raw is None:
@@ -75,8 +91,8 @@ async def _listing(request: HttpRequest) -> HttpResponse:
         raise invalid_request("'order' must be 'asc' or 'desc'.")
     page = await db_call(files.files_list)(
         tenant_id=caller.tenant_id,
-        purpose=request.GET.get("purpose") or None,
-        after=request.GET.get("after") or None,
+        purpose=_param(request, "purpose"),
+        after=_param(request, "after"),
         limit=_int_param(request, "limit", 100),
         ascending=order == "asc",
     )
@@ -91,7 +107,7 @@ async def files_view(request: HttpRequest) -> HttpResponse:
 
 async def _found(request: HttpRequest, file_id: str) -> BatchFile:
     caller = await authenticate(request.headers.get("Authorization"))
-    return await db_call(files.file_get)(tenant_id=caller.tenant_id, file_id=file_id)
+    return await db_call(files.file_get)(tenant_id=caller.tenant_id, file_id=_path_id(file_id, "file"))
 
 
 @api_view("GET", "DELETE")
@@ -141,21 +157,39 @@ def _priority_class(d, caller, metadata: dict | None) -> str:
 
 
 def _json_body(request: HttpRequest) -> dict:
+    """The body as a JSON object PostgreSQL can store (batches.client_json), else 400."""
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
-        raise invalid_request("The request body is not valid JSON.") from None
+        body = json_checked(request.body or b"{}")
+    except JsonRefused as refused:
+        raise invalid_request(f"The request body is refused: {refused.reason}") from None
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
     return body
 
 
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512  # OpenAI's bounds
+
+
+def _metadata(body: dict) -> dict | None:
+    """``metadata`` as OpenAI takes it: at most 16 pairs, string keys (64) and string values (512)."""
+    metadata = body.get("metadata")
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or len(metadata) > METADATA_PAIRS:
+        raise invalid_request(f"'metadata' must be an object of at most {METADATA_PAIRS} pairs.")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY or not isinstance(value, str) or len(value) > METADATA_VALUE:
+            raise invalid_request(
+                f"'metadata' keys are strings of at most {METADATA_KEY} characters and its values strings of "
+                f"at most {METADATA_VALUE}; '{key[:64]}' is not."
+            )
+    return metadata
+
+
 async def _batch_create(request: HttpRequest) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
     body = _json_body(request)
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise invalid_request("'metadata' must be an object.")
+    metadata = _metadata(body)
     for name in ("input_file_id", "endpoint", "completion_window"):
         if not isinstance(body.get(name), str):
             raise invalid_request(f"'{name}' is required (a string).")
@@ -186,7 +220,7 @@ async def _batch_create(request: HttpRequest) -> HttpResponse:
 async def _batches_listing(request: HttpRequest) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
     found, more = await db_call(service.batches_list)(
-        tenant_id=caller.tenant_id, after=request.GET.get("after") or None, limit=_int_param(request, "limit", 20)
+        tenant_id=caller.tenant_id, after=_param(request, "after"), limit=_int_param(request, "limit", 20)
     )
     data = await db_call(lambda: [service.batch_object(b) for b in found])()
     return _page(data, has_more=more)
@@ -200,12 +234,12 @@ async def batches_view(request: HttpRequest) -> HttpResponse:
 @api_view("GET")
 async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
-    batch = await db_call(service.batch_get)(tenant_id=caller.tenant_id, batch_id=batch_id)
+    batch = await db_call(service.batch_get)(tenant_id=caller.tenant_id, batch_id=_path_id(batch_id, "batch"))
     return json_response(await db_call(service.batch_object)(batch))
 
 
 @api_view("POST")
 async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     caller = await authenticate(request.headers.get("Authorization"))
-    batch = await db_call(service.batch_cancel)(tenant_id=caller.tenant_id, batch_id=batch_id)
+    batch = await db_call(service.batch_cancel)(tenant_id=caller.tenant_id, batch_id=_path_id(batch_id, "batch"))
     return json_response(await db_call(service.batch_object)(batch))

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from batches import leases, service
+from batches import finalize, leases, service
 from batches.models import Batch, BatchLine, LineBody
 from billing.models import GatewayProcess
 from tenants.models import Tenant
@@ -62,7 +62,7 @@ def test_a_line_sent_of_a_cancelled_batch_is_refused_and_pending_ones_end(tenant
     assert set(batch.lines.filter(state=State.CANCELLED).values_list("number", flat=True)) == {3, 4}
     for line in claimed:
         service.line_end(line.pk, State.CANCELLED, service.CANCELLED_ERROR)
-    assert service.batches_finalize() == 1
+    assert finalize.batches_finalize() == 1
     batch.refresh_from_db()
     assert batch.status == Batch.Status.CANCELLED and batch.output_file is None and batch.error_file is not None
     assert batch.error_file.lines == 4
@@ -94,7 +94,7 @@ def test_beat_expires_the_pending_lines_of_a_batch_past_its_window_and_it_ends_e
     assert service.batches_cancelled([claimed[0].pk]) == {claimed[0].pk}  # the feeder takes it out of its engine
     service.line_drop(claimed[0].pk)  # ... and it goes back to pending (its batch still runs)
     assert service.batches_expire() == 4
-    assert service.batches_finalize() == 1
+    assert finalize.batches_finalize() == 1
     batch.refresh_from_db()
     assert batch.status == Batch.Status.EXPIRED and batch.expired_at is not None and batch.output_file is None
     assert batch.error_file.lines == 4

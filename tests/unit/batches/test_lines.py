@@ -70,7 +70,11 @@ def test_an_empty_file_and_one_over_the_line_limit_are_refused(settings):
 
 
 @given(
-    ids=st.lists(st.text(st.characters(codec="utf-8"), min_size=1, max_size=8), min_size=1, max_size=12),
+    ids=st.lists(
+        st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=8),
+        min_size=1,
+        max_size=12,
+    ),
     chunk=st.integers(1, 64),
 )
 def test_any_file_is_accepted_whole_exactly_when_its_ids_are_unique(ids, chunk):
