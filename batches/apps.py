@@ -9,7 +9,10 @@ class BatchesConfig(AppConfig):
         from batches import (
             checks,  # noqa: F401  (registers the start-up checks)
             feeder,
+            prices,
         )
         from gateway import live
+        from scheduling.prices import impact_source_add
 
         live.register(on_serving=feeder.start, on_stopping=feeder.stop)  # every serving process feeds lines
+        impact_source_add(prices.batches_open_of_class)  # what a price change touches, shown before it is confirmed

@@ -31,6 +31,7 @@ from batches import leases, metrics, service, tasks
 from batches.db import batch_db_call
 from batches.lines import line_payload
 from batches.models import BatchLine
+from batches.prices import batch_priced_at
 from billing.heartbeats import process_owner
 from gateway import admission, charging
 from gateway.auth import caller_of
@@ -190,7 +191,15 @@ class Feeder:
         cls, rule = classify(d, caller, batch.priority_class, payload, None)
         left_ms = int((batch.expires_at.timestamp() - time.time()) * 1000)
         return Asked(
-            d, caller, PublicId(service.public_id_of(line)), payload, batch.priority_class, cls, rule, max(1, left_ms)
+            d,
+            caller,
+            PublicId(service.public_id_of(line)),
+            payload,
+            batch.priority_class,
+            cls,
+            rule,
+            max(1, left_ms),
+            priced_at=batch_priced_at(batch),  # its cost bound's prices, whatever they are now
         )
 
     async def _line(self, line: BatchLine) -> None:

@@ -18,7 +18,8 @@ Inside the transaction, in this order:
    whose request ended unserved may be sent again: each attempt books under its own key
    (``id``, ``id#2``, ...), and an id that was served is refused.
 3. The price versions of the batch's classes are re-read: a hold priced from the in-process cache
-   is re-priced if another process made a newer version take effect before its admission.
+   is re-priced if another process made a newer version take effect before its admission (before
+   its ``priced_at``: a batch line is priced at its batch's creation, batches.prices).
 4. The asks are decided in order against the locked balances: a hold fits only if every row it
    moves keeps ``spent + held <= limit``, so concurrent holds at a budget's edge never overspend,
    and a charge never exceeds its hold (the rest of what usage priced is recorded as unbilled),
@@ -63,9 +64,10 @@ from billing.pricing import (
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
-STALE_REASON = "stale"  # released by the age sweep: a late settlement still charges what was consumed
+STALE_REASON = "stale"  # no owner to ask, released by age: a late settlement still charges what was consumed
 OWNER_GONE_REASON = "owner_gone"  # released because its gateway process died (billing.heartbeats)
-LATE_SETTLEMENT_REASONS = frozenset({STALE_REASON, OWNER_GONE_REASON})
+FORCED_REASON = "forced"  # released by an operator (`manage.py ledger release-forced`)
+LATE_SETTLEMENT_REASONS = frozenset({STALE_REASON, OWNER_GONE_REASON, FORCED_REASON})
 MAX_ATTEMPTS = 64  # requests one id may name: an id whose request ended unserved may be sent again
 MAX_BATCH = 256  # asks per transaction (3 entries × 18 columns each stays far below bind limits)
 
@@ -81,6 +83,8 @@ class HoldAsk:
     at: datetime
     fallback: bool = False  # may fall back to a cheaper class if the tenant is configured to
     owner: str = ""  # the gateway process asking (billing.heartbeats); empty: not a gateway's request
+    # The time whose price versions apply (a batch line: its batch's creation, batches.prices); None: ``at``.
+    priced_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,7 @@ def _check_tokens(*counts: int) -> None:
 
 
 def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool = False) -> _Priced:
-    version = price_version_at(class_name=class_name, at=ask.at, refresh=refresh)
+    version = price_version_at(class_name=class_name, at=ask.priced_at or ask.at, refresh=refresh)
     base = upper_bound_base_cost(
         model=ask.model, prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens, refresh=refresh
     )
@@ -336,7 +340,7 @@ def _lock_and_read(plans: list[_Plan], ids: set[int]) -> tuple[dict[int, _Row], 
         sorted(ids),
         list({p.ask.request_id for p in plans}),
         holding,
-        at=max((q.ask.at for q in priced), default=None),
+        at=max((q.ask.priced_at or q.ask.at for q in priced), default=None),
         versions=versions,
     )
     done: Done = {}

@@ -19,6 +19,11 @@ promised. A live process never loses its holds to another's sweep:
 * a process that wakes up after being taken for dead (paused, partitioned) beats again and is
   alive from then on; its late settlements are booked against what the budget still has, never
   past the limit, and the rest is recorded as unbilled (billing.booking).
+
+Age alone never releases the hold of a live owner, however long its request runs. Holds with no
+owner to ask (booked outside a gateway process: ``billing.services.budget_hold`` from a script or
+a shell, or before holds named their owner; or naming an owner that never beat) are released by
+``holds_release_unowned`` once older than ``FAIRGATE_BILLING_STALE_HOLD_S``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from billing.booking import OWNER_GONE_REASON, ReleaseAsk, book
+from billing.booking import OWNER_GONE_REASON, STALE_REASON, ReleaseAsk, book
 from billing.models import GatewayProcess, LedgerEntry
 
 log = logging.getLogger("fairgate.billing")
@@ -115,6 +120,39 @@ def holds_release_orphaned(*, now: datetime | None = None) -> int:
         if released:
             log.warning("gateway process %s is gone: released its %s open holds", owner, released)
     return total
+
+
+def unowned_hold_age() -> timedelta:
+    return timedelta(seconds=settings.FAIRGATE_BILLING_STALE_HOLD_S)
+
+
+def holds_release_unowned(*, older_than: timedelta | None = None, now: datetime | None = None) -> int:
+    """Release the open holds older than ``older_than`` (default ``unowned_hold_age``) that have no
+    owner whose heartbeat could tell whether it lives; returns how many."""
+    now = now or timezone.now()
+    cutoff = now - (unowned_hold_age() if older_than is None else older_than)
+    released = LedgerEntry.objects.filter(kind=Kind.RELEASE, request_id=OuterRef("request_id"))
+    beating = GatewayProcess.objects.filter(owner=OuterRef("owner"))
+    request_ids = list(
+        LedgerEntry.objects.filter(kind=Kind.HOLD, at__lt=cutoff)
+        .filter(Q(owner="") | ~Exists(beating))
+        .filter(~Exists(released))
+        .order_by("pk")
+        .values_list("request_id", flat=True)
+    )
+    results = book([ReleaseAsk(request_id=rid, reason=STALE_REASON, at=now) for rid in request_ids])
+    for failed in (r for r in results if isinstance(r, BaseException)):
+        log.error("could not release an unowned hold (the next sweep tries again): %s", failed)
+    count = sum(r is True for r in results)
+    if count:
+        log.warning("released %s holds with no owner, older than %s", count, cutoff)
+    return count
+
+
+def holds_release_leftovers(*, now: datetime | None = None) -> int:
+    """Every sweep's work: the holds of dead owners, then those with no owner past their age."""
+    now = now or timezone.now()
+    return holds_release_orphaned(now=now) + holds_release_unowned(now=now)
 
 
 class Housekeeper:

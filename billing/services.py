@@ -1,6 +1,6 @@
 """Billing writes for single requests and for finance: holds, settlements and releases (each
-booked through billing.booking, the code the gateway batches through), the stale-hold sweep,
-adjustments and price changes.
+booked through billing.booking, the code the gateway batches through), an operator's forced release,
+adjustments and price changes. (Crash leftovers are released by liveness: billing.heartbeats.)
 
 Lifecycle of a request: `budget_hold` at admission → `charge_settle` on completion (also for the
 tokens an abandoned stream already produced) or `hold_release` when it is refused, times out,
@@ -20,13 +20,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.alerts import alerts_record
-from billing.booking import STALE_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
+from billing.booking import FORCED_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
 from billing.errors import BillingError, UnknownClass
 from billing.inflight import HeldEntry
 from billing.models import Budget, LedgerEntry
 from billing.money import money
 from scheduling.models import PriceVersion, PriorityClass
+from scheduling.prices import price_factor_check
 from scheduling.services import audit_record, price_set
 
 logger = logging.getLogger("fairgate.billing")
@@ -43,9 +44,12 @@ def budget_hold(
     max_output_tokens: int,
     at: datetime | None = None,
     fallback: bool = False,
+    owner: str = "",
 ) -> HeldEntry:
     """Hold the largest possible charge of a request; raises BudgetExhausted if it does not fit
-    (with `fallback`, a tenant configured for it gets the first cheaper class that fits instead)."""
+    (with `fallback`, a tenant configured for it gets the first cheaper class that fits instead).
+    `owner`: the beating process whose request it is (billing.heartbeats); without one, the hold is
+    released by age if nothing ends it."""
     held = book_one(
         HoldAsk(
             request_id=request_id,
@@ -56,6 +60,7 @@ def budget_hold(
             max_output_tokens=max_output_tokens,
             at=at or timezone.now(),
             fallback=fallback,
+            owner=owner,
         )
     )
     return cast(HeldEntry, held)  # book_one's result is typed object: for a hold, its HeldEntry
@@ -90,23 +95,25 @@ def hold_release(*, request_id: str, reason: str) -> bool:
     return cast(bool, released)  # for a release, whether it released a hold
 
 
-def holds_release_stale(*, older_than: timedelta, now: datetime | None = None) -> int:
-    """Release holds older than `older_than` with no release yet (crash leftovers); returns how many."""
+def holds_release_forced(*, older_than: timedelta, now: datetime | None = None, reason: str = FORCED_REASON) -> int:
+    """An operator's release: every open hold older than `older_than`, whether or not its owner
+    lives (a request still running is then charged only what its budget has left when it ends).
+    The sweeps release by liveness instead (billing.heartbeats). Returns how many."""
     cutoff = (now or timezone.now()) - older_than
     released = LedgerEntry.objects.filter(kind=Kind.RELEASE).values("request_id")
-    stale = (
+    open_holds = (
         LedgerEntry.objects.filter(kind=Kind.HOLD, at__lt=cutoff)
         .exclude(request_id__in=released)
         .order_by("pk")
         .values_list("request_id", flat=True)
     )
     at = timezone.now()
-    results = book([ReleaseAsk(request_id=rid, reason=STALE_REASON, at=at) for rid in stale])  # in batches
+    results = book([ReleaseAsk(request_id=rid, reason=reason, at=at) for rid in open_holds])  # in batches
     for failed in (r for r in results if isinstance(r, BaseException)):
-        logger.error("could not release a stale hold: %s", failed)
+        logger.error("could not release a hold: %s", failed)
     count = sum(r is True for r in results)
     if count:
-        logger.warning("released %s stale holds older than %s", count, older_than)
+        logger.warning("released %s open holds older than %s, whoever owned them (%s)", count, older_than, reason)
     return count
 
 
@@ -159,18 +166,19 @@ def price_change(
     price_factor: Decimal,
     actor: str,
     effective_at: datetime | None = None,
+    confirm: bool = False,
 ) -> PriceVersion:
-    """A new price version, now or at a future time. Admitted requests keep the version they held."""
+    """A new price version, now or at a future time. Admitted requests keep the version they held,
+    batch lines their batch's. Refused as every door refuses (scheduling.prices: PriceRefused, or
+    ConfirmNeeded for a move of more than 2x without ``confirm``)."""
     now = timezone.now()
-    price_factor = Decimal(price_factor)
-    if price_factor < 0 or price_factor != price_factor.quantize(Decimal("0.0001")):
-        raise BillingError("a price factor is >= 0 with at most 4 decimal places")
-    if effective_at is not None and effective_at < now - timedelta(seconds=1):
-        raise BillingError("a price change cannot take effect in the past")
     with transaction.atomic():
         priority_class = PriorityClass.objects.filter(name=class_name).first()
         if priority_class is None:
             raise UnknownClass(f"no class {class_name!r}")
+        price_factor = price_factor_check(
+            class_name=class_name, price_factor=price_factor, effective_at=effective_at, confirm=confirm, now=now
+        )
         return price_set(
             priority_class=priority_class, price_factor=price_factor, actor=actor, effective_at=effective_at or now
         )

@@ -74,11 +74,14 @@ def class_sla_set(*, class_name: str, sla_ms: int, actor: str) -> ApplyResult:
 
 
 def class_price_set(
-    *, class_name: str, price_factor: Decimal, actor: str, effective_at: datetime | None = None
+    *, class_name: str, price_factor: Decimal, actor: str, effective_at: datetime | None = None, confirm: bool = False
 ) -> PriceVersion:
-    """A new price version (now or at ``effective_at``); admitted requests keep theirs."""
+    """A new price version (now or at ``effective_at``); admitted requests keep theirs. A move of
+    more than 2x without ``confirm`` raises ConfirmNeeded (a ValidationError saying what it touches)."""
     try:
-        return price_change(class_name=class_name, price_factor=price_factor, actor=actor, effective_at=effective_at)
+        return price_change(
+            class_name=class_name, price_factor=price_factor, actor=actor, effective_at=effective_at, confirm=confirm
+        )
     except BillingError as exc:
         raise ValidationError(str(exc)) from None
 

@@ -1,13 +1,15 @@
 """Policy (admin): classes and prices, aging, fairness, tenant shares, downgrade rules, backends.
 
 Each POST calls one service of ``console.policy`` (validated like the YAML, audited) and comes
-back to the page with what happened; a refused change says why.
+back to the page with what happened; a refused change says why. A price factor moved more than
+2x is a confirm step: a page saying what it touches, whose form posts the change again confirmed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -19,6 +21,7 @@ from django.views.decorators.http import require_POST
 from console import policy
 from console.access import ADMIN, role_required
 from console.policy_view import policy_context
+from scheduling.prices import MAX_STEP, ConfirmNeeded
 
 SAVED = "Saved: the running scheduler picks it up within a second."
 
@@ -36,6 +39,8 @@ def _apply(request: HttpRequest, anchor: str, action: Callable[[], str | None]) 
     try:
         note = action()
         messages.success(request, note or SAVED)
+    except ConfirmNeeded:
+        raise  # the caller's confirm step
     except ValidationError as exc:
         messages.error(request, "Refused: " + "; ".join(exc.messages))
     return redirect(f"/console/policy/#{anchor}")
@@ -63,27 +68,44 @@ def _when(raw: str):
 def class_edit(request: HttpRequest, name: str) -> HttpResponse:
     def action() -> str | None:
         notes = []
-        sla_ms = policy.number(_post(request, "sla_ms"), what="SLA (ms)", kind=int)
-        if sla_ms is not None:
-            policy.class_sla_set(class_name=name, sla_ms=sla_ms, actor=_actor(request))
-            notes.append(f"{name} SLA {sla_ms} ms")
         factor = policy.number(_post(request, "price_factor"), what="price factor")
-        if factor is not None:
+        if factor is not None:  # first: a price that asks for confirmation saves nothing yet
             version = policy.class_price_set(
                 class_name=name,
                 price_factor=factor,
                 actor=_actor(request),
                 effective_at=_when(_post(request, "effective_at")),
+                confirm=request.POST.get("confirm") == "yes",
             )
             notes.append(
                 f"{name} price ×{version.price_factor} (version {version.pk}) "
                 f"from {timezone.localtime(version.effective_at):%Y-%m-%d %H:%M:%S %Z}"
             )
+        sla_ms = policy.number(_post(request, "sla_ms"), what="SLA (ms)", kind=int)
+        if sla_ms is not None:
+            policy.class_sla_set(class_name=name, sla_ms=sla_ms, actor=_actor(request))
+            notes.append(f"{name} SLA {sla_ms} ms")
         if not notes:
             raise ValidationError("nothing to change: give an SLA or a price factor")
         return "Saved: " + "; ".join(notes) + "."
 
-    return _apply(request, "classes", action)
+    try:
+        return _apply(request, "classes", action)
+    except ConfirmNeeded as asked:
+        return _price_confirm(request, name, asked)
+
+
+def _price_confirm(request: HttpRequest, name: str, asked: ConfirmNeeded) -> HttpResponse:
+    """The confirm step: what the change touches, and the same change to post again, confirmed."""
+    posted = {field: _post(request, field) for field in ("price_factor", "effective_at", "sla_ms")}
+    context = {
+        "name": name,
+        "impacts": asked.impacts,
+        "posted": {field: value for field, value in posted.items() if value},
+        "max_step": MAX_STEP,
+        "currency": settings.FAIRGATE_CURRENCY,
+    }
+    return render(request, "console/price_confirm.html", context)
 
 
 @require_POST

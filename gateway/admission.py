@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict
 
 from gateway import charging, metrics
 from gateway.dispatcher import Dispatcher, Entry
 from gateway.errors import GatewayError
 from gateway.lifecycle import Outcome, job_of
+from gateway.limits import output_tokens_held
 from scheduling.engine.model import Request
 
 if TYPE_CHECKING:
@@ -139,13 +141,14 @@ class _HoldArgs(TypedDict):
     model: str
     prompt_tokens: int
     max_output_tokens: int
+    priced_at: datetime | None
 
 
 async def admit(asked: Asked, *, early: bool) -> Admitted:
     """Hold → fall back → admit; a refusal raised after the hold has released it. ``early``: the
     hold may be booked while the request goes on."""
     d, caller, payload = asked.d, asked.caller, asked.payload
-    expected_output_tokens = payload.output_limit * payload.n
+    expected_output_tokens = output_tokens_held(payload)
     what = _HoldArgs(
         tenant=caller.tenant,
         request_id=asked.engine_id,
@@ -153,6 +156,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
         model=payload.model,
         prompt_tokens=payload.prompt_bound,
         max_output_tokens=expected_output_tokens,
+        priced_at=asked.priced_at,
     )
     held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
     if held is None:

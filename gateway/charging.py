@@ -402,7 +402,9 @@ def _budget_error(exc: BudgetExhausted) -> GatewayError:
     return GatewayError(402, ErrorCode.BUDGET_EXHAUSTED, f"{exc} Ask finance to raise it, or use a cheaper class.")
 
 
-def _submit_hold(asked: Hold, *, fallback: bool, urgent: bool = True) -> asyncio.Future:
+def _submit_hold(
+    asked: Hold, *, fallback: bool, urgent: bool = True, priced_at: datetime | None = None
+) -> asyncio.Future:
     return booker().submit(
         HoldAsk(
             request_id=asked.request_id,
@@ -414,6 +416,7 @@ def _submit_hold(asked: Hold, *, fallback: bool, urgent: bool = True) -> asyncio
             at=_now(),
             fallback=fallback,
             owner=process_owner(),
+            priced_at=priced_at,
         ),
         urgent=urgent,
     )
@@ -459,16 +462,24 @@ async def _held(asked: Hold, future: asyncio.Future) -> Hold:
 
 
 async def hold(
-    *, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int, max_output_tokens: int
+    *,
+    tenant: str,
+    request_id: str,
+    cls: str,
+    model: str,
+    prompt_tokens: int,
+    max_output_tokens: int,
+    priced_at: datetime | None = None,
 ) -> Hold:
-    """The hold, booked: the request may go on. Refused: 402 (or a cheaper class, see above)."""
+    """The hold, booked: the request may go on. Refused: 402 (or a cheaper class, see above).
+    ``priced_at``: the time whose prices apply (a batch line's: its batch's creation); None: now."""
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
         return asked
     if booker().unbooked.journal.settling(request_id):  # served here a moment ago: not booked yet
         raise _id_refused(asked, served=True)
     await booker().releases_sent(request_id)  # an earlier request of this id ended: its release first
-    future = _submit_hold(asked, fallback=True)
+    future = _submit_hold(asked, fallback=True, priced_at=priced_at)
     future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)
 
@@ -606,7 +617,14 @@ def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callab
 
 
 def hold_early(
-    *, tenant: str, request_id: str, cls: str, model: str, prompt_tokens: int, max_output_tokens: int
+    *,
+    tenant: str,
+    request_id: str,
+    cls: str,
+    model: str,
+    prompt_tokens: int,
+    max_output_tokens: int,
+    priced_at: datetime | None = None,
 ) -> EarlyHold | None:
     """Starts booking the hold and returns at once, if the tenant's room allows (see Rooms); else
     None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
@@ -621,7 +639,7 @@ def hold_early(
     if estimate is None:
         return None
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
-    future = _submit_hold(asked, fallback=False, urgent=False)  # waited for only at its confirmation
+    future = _submit_hold(asked, fallback=False, urgent=False, priced_at=priced_at)  # waited for at its confirmation
     future.add_done_callback(_noting(tenant, tokens, early=estimate))
     return EarlyHold(asked, future)
 

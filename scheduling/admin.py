@@ -1,4 +1,7 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from scheduling.models import (
     AgingSegment,
@@ -10,6 +13,7 @@ from scheduling.models import (
     PriorityClass,
     SchedulerPolicy,
 )
+from scheduling.prices import ConfirmNeeded, backend_prices_check, price_factor_check
 from scheduling.services import audit_record
 
 
@@ -37,10 +41,48 @@ class AuditedAdmin(admin.ModelAdmin):
             )
 
 
+class PriceVersionForm(forms.ModelForm):
+    """A new version, refused as every door refuses (scheduling.prices); effective at: empty is now."""
+
+    confirm = forms.BooleanField(required=False, help_text="Needed for a factor moved more than 2x.")
+
+    class Meta:
+        model = PriceVersion
+        fields = ("price_factor", "effective_at")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "effective_at" in self.fields:
+            self.fields["effective_at"].required = False
+
+    def clean(self):
+        super().clean()
+        cleaned = self.cleaned_data
+        if not self.instance._state.adding or self.errors:
+            return cleaned
+        now = timezone.now()
+        cleaned["effective_at"] = cleaned.get("effective_at") or now
+        class_name = PriorityClass.objects.filter(pk=self.instance.priority_class_id).values_list("name", flat=True)
+        try:
+            price_factor_check(
+                class_name=class_name.first() or "",
+                price_factor=cleaned.get("price_factor"),
+                effective_at=cleaned["effective_at"],
+                confirm=bool(cleaned.get("confirm")),
+                now=now,
+            )
+        except ConfirmNeeded as asked:
+            self.add_error("confirm", asked.message)
+        except ValidationError as refused:
+            raise forms.ValidationError(refused.messages) from None
+        return cleaned
+
+
 class PriceVersionInline(admin.TabularInline):
     model = PriceVersion
+    form = PriceVersionForm
     extra = 0
-    fields = ("price_factor", "effective_at", "created_by", "created_at")
+    fields = ("price_factor", "effective_at", "confirm", "created_by", "created_at")
     readonly_fields = ("created_by", "created_at")
     can_delete = False
 
@@ -98,9 +140,29 @@ class DowngradeRuleAdmin(AuditedAdmin):
     search_fields = ("name", "condition")
 
 
+class BackendForm(forms.ModelForm):
+    class Meta:
+        model = Backend
+        fields = ("name", "input_price_per_1k", "output_price_per_1k")  # the admin adds the others
+
+    def clean(self):
+        super().clean()
+        cleaned = self.cleaned_data
+        prices = (cleaned.get("input_price_per_1k"), cleaned.get("output_price_per_1k"))
+        if None not in prices:
+            try:
+                backend_prices_check(
+                    name=cleaned.get("name") or "", input_price_per_1k=prices[0], output_price_per_1k=prices[1]
+                )
+            except ValidationError as refused:
+                raise forms.ValidationError(refused.messages) from None
+        return cleaned
+
+
 @admin.register(Backend)
 class BackendAdmin(AuditedAdmin):
     audit_entity = "backend"
+    form = BackendForm
     list_display = (
         "name",
         "url",

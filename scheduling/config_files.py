@@ -45,9 +45,11 @@ def config_parse_file(path: str | Path) -> tuple[SchedulerConfig, set[str]]:
     return config_from_dict(merged, source=source), sections & set(SECTIONS)
 
 
-def config_load_file(path: str | Path, *, actor: str) -> ApplyResult:
+def config_load_file(path: str | Path, *, actor: str, confirm: bool = False) -> ApplyResult:
+    """Apply the file; a price refused by scheduling.prices (ValidationError: out of range, or moved
+    more than 2x without ``confirm``) changes nothing."""
     config, sections = config_parse_file(path)
-    return config_apply(config=config, sections=sections, actor=actor)
+    return config_apply(config=config, sections=sections, actor=actor, confirm=confirm)
 
 
 def config_dump_text() -> str:

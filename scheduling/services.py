@@ -26,6 +26,7 @@ from scheduling.models import (
     PriorityClass,
     SchedulerPolicy,
 )
+from scheduling.prices import backend_prices_check, factors_check
 from scheduling.selectors import classes_with_price, policy_get
 from tenants.models import Tenant
 
@@ -140,8 +141,14 @@ def price_set(*, priority_class: PriorityClass, price_factor: Decimal, actor: st
     return version
 
 
-def _apply_classes(classes: tuple[ClassSpec, ...], *, actor: str, result: ApplyResult) -> None:
+def _apply_classes(classes: tuple[ClassSpec, ...], *, actor: str, result: ApplyResult, confirm: bool) -> None:
     current = {c.name: c.price_factor for c in classes_with_price(active_only=False)}
+    changed = [
+        (c.name, c.price_factor)
+        for c in classes
+        if current.get(c.name) is None or Decimal(current[c.name]) != c.price_factor
+    ]
+    factors_check(changed, confirm=confirm)
     for spec in classes:
         row = _sync_row(
             PriorityClass,
@@ -297,6 +304,10 @@ def backend_values(spec: BackendSpec) -> dict:
 def _apply_backends(backends: tuple[BackendSpec, ...], *, actor: str, result: ApplyResult) -> None:
     rows = {}
     for spec in backends:
+        backend_prices_check(
+            name=spec.name, input_price_per_1k=spec.input_price_per_1k, output_price_per_1k=spec.output_price_per_1k
+        )
+    for spec in backends:
         rows[spec.name] = _sync_row(
             Backend,
             lookup={"name": spec.name},
@@ -327,15 +338,16 @@ def _apply_backends(backends: tuple[BackendSpec, ...], *, actor: str, result: Ap
 
 
 @transaction.atomic
-def config_apply(*, config: SchedulerConfig, sections: Iterable[str], actor: str) -> ApplyResult:
-    """Replace the named sections of the live configuration with `config`'s."""
+def config_apply(*, config: SchedulerConfig, sections: Iterable[str], actor: str, confirm: bool = False) -> ApplyResult:
+    """Replace the named sections of the live configuration with `config`'s. A price refused by
+    scheduling.prices (out of range; moved more than 2x without ``confirm``) changes nothing."""
     sections = set(sections)
     unknown = sections - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections: {', '.join(sorted(unknown))}")
     result = ApplyResult()
     if "classes" in sections:
-        _apply_classes(config.classes, actor=actor, result=result)
+        _apply_classes(config.classes, actor=actor, result=result, confirm=confirm)
     _apply_policy_fields(config, sections, actor=actor, result=result)
     if "networks" in sections:
         _apply_networks(config, actor=actor, result=result)
@@ -364,8 +376,9 @@ def backend_create(*, spec: BackendSpec, actor: str) -> Backend:
         raise ValidationError(f"reserved slots must be between 0 and slots ({spec.slots})")
     if any(v is not None and v < 1 for v in (spec.tpm, spec.rpm)):
         raise ValidationError("tpm and rpm must be positive")
-    if spec.input_price_per_1k < 0 or spec.output_price_per_1k < 0:
-        raise ValidationError("prices must not be negative")
+    backend_prices_check(
+        name=spec.name, input_price_per_1k=spec.input_price_per_1k, output_price_per_1k=spec.output_price_per_1k
+    )
     fallback = None
     if spec.fallback_for:
         fallback = Backend.objects.filter(name=spec.fallback_for).first()

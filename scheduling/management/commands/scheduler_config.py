@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from scheduling.config_files import config_dump_text, config_load_file
 from scheduling.engine.schema import ConfigError
+from scheduling.prices import ConfirmNeeded
 
 
 class Command(BaseCommand):
@@ -19,15 +21,26 @@ class Command(BaseCommand):
         load = sub.add_parser("load", help="apply FILE atomically (sections present replace the live ones)")
         load.add_argument("file")
         load.add_argument("--actor", default="cli")
+        load.add_argument(
+            "--confirm", action="store_true", help="apply price factors moved more than 2x (refused without it)"
+        )
         dump = sub.add_parser("dump", help="write the live configuration (stdout, or FILE)")
         dump.add_argument("file", nargs="?")
 
     def handle(self, *args, verb: str, **opts):
         if verb == "load":
             try:
-                result = config_load_file(opts["file"], actor=opts["actor"])
+                result = config_load_file(opts["file"], actor=opts["actor"], confirm=opts["confirm"])
             except ConfigError as exc:
                 raise CommandError(f"configuration refused, nothing changed:\n{exc}", returncode=2) from None
+            except ConfirmNeeded as asked:
+                raise CommandError(
+                    f"configuration refused, nothing changed: {asked.message} Run again with --confirm.", returncode=2
+                ) from None
+            except ValidationError as exc:
+                raise CommandError(
+                    f"configuration refused, nothing changed: {'; '.join(exc.messages)}", returncode=2
+                ) from None
             if not result.changed:
                 self.stdout.write("no changes")
             for change in result.changes:

@@ -86,4 +86,4 @@ def test_ledger_command_adjust_and_sweep(world):
         call_command("ledger", "adjust", "alpha", "lots", "--reason", "x", "--author", "fay")
     assert info.value.returncode == 2
     call_command("ledger", "sweep", "--older-than-s", "0", stdout=out)
-    assert "released 0 stale holds" in out.getvalue()
+    assert "released 0 holds of dead processes and 0 stale holds with no owner" in out.getvalue()

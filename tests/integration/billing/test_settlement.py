@@ -9,10 +9,12 @@ import pytest
 from django.utils import timezone
 
 from billing.errors import BillingError, HoldNotFound
+from billing.heartbeats import holds_release_unowned
 from billing.models import LedgerEntry
 from billing.selectors import ledger_mismatches
-from billing.services import hold_release, holds_release_stale, ledger_adjust, price_change
+from billing.services import hold_release, ledger_adjust, price_change
 from scheduling.models import PriceVersion
+from scheduling.prices import PriceRefused
 from tests.integration.billing.helpers import hold, kinds, settle, year_budget
 
 pytestmark = pytest.mark.django_db
@@ -145,25 +147,25 @@ def test_future_price_change_takes_effect_at_its_time_and_keeps_history(world):
     ],
 )
 def test_price_change_refuses_bad_input(world, kwargs):
-    with pytest.raises(BillingError):
+    with pytest.raises(PriceRefused):  # scheduling.prices: the check every door uses
         price_change(class_name="BATCH", actor="cfo", **kwargs)
 
 
-def test_stale_sweep_releases_only_old_unreleased_holds(world):
+def test_unowned_sweep_releases_only_old_unreleased_holds(world):
     old = timezone.now() - timedelta(hours=3)
     hold("crashed", at=old)
     hold("settled", at=old)
     settle("settled")
     hold("fresh")
-    assert holds_release_stale(older_than=timedelta(hours=2)) == 1
-    assert holds_release_stale(older_than=timedelta(hours=2)) == 0
+    assert holds_release_unowned(older_than=timedelta(hours=2)) == 1
+    assert holds_release_unowned(older_than=timedelta(hours=2)) == 0
     assert year_budget("alpha").held == D("3.2")  # only "fresh" still held
     assert LedgerEntry.objects.get(request_id="crashed", kind="release").reason == "stale"
 
 
 def test_a_late_settlement_after_the_sweep_still_charges_what_was_consumed(world):
     hold("slow", at=timezone.now() - timedelta(hours=3))
-    holds_release_stale(older_than=timedelta(hours=2))
+    holds_release_unowned(older_than=timedelta(hours=2))
     assert settle("slow") == D("1.12")
     budget = year_budget("alpha")
     assert (budget.spent, budget.held) == (D("1.12"), D("0"))
