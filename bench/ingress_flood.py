@@ -16,6 +16,11 @@ by side. The load generator is this process; its CPU is reported, and the machin
 at the start and the end. ``--profile DIR``
 samples the gateway with py-spy (``pip install py-spy``) through the first round's flood of each
 setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw`` format).
+
+``--random-keys`` compares instead "no flood" with "random-key flood" (both this tree, lanes on):
+for the whole 6 s, ``min(--flood, 1000)`` connections send the flood's requests back to back, each
+with a made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
+answers them; the interactive probes' p99 is set beside the same run's no-flood p99.
 """
 
 from __future__ import annotations
@@ -81,6 +86,42 @@ async def _one(base: str, key: str, body: bytes, cls: str) -> tuple[int, float]:
     return head.status, time.perf_counter() - started_s
 
 
+def _random_key(rng: random.Random) -> str:
+    return f"fg_{rng.getrandbits(40):010x}_{rng.getrandbits(192):048x}"
+
+
+async def _random_flood(url: str, bodies: list[bytes], rng: random.Random, duration_s: float, rate: float) -> list[int]:
+    """Requests with made-up keys until ``duration_s`` is over, on ``len(bodies)`` connections at
+    most: back to back (``rate`` 0: as fast as they are answered), or one started every 1/``rate``
+    s. The statuses answered (0: the connection failed)."""
+    end_s = time.perf_counter() + duration_s
+    statuses: list[int] = []
+    connections = asyncio.Semaphore(len(bodies))
+
+    async def one(body: bytes) -> None:
+        async with connections:
+            try:
+                status, _ = await _one(url, _random_key(rng), body, "BATCH")
+            except OSError:
+                status = 0
+        statuses.append(status)
+
+    async def sender(body: bytes) -> None:
+        while time.perf_counter() < end_s:
+            await one(body)
+
+    if rate <= 0:
+        await asyncio.gather(*(sender(b) for b in bodies))
+        return statuses
+    tasks = []
+    started_s = time.perf_counter()
+    while (now_s := time.perf_counter()) < end_s:
+        tasks.append(asyncio.create_task(one(bodies[len(tasks) % len(bodies)])))
+        await asyncio.sleep(max(0.0, started_s + len(tasks) / rate - now_s))
+    await asyncio.gather(*tasks)
+    return statuses
+
+
 async def _probes(url: str, key: str, body: bytes, duration_s: float) -> list[tuple[int, float]]:
     """Open loop: a probe every PROBE_GAP_S, whatever the earlier ones are doing."""
     tasks = []
@@ -115,6 +156,79 @@ def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None) -> laun
         )
     finally:
         launch.REPO_ROOT = this_tree
+
+
+async def _run_random(
+    sim_url: str, var: Path, setting: tuple[bool, Path | None], flood: int, rate: float, seed: int
+) -> dict:
+    """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so."""
+    flooded, tree = setting
+    gateway = _start(var, sim_url, "2", tree)
+    rng = random.Random(seed)
+    try:
+        probe = _body(rng, 800)
+        await _probes(gateway.url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
+        bodies = [_body(rng, rng.randint(2_000, 16_000)) for _ in range(min(flood, 1_000))]
+        started_s = time.perf_counter()
+        sent = asyncio.create_task(
+            _random_flood(gateway.url, bodies, rng, 6.0, rate) if flooded else asyncio.sleep(0, [])
+        )
+        during = await _probes(gateway.url, gateway.keys["chat"], probe, 6.0)
+        statuses = await sent
+        flood_s = time.perf_counter() - started_s
+        return {
+            "during": sorted(t for s, t in during if s == 200),
+            "probe_failed": sum(1 for s, _ in during if s != 200),
+            "refused": sum(1 for s in statuses if s == 401),
+            "other": sum(1 for s in statuses if s != 401),
+            "rate": len(statuses) / flood_s,
+        }
+    finally:
+        gateway.stop()
+
+
+async def main_random(args: argparse.Namespace) -> None:
+    """``--random-keys``: no flood and a random-key flood, alternated, the order flipped each round."""
+    root = Path(tempfile.mkdtemp(prefix="fg-keyflood-"))
+    sim = start_sim(root / "sim", slots=64, ttft_ms=5, tokens_per_s=5000)
+    settings: dict[str, tuple[bool, Path | None]] = {"no flood": (False, None), "random-key flood": (True, None)}
+    if args.baseline:
+        settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve())
+    rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
+    print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections")
+    pooled: dict[str, list[float]] = {name: [] for name in settings}
+    print(f"1-minute load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n")
+    print("| round | setting | interactive p50 / p95 / p99 | probes failed | flood 401s / other | flood rate |")
+    print("|---|---|---|---|---|---|")
+    try:
+        for index in range(args.rounds):
+            order = list(settings) if index % 2 == 0 else list(reversed(settings))
+            for name in order:
+                found = await _run_random(
+                    sim.url,
+                    root / f"{index}-{len(pooled[name])}-{name[:20].replace(' ', '-')}",
+                    settings[name],
+                    args.flood,
+                    args.flood_rate,
+                    index,
+                )
+                pooled[name] += found["during"]
+                during = found["during"]
+                print(
+                    f"| {index + 1} | {name} | {_ms(during, 0.5)} / {_ms(during, 0.95)} / {_ms(during, 0.99)} "
+                    f"| {found['probe_failed']} | {found['refused']} / {found['other']} | {found['rate']:.0f}/s |",
+                    flush=True,
+                )
+    finally:
+        sim.stop()
+    for name, values in pooled.items():
+        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | |")
+    alone = percentile(pooled["no flood"], 0.99)
+    for name in list(settings)[1:]:
+        flooded = percentile(pooled[name], 0.99)
+        if alone and flooded:
+            print(f"\np99, {name} / no flood: {flooded / alone:.2f}x")
+    print(f"1-minute load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 async def _run(
@@ -211,7 +325,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="FAIRGATE_INTAKE_CONCURRENCY of the lanes run")
     parser.add_argument("--baseline", type=Path, help="another checkout whose lanes run as a third setting")
     parser.add_argument("--profile", type=Path, help="py-spy the gateway through round 1's floods into this directory")
-    asyncio.run(main_async(parser.parse_args(argv)))
+    parser.add_argument("--random-keys", action="store_true", help="a flood of made-up keys against no flood")
+    parser.add_argument(
+        "--flood-rate", type=float, default=0.0, help="--random-keys: requests/s of the flood (0: back to back)"
+    )
+    args = parser.parse_args(argv)
+    asyncio.run(main_random(args) if args.random_keys else main_async(args))
 
 
 if __name__ == "__main__":

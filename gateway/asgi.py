@@ -22,15 +22,19 @@ from django.http import HttpResponse, HttpResponseBase
 from django.urls import resolve
 
 from gateway import live
+from gateway.auth import authenticate
+from gateway.db import DATABASE_UNAVAILABLE
 from gateway.errors import ErrorCode, GatewayError
-from gateway.intake import GATE_SCOPE_KEY, REQUEST_ID_RE, intake_gate, new_request_id
+from gateway.intake import GATE_SCOPE_KEY, INTAKE_PATHS, REQUEST_ID_RE, intake_gate, new_request_id
 from gateway.lanes import Turn
+from gateway.tarpit import tarpit
 from gateway.views import refusal
 
 log = logging.getLogger(__name__)
 API_PREFIXES = ("/v1/", "/healthz", "/readyz", "/metrics")
 UPLOAD_PATH = "/v1/files"  # the Batch API's uploads (batches.views): bodies of their own size and time
 UPLOAD_FORM_BYTES = 64 * 1024  # what a multipart form adds around the file
+PUBLIC_PATHS = frozenset({"/v1/openapi.json"})  # the API paths served without a key
 BODY_IN_TURN_MS = 250  # a body still on its way this long into its intake turn is read out of turn
 # The collector's thresholds once serving: (50,000, 10, 10) against Python's (700, 10, 10). The request
 # path leaves no cyclic garbage (tests/live/gateway/test_no_cyclic_garbage.py), so a young collection
@@ -58,22 +62,31 @@ class GatewayASGIHandler(ASGIHandler):
       its turn gives the turn back (a slow client does not hold a lane) and waits for one again
       once it is all there;
     * a body that is not all there within FAIRGATE_BODY_TIMEOUT_MS is answered 408 (slow clients);
-      a file upload's (``UPLOAD_PATH``) within FAIRGATE_UPLOAD_TIMEOUT_MS, and one that says it is
-      larger than a file may be is refused 413 before it is read.
+      a file upload's (``UPLOAD_PATH``) within FAIRGATE_UPLOAD_TIMEOUT_MS;
+    * before any body is read: one declared larger than its path's limit (FAIRGATE_MAX_BODY_BYTES, a
+      file upload's FAIRGATE_FILE_MAX_BYTES) is refused 413, and a request with a body whose key
+      does not authenticate 401 (from the headers); while it streams in, a body of any framing
+      (chunked, or an understated Content-Length) is cut off with 413 at its limit. A refusal of
+      an unread body closes the connection; a 401 past the free rate waits in the tarpit first
+      (gateway.tarpit).
     """
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             raise ValueError(f"the gateway handler serves HTTP only, not {scope['type']!r}")
         upload = scope["path"] == UPLOAD_PATH
-        if upload and _declared_length(scope) > settings.FAIRGATE_FILE_MAX_BYTES + UPLOAD_FORM_BYTES:
-            await self.send_response(_upload_too_large(), send)
-            return
+        limit_bytes = _body_limit(scope)
         try:
-            gated = await intake_gate(scope)
-        except GatewayError as err:  # its lane's backlog is full
+            if _declared_length(scope) > limit_bytes:
+                raise _too_large(scope)
+            await _key_checked(scope)
+            gated = await intake_gate(scope)  # an intake path's key is checked there
+        except GatewayError as err:  # 413 as declared, 401 from the headers, or its lane's backlog full
+            if err.status == 401:
+                await tarpit().hold()
             await self.send_response(_refused_at_gate(scope, err), send)
             return
+        receive = _bounded(receive, limit_bytes)
         if gated is None:
             await self._handle(scope, receive, send, upload=upload)
             return
@@ -90,6 +103,9 @@ class GatewayASGIHandler(ASGIHandler):
             async with asyncio.timeout(limit_ms / 1000):  # for the whole body
                 body_file = await (self.read_body(receive) if turn is None else self._read_in_turn(receive, turn))
         except RequestAborted:
+            return
+        except _BodyTooLarge:
+            await self.send_response(_refused_at_gate(scope, _too_large(scope)), send)
             return
         except TimeoutError:
             await self.send_response(_body_late(limit_ms), send)
@@ -163,9 +179,12 @@ def _body_late(limit_ms: int) -> HttpResponse:
 
 
 def _refused_at_gate(scope, err: GatewayError) -> HttpResponse:
-    """``err`` (a lane's backlog full), answered before the request reached Django. It names the
+    """``err`` (its body too large, its key refused, a lane's backlog full), answered before the
+    request reached Django. It names the
     client's ``X-Request-Id`` if valid, a new id if it sent none (as `gateway.intake` would have
     named it), none for an invalid one."""
+    if _body_announced(scope):  # and not read: the connection ends with the answer
+        err.headers.setdefault("Connection", "close")
     named: str | None = new_request_id()
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
@@ -184,9 +203,63 @@ def _declared_length(scope) -> int:
     return 0
 
 
-def _upload_too_large() -> HttpResponse:
-    message = f"A file is at most {settings.FAIRGATE_FILE_MAX_BYTES} bytes here (FAIRGATE_FILE_MAX_BYTES)."
-    return GatewayError(413, ErrorCode.REQUEST_TOO_LARGE, message, headers={"Connection": "close"}).to_response()
+def _body_announced(scope) -> bool:
+    return any(
+        (name == b"content-length" and value.strip() not in (b"", b"0")) or name == b"transfer-encoding"
+        for name, value in scope.get("headers", ())
+    )
+
+
+def _body_limit(scope) -> int:
+    """The most a request's body may hold: a file upload's, else a JSON request's."""
+    if scope["path"] == UPLOAD_PATH:
+        return settings.FAIRGATE_FILE_MAX_BYTES + UPLOAD_FORM_BYTES
+    return settings.FAIRGATE_MAX_BODY_BYTES
+
+
+def _too_large(scope) -> GatewayError:
+    if scope["path"] == UPLOAD_PATH:
+        message = f"A file is at most {settings.FAIRGATE_FILE_MAX_BYTES} bytes here (FAIRGATE_FILE_MAX_BYTES)."
+    else:
+        message = f"The request body exceeds {settings.FAIRGATE_MAX_BODY_BYTES} bytes (FAIRGATE_MAX_BODY_BYTES)."
+    return GatewayError(413, ErrorCode.REQUEST_TOO_LARGE, message, headers={"Connection": "close"})
+
+
+class _BodyTooLarge(Exception):
+    """A body that grew past its limit while it streamed in (`_bounded`)."""
+
+
+def _bounded(receive, limit_bytes: int):
+    """``receive`` that raises _BodyTooLarge once the body's bytes pass ``limit_bytes``, whatever
+    its framing (a Content-Length that understates it, or chunks)."""
+    received = 0
+
+    async def bounded():
+        nonlocal received
+        message = await receive()
+        received += len(message.get("body", b""))
+        if received > limit_bytes:
+            raise _BodyTooLarge
+        return message
+
+    return bounded
+
+
+async def _key_checked(scope) -> None:
+    """Raises 401 for a request with a body whose key does not authenticate, from its headers and
+    before the body is read. The intake paths' POSTs are checked by `intake_gate`; a public path
+    and a request without a body are left to their view; so is a key that cannot be looked up
+    now (a database outage: the view answers 503)."""
+    path = scope["path"]
+    if not path.startswith("/v1/") or path in PUBLIC_PATHS or not _body_announced(scope):
+        return
+    if scope["method"] == "POST" and path in INTAKE_PATHS:
+        return
+    authorization = next((v.decode("latin-1") for n, v in scope.get("headers", ()) if n == b"authorization"), None)
+    try:
+        await authenticate(authorization)
+    except DATABASE_UNAVAILABLE:
+        return
 
 
 async def _disconnected(receive) -> None:

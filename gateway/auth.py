@@ -2,14 +2,19 @@
 
 The key's prefix finds the row; the full key is checked against the stored SHA-256 digest in
 constant time. Lookups are cached for at most ``FAIRGATE_AUTH_CACHE_MS`` (1 s by default), so a
-revoked key or a deactivated tenant stops working within that time.
+revoked key or a deactivated tenant stops working within that time, and a key created later is
+found within it. A made-up key costs no query: the prefixes of all usable keys are held as one
+set (read with the lookups, as old as they may be), and a prefix outside it is refused at once.
+Known keys and unknown prefixes are cached apart (a flood of made-up keys never evicts a valid
+key), and lookups go to the database in batches, known keys' refreshes first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -18,6 +23,11 @@ from gateway.errors import ErrorCode, GatewayError
 from scheduling.selectors import tenant_spec
 from tenants.keys import key_matches, key_prefix
 from tenants.models import ApiKey
+
+HITS_MAX = 10_000  # valid keys cached (only keys that exist get here)
+MISSES_MAX = 50_000  # unknown prefixes remembered, the oldest forgotten first
+LOAD_BATCH = 500  # prefixes looked up in one query
+USABLE_MAX = 20_000  # more usable keys than this: no set of their prefixes, each unknown one is looked up
 
 
 @dataclass(frozen=True)
@@ -36,57 +46,135 @@ class _KeyRow:
     caller: Caller
 
 
-_cache: dict[str, tuple[_KeyRow | None, float]] = {}
-_inflight: dict[str, asyncio.Task] = {}
-_CACHE_MAX = 10_000
+_hits: dict[str, tuple[_KeyRow, float]] = {}  # prefix → (row, expiry in monotonic s), oldest first
+_misses: OrderedDict[str, float] = OrderedDict()  # unknown prefix → expiry, oldest first
+_usable: tuple[frozenset[str] | None, float] = (None, 0.0)  # every usable key's prefix, and its expiry
 
 
 def _unauthorized(message: str) -> GatewayError:
     return GatewayError(401, ErrorCode.INVALID_API_KEY, message)
 
 
-def _load(prefix: str) -> _KeyRow | None:
-    key = (
-        ApiKey.objects.select_related("tenant")
-        .filter(prefix=prefix, revoked_at__isnull=True, tenant__active=True)
-        .first()
-    )
-    if key is None:
-        return None
-    tenant = key.tenant
-    spec = tenant_spec(tenant)
+def _row(key: ApiKey) -> _KeyRow:
+    spec = tenant_spec(key.tenant)
     caller = Caller(
-        tenant=tenant.slug,
-        tenant_id=tenant.pk,
+        tenant=key.tenant.slug,
+        tenant_id=key.tenant.pk,
         vip=spec.vip,
         allowed_classes=spec.classes,
         default_class=key.default_class,
-        key_prefix=prefix,
+        key_prefix=key.prefix,
     )
     return _KeyRow(key.secret_hash, caller)
 
 
-async def _refresh(prefix: str) -> _KeyRow | None:
-    now_s = time.monotonic()
-    row = await db_call(_load)(prefix)
-    if len(_cache) >= _CACHE_MAX:
-        _cache.clear()
-    _cache[prefix] = (row, now_s + settings.FAIRGATE_AUTH_CACHE_MS / 1000)
-    return row
+def _load_many(prefixes: list[str]) -> dict[str, _KeyRow]:
+    """The usable keys among ``prefixes`` (not revoked, tenant active), by prefix: one query."""
+    keys = ApiKey.objects.select_related("tenant").filter(
+        prefix__in=prefixes, revoked_at__isnull=True, tenant__active=True
+    )
+    return {key.prefix: _row(key) for key in keys}
+
+
+def _usable_prefixes() -> frozenset[str] | None:
+    """The prefixes of every usable key (not revoked, tenant active); None past USABLE_MAX."""
+    usable = ApiKey.objects.filter(revoked_at__isnull=True, tenant__active=True)
+    prefixes = list(usable.values_list("prefix", flat=True)[: USABLE_MAX + 1])
+    return None if len(prefixes) > USABLE_MAX else frozenset(prefixes)
+
+
+def _load(prefixes: list[str], *, usable_too: bool) -> tuple[dict[str, _KeyRow], frozenset[str] | None]:
+    """`_load_many`, and `_usable_prefixes` if ``usable_too`` (else None): one trip to the database."""
+    return _load_many(prefixes), _usable_prefixes() if usable_too else None
+
+
+def _remember(prefix: str, row: _KeyRow | None, expires_s: float) -> None:
+    _hits.pop(prefix, None)  # re-inserted last: the dict's order is its age
+    _misses.pop(prefix, None)
+    if row is not None:
+        if len(_hits) >= HITS_MAX:
+            del _hits[next(iter(_hits))]
+        _hits[prefix] = (row, expires_s)
+    else:
+        if len(_misses) >= MISSES_MAX:
+            _misses.popitem(last=False)
+        _misses[prefix] = expires_s
+
+
+@dataclass
+class _Loader:
+    """The lookups waiting for the database in one event loop, sent in batches of LOAD_BATCH by one
+    task: refreshes of known keys first, then unknown prefixes. A prefix asked for again while it
+    waits or loads shares that lookup."""
+
+    loop: asyncio.AbstractEventLoop
+    known: dict[str, asyncio.Future] = field(default_factory=dict)
+    unknown: dict[str, asyncio.Future] = field(default_factory=dict)
+    loading: dict[str, asyncio.Future] = field(default_factory=dict)
+    task: asyncio.Task | None = None
+
+    def future(self, prefix: str) -> asyncio.Future:
+        found = self.loading.get(prefix) or self.known.get(prefix) or self.unknown.get(prefix)
+        if found is not None:
+            return found
+        waiting = self.known if prefix in _hits else self.unknown
+        found = waiting[prefix] = self.loop.create_future()
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(self._run())
+        return found
+
+    def _take(self) -> dict[str, asyncio.Future]:
+        batch: dict[str, asyncio.Future] = {}
+        for waiting in (self.known, self.unknown):
+            while waiting and len(batch) < LOAD_BATCH:
+                prefix = next(iter(waiting))
+                batch[prefix] = waiting.pop(prefix)
+        return batch
+
+    async def _run(self) -> None:
+        global _usable
+        while self.known or self.unknown:
+            self.loading = self._take()
+            started_s = time.monotonic()
+            usable_too = _usable[1] <= started_s
+            try:
+                rows, usable = await db_call(_load)(list(self.loading), usable_too=usable_too)
+            except Exception as exc:  # an outage: each lookup of this batch raises it
+                for waiting in self.loading.values():
+                    if not waiting.done():
+                        waiting.set_exception(exc)
+                        waiting.exception()  # retrieved: a request that left meanwhile does not log it
+                continue
+            finally:
+                batch, self.loading = self.loading, {}
+            expires_s = started_s + settings.FAIRGATE_AUTH_CACHE_MS / 1000
+            if usable_too:
+                _usable = (usable, expires_s)
+            for prefix, waiting in batch.items():
+                _remember(prefix, rows.get(prefix), expires_s)
+                if not waiting.done():
+                    waiting.set_result(rows.get(prefix))
+
+
+_loader: _Loader | None = None
 
 
 async def _lookup(prefix: str) -> _KeyRow | None:
-    hit = _cache.get(prefix)
-    if hit is not None and hit[1] > time.monotonic():
+    global _loader
+    now_s = time.monotonic()
+    hit = _hits.get(prefix)
+    if hit is not None and hit[1] > now_s:
         return hit[0]
-    # One database lookup per key at a time: when a busy key's entry expires, the requests that
-    # arrive meanwhile wait for that lookup instead of queueing one each on the database thread.
+    missed_until_s = _misses.get(prefix)
+    if missed_until_s is not None and missed_until_s > now_s:
+        return None
+    usable, usable_until_s = _usable
+    if hit is None and usable is not None and usable_until_s > now_s and prefix not in usable:
+        return None  # no usable key has it (a key created since is found once the set expires)
     loop = asyncio.get_running_loop()
-    pending = _inflight.get(prefix)
-    if pending is None or pending.get_loop() is not loop:
-        pending = _inflight[prefix] = loop.create_task(_refresh(prefix))
-        pending.add_done_callback(lambda done: _inflight.pop(prefix, None) if _inflight.get(prefix) is done else None)
-    return await asyncio.shield(pending)
+    if _loader is None or _loader.loop is not loop:
+        _loader = _Loader(loop)
+    return await asyncio.shield(_loader.future(prefix))
 
 
 async def caller_of(prefix: str) -> Caller | None:
@@ -120,5 +208,8 @@ async def authenticate(authorization: str | None) -> Caller:
 
 
 def cache_clear() -> None:
-    _cache.clear()
-    _inflight.clear()
+    global _loader, _usable
+    _hits.clear()
+    _misses.clear()
+    _usable = (None, 0.0)
+    _loader = None

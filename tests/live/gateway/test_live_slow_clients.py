@@ -26,9 +26,9 @@ HEADER_TIMEOUT_MS, BODY_TIMEOUT_MS = 500, 1000
 CLOSE_LIMIT_S = 20.0  # far above both timeouts: only a connection that is never closed fails
 DRIP_S = 0.05
 PARTIAL_HEADERS = b"GET /console/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
-BODY_HEADERS = (
+BODY_HEADERS = (  # and the key's header (`_body_headers`): an unauthenticated body is refused before it is read
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-    b"Content-Length: 1000\r\n\r\n"
+    b"Content-Length: 1000\r\n"
 )
 
 
@@ -38,7 +38,7 @@ def slow_gw(tmp_path_factory) -> Iterator[Gateway]:
     gateway = start_gateway(
         tmp_path_factory.mktemp("gw-slow"),
         yaml_text,
-        {},
+        {"beta": ("beta", "INTERACTIVE")},
         FAIRGATE_HEADER_TIMEOUT_MS=str(HEADER_TIMEOUT_MS),
         FAIRGATE_BODY_TIMEOUT_MS=str(BODY_TIMEOUT_MS),
     )
@@ -84,6 +84,10 @@ def _drip_until_answered(sock: socket.socket, drip: bytes) -> bytes:
     return _answer_until_closed(sock)
 
 
+def _body_headers(gw: Gateway) -> bytes:
+    return BODY_HEADERS + f"Authorization: Bearer {gw.keys['beta']}\r\n\r\n".encode()
+
+
 def _status(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1])
 
@@ -117,7 +121,7 @@ def test_many_silent_and_partial_connections_are_all_closed(slow_gw):
 
 def test_a_partial_body_is_answered_408_and_closed(slow_gw):
     with _connect(slow_gw) as sock:
-        sock.sendall(BODY_HEADERS + b'{"model": "m-one", ')
+        sock.sendall(_body_headers(slow_gw) + b'{"model": "m-one", ')
         answer = _answer_until_closed(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert _status(head) == 408 and b"connection: close" in head.lower(), head
@@ -126,7 +130,7 @@ def test_a_partial_body_is_answered_408_and_closed(slow_gw):
 
 def test_a_body_dripped_a_byte_at_a_time_is_cut_off(slow_gw):
     with _connect(slow_gw) as sock:
-        sock.sendall(BODY_HEADERS)
+        sock.sendall(_body_headers(slow_gw))
         answer = _drip_until_answered(sock, b'{"model": "m-one", "messages": []}')
     assert answer == b"" or _status(answer) == 408, answer[:200]
 

@@ -366,12 +366,13 @@ def test_concurrent_lookups_of_an_expired_key_share_one_database_query(monkeypat
     full_key, prefix, secret_hash = key_generate()
     calls = []
 
-    def slow_load(p):
-        calls.append(p)
+    def slow_load(prefixes):
+        calls.extend(prefixes)
         time.sleep(0.05)
-        return auth._KeyRow(secret_hash, auth.Caller("t", 1, False, (), "BATCH", p))
+        return {p: auth._KeyRow(secret_hash, auth.Caller("t", 1, False, (), "BATCH", p)) for p in prefixes}
 
-    monkeypatch.setattr(auth, "_load", slow_load)
+    monkeypatch.setattr(auth, "_load_many", slow_load)
+    monkeypatch.setattr(auth, "_usable_prefixes", lambda: None)
     auth.cache_clear()
 
     async def many():

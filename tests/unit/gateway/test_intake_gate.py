@@ -19,7 +19,6 @@ from gateway.asgi import GatewayASGIHandler
 from gateway.auth import Caller
 from gateway.dispatcher import Dispatcher
 from gateway.errors import ErrorCode, GatewayError
-from gateway.lanes import UNIDENTIFIED_LEVEL
 from tests.unit.gateway.test_lanes import _intake_config
 
 BATCH_LEVEL = 2
@@ -154,16 +153,13 @@ def test_a_batch_request_waits_for_its_turn_unread_while_the_top_class_is_read_a
         assert refused.asked == 0  # refused from its headers
 
         stranger = _Client(_body())  # declares the top class with a key that does not authenticate
-        stranger_task = _send(stranger, "fg_nope", "INTERACTIVE")
-        await _settle()
-        assert stranger.asked == 0 and lanes.waiting(UNIDENTIFIED_LEVEL) == 1
+        await asyncio.wait_for(_send(stranger, "fg_nope", "INTERACTIVE"), 10)
+        assert stranger.status == 401 and stranger.asked == 0  # refused from its headers, in no lane
 
         held.release()
         await asyncio.wait_for(parked_task, 10)
         assert parked.status == 200 and parked.json()["cls"] == "BATCH"
         assert parked.json()["prompt_tokens"] > 1000  # parsed and estimated in its turn
-        await asyncio.wait_for(stranger_task, 10)  # its turn came after the batch request's
-        assert stranger.status == 401
         assert lanes.busy == 0 and lanes.waiting(BATCH_LEVEL) == 0
 
     asyncio.run(scenario())
