@@ -18,7 +18,9 @@ window.Live = (function () {
       socket.onmessage = function (event) {
         try { onMessage(JSON.parse(event.data)); } catch (err) { console.error(err); }
       };
-      socket.onclose = function () {
+      socket.onclose = function (event) {
+        // 4401 signed out or deactivated, 4403 role or tenant changed: the page itself is re-checked
+        if (event.code === 4401 || event.code === 4403) { setStatus("access changed", false); location.reload(); return; }
         setStatus("reconnecting…", false);
         setTimeout(open, retryMs);
         retryMs = Math.min(retryMs * 2, 10000);

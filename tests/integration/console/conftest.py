@@ -47,6 +47,18 @@ def persona(username: str, *, role: str, tenant: Tenant | None) -> Persona:
     return Persona(user, client)
 
 
+@pytest.fixture(autouse=True)
+def fresh_redis_channel_layer():
+    """Each test runs its own event loop; channels_redis keeps per-channel asyncio locks on the layer
+    object that a receive cancelled at a socket's close can leave behind, bound to that loop. A
+    Redis layer object per test keeps them from failing a later test (its state is in Redis)."""
+    yield
+    from channels.layers import channel_layers
+
+    if any(type(layer).__module__.startswith("channels_redis") for layer in channel_layers.backends.values()):
+        channel_layers.backends = {}
+
+
 @pytest.fixture
 def world(db):
     return world_load()
