@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import openai
 
+from bench.fault_hostile import KINDS, hostile_send
+
 MODEL = "m"
 PROMPTS = (
     "Summarise the quarterly GPU usage.",
@@ -38,6 +40,7 @@ class Ask:
     stream: bool
     max_tokens: int
     prompt: str
+    kind: str = "plain"  # or one of bench.fault_hostile.KINDS
 
 
 @dataclass
@@ -49,8 +52,11 @@ class Outcome:
     ended_s: float = 0.0
 
 
-def plan(tag: str, count: int, mix: dict[str, float], *, seed: int, stream_share: float = 0.5) -> list[Ask]:
-    """``count`` requests named ``tag-<i>``; ``mix`` is key name -> share of the requests."""
+def plan(
+    tag: str, count: int, mix: dict[str, float], *, seed: int, stream_share: float = 0.5, hostile_share: float = 0.0
+) -> list[Ask]:
+    """``count`` requests named ``tag-<i>``; ``mix`` is key name -> share of the requests;
+    ``hostile_share`` of them hostile (bench.fault_hostile), of each kind alike."""
     rng = random.Random(seed)
     names, weights = list(mix), list(mix.values())
     return [
@@ -60,6 +66,7 @@ def plan(tag: str, count: int, mix: dict[str, float], *, seed: int, stream_share
             rng.random() < stream_share,
             rng.randint(16, 64),
             rng.choice(PROMPTS),
+            rng.choice(KINDS) if rng.random() < hostile_share else "plain",
         )
         for i in range(count)
     ]
@@ -117,7 +124,9 @@ def _streamed(client: openai.OpenAI, ask: Ask, streaming: Counter, lock: threadi
 
 def send(client: openai.OpenAI, ask: Ask, streaming: Counter, lock: threading.Lock) -> Outcome:
     try:
-        if ask.stream:
+        if ask.kind != "plain":
+            served, clean, how = hostile_send(client, ask)
+        elif ask.stream:
             served, clean, how = _streamed(client, ask, streaming, lock)
         else:
             served, clean, how = _plain(client, ask)

@@ -20,7 +20,11 @@ held, every served request charged), at the latest ``--settle-s`` (60 s) after t
   ``--db-down-s`` (the shared server is untouched);
 * backend-stop: SIGKILL to the simulated backend while streams run, started again on the same port
   after ``--backend-down-s``;
-* redis-restart: ``redis-cli shutdown nosave``, then Redis started again as .ci/run starts it.
+* redis-restart: ``redis-cli shutdown nosave``, then Redis started again as .ci/run starts it;
+* price-change: both classes' price factors moved 2x (and back the next round) while requests run.
+
+``--hostile SHARE`` makes that share of the requests hostile (bench.fault_hostile): one id sent twice
+at once, prompt lists, long tool definitions, streams the client cuts.
 
 The two real restarts disturb everything else using those servers on the machine; they are put back
 as they were (Redis on 6379 with the same settings, PostgreSQL accepting connections).
@@ -40,11 +44,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.fault_count import Count, client_line, finance_line, log_digest, report, round_count, settled, table
+from bench.fault_hostile import price_change
 from bench.fault_load import Load, plan
 from bench.fault_stack import Stack, redis_server, stack_start
 
 REPORT_PATH = Path(__file__).with_name("REPORT-faults.md")
-FAULT_NAMES = ("kill-gateway", "kill-worker", "db-restart", "backend-stop", "redis-restart")
+FAULT_NAMES = ("kill-gateway", "kill-worker", "db-restart", "backend-stop", "redis-restart", "price-change")
 MIX = {"acme": 0.35, "globex": 0.3, "initech": 0.2}  # and 0.15 for the round's near-limit tenant
 NEAR_SHARE, NEAR_BUDGET = 0.15, 3
 SIM = dict(slots=32, ttft_ms=20, tokens_per_s=50, seed=1)  # 16-64 tokens: 0.3-1.3 s per answer
@@ -104,6 +109,11 @@ ABOUT = {  # fault -> (what it does, what finance expects)
         "after FAIRGATE_CIRCUIT_FAILURES failures the circuit opens for FAIRGATE_CIRCUIT_COOLDOWN_MS (30 s), "
         "and requests get 503 no_backend for that long, also after the backend is back.",
         "A cut stream is charged for what was relayed (not served: no `[DONE]`); failed requests are released.",
+    ),
+    "price-change": (
+        "Both classes' price factors are moved 2x through `manage.py scheduler_config load` mid-load (and "
+        "back in the next round). Clients should notice nothing.",
+        "Each request is charged at the factor its hold was booked with, never above its hold; nothing else moves.",
     ),
     "redis-restart": (
         "The machine's Redis shut down (nosave, every db emptied) and started again as .ci/run does. Redis "
@@ -254,6 +264,7 @@ FAULTS = {
     "db-restart": db_restart,
     "backend-stop": backend_stop,
     "redis-restart": redis_restart,
+    "price-change": price_change,
 }
 
 
@@ -271,7 +282,7 @@ def near_tenants(count: int) -> str:
 def fault_round(stack: Stack, fault: str, index: int, opts) -> Count:
     tag = f"r{index}-{fault}"
     log_from = {name: server.log_path.stat().st_size for name, server in stack.procs.items()}
-    asks = plan(tag, opts.requests, {**MIX, f"near-{index}": NEAR_SHARE}, seed=index)
+    asks = plan(tag, opts.requests, {**MIX, f"near-{index}": NEAR_SHARE}, seed=index, hostile_share=opts.hostile)
     load = Load(stack.url, stack.keys, asks, opts.duration_s, clients=opts.clients).start()
     time.sleep(max(0.0, load.started_s + opts.duration_s / 2 - time.monotonic()))
     fault_s = time.monotonic()
@@ -370,6 +381,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--db-down-s", type=float, default=3.0, help="how long the proxy stays cut (default %(default)s)")
     add("--backend-down-s", type=float, default=3.0, help="how long the backend stays down (default %(default)s)")
     add("--redis-down-s", type=float, default=2.0, help="how long Redis stays down (default %(default)s)")
+    add("--hostile", type=float, default=0.0, help="share of hostile requests (default %(default)s)")
     add("--redis-db", type=int, default=9, help="the Redis db number of this run (default %(default)s)")
     add("--var-dir", default=None, help="logs and journals here (default: a new temp dir, kept)")
     add("--write-report", action="store_true", help=f"write {REPORT_PATH.name}")
@@ -392,6 +404,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{SIM['slots']} slots, {SIM['ttft_ms']} ms to the first token, {SIM['tokens_per_s']} tokens/s, "
             "16-64 tokens per answer; production defaults otherwise (heartbeat 5 s, dead after 30 s, "
             "sweep every 15 s, circuit cooldown 30 s)."
+            + (f" Hostile requests (bench.fault_hostile): {opts.hostile:.0%} of each round." if opts.hostile else "")
         )
         command = "python -m bench.faults " + " ".join(argv if argv is not None else sys.argv[1:])
         date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
