@@ -16,6 +16,8 @@ REDIS_DB = 7  # of its own: not the bench's default (9), nor CI's (14)
 
 
 def test_a_killed_billing_worker_leaves_nothing_held_and_every_served_request_charged_once(tmp_path):
+    """Half of the load is hostile (bench.fault_hostile): the same id twice at once is served once,
+    cut streams are charged, nothing is unbilled."""
     opts = faults.parse_args(
         [
             "--only",
@@ -29,6 +31,8 @@ def test_a_killed_billing_worker_leaves_nothing_held_and_every_served_request_ch
             "--settle-s",
             "120",  # the most it may take: counted as soon as the ledger settled (a new billing worker
             # replays the lost batch; on a loaded machine its start alone can take seconds)
+            "--hostile",
+            "0.5",  # half of them hostile: one id twice at once, prompt lists, tools, cut streams
             "--redis-db",
             str(REDIS_DB),
             "--var-dir",
@@ -39,8 +43,12 @@ def test_a_killed_billing_worker_leaves_nothing_held_and_every_served_request_ch
     assert count.fault == "kill-worker" and count.rounds == 1
     assert count.tried == 40
     assert count.tried == count.clean + count.unclean == sum(count.client.values())
-    assert count.served == count.client["served"] <= count.clean
+    served_hows = [n for how, n in count.client.items() if how.startswith(("served", "twins 200+"))]
+    assert count.served == sum(served_hows) <= count.clean
     assert count.served > 0, count.client
+    assert any(how.startswith("twins 200+") for how in count.client), count.client
+    assert count.client["served, cut by the client"] > 0, count.client
+    assert count.unbilled == 0, table([count])
     assert count.charged_once + count.uncharged + count.charged_twice == count.served
     assert (count.left_held, count.overspent, count.uncharged, count.charged_twice) == (0, 0, 0, 0), table([count])
     assert count.verify_failures == 0, count.notes
