@@ -31,7 +31,7 @@ from batches import leases, metrics, service, tasks
 from batches.db import batch_db_call
 from batches.lines import line_payload
 from batches.models import BatchLine
-from batches.prices import batch_priced_at
+from batches.prices import batch_priced_at, line_hold_cap
 from billing.heartbeats import process_owner
 from gateway import admission, charging
 from gateway.auth import caller_of
@@ -40,6 +40,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.exchange import spawn
 from gateway.intake import Asked, classify
 from gateway.lifecycle import Outcome, PublicId
+from gateway.limits import output_tokens_held
 from gateway.payload import EMBED, payload_estimate
 from gateway.runtime import dispatcher_get
 
@@ -200,6 +201,12 @@ class Feeder:
             rule,
             max(1, left_ms),
             priced_at=batch_priced_at(batch),  # its cost bound's prices, whatever they are now
+            hold_cap=line_hold_cap(  # its part of the cost bound, whatever the backends' prices are now
+                batch,
+                model=payload.model,
+                prompt_tokens=payload.prompt_bound,
+                output_tokens=output_tokens_held(payload),
+            ),
         )
 
     async def _line(self, line: BatchLine) -> None:

@@ -29,7 +29,7 @@ from batches.files import FileRefused
 from batches.lines import Terms
 from batches.models import Batch, BatchLine
 from billing.errors import UnknownModel
-from billing.pricing import charge_of, upper_bound_base_cost
+from billing.pricing import charge_of, model_unit_prices, upper_bound_base_cost
 from billing.selectors import hold_terms
 
 
@@ -73,8 +73,22 @@ def _money(tenant_slug: str, class_name: str, lines: Sequence[Terms], at: dateti
     bound = sum((charge_of(base_cost=base, factor=factor) for base in bases), Decimal(0))
     return {
         "cost_bound": str(bound),
+        "priced": _priced(lines, factor),
         "budget_remaining": None if remaining is None else str(remaining),
         "budget_covers": remaining is None or bound <= remaining,
+    }
+
+
+def _priced(lines: Sequence[Terms], factor: Decimal) -> dict:
+    """The prices the cost bound was made of (batches.prices.line_hold_cap caps each line's hold
+    with them): the class's factor and, per model, every enabled backend's unit prices."""
+    models = sorted({line.model for line in lines})
+    return {
+        "factor": str(factor),
+        "prices": {
+            model: [[str(p.input_per_1k), str(p.output_per_1k)] for p in model_unit_prices(model=model)]
+            for model in models
+        },
     }
 
 

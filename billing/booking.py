@@ -85,6 +85,7 @@ class HoldAsk:
     owner: str = ""  # the gateway process asking (billing.heartbeats); empty: not a gateway's request
     # The time whose price versions apply (a batch line: its batch's creation, batches.prices); None: ``at``.
     priced_at: datetime | None = None
+    hold_cap: Decimal | None = None  # held at most this (a batch line: its part of its batch's cost bound)
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool =
     base = upper_bound_base_cost(
         model=ask.model, prompt_tokens=ask.prompt_tokens, completion_tokens=ask.max_output_tokens, refresh=refresh
     )
+    amount = charge_of(base_cost=base, factor=version.price_factor)
     held = HeldEntry(
         request_id=ask.request_id,
         tenant_id=scope.tenant_id,
@@ -219,7 +221,7 @@ def _price(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bool =
         price_version_id=version.pk,
         model=ask.model,
         factor=version.price_factor,
-        amount=charge_of(base_cost=base, factor=version.price_factor),
+        amount=amount if ask.hold_cap is None else min(amount, ask.hold_cap),
         owner=ask.owner,
     )
     return _Priced(ask, held, base, version)

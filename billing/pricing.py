@@ -117,6 +117,11 @@ def backend_prices(*, backend_name: str, refresh: bool = False) -> UnitPrices:
     raise UnknownBackend(f"no backend named {backend_name!r}")
 
 
+def model_unit_prices(*, model: str) -> list[UnitPrices]:
+    """The prices of every enabled backend serving ``model`` (a batch keeps them from its creation)."""
+    return [b.prices for b in _all_backends(False).values() if b.enabled and model in b.model_names]
+
+
 def upper_bound_base_cost(*, model: str, prompt_tokens: int, completion_tokens: int, refresh: bool = False) -> Decimal:
     """The base cost on the most expensive enabled backend serving `model` (dispatch picks one later)."""
     costs = [

@@ -45,6 +45,7 @@ def budget_hold(
     at: datetime | None = None,
     fallback: bool = False,
     owner: str = "",
+    hold_cap: Decimal | None = None,
 ) -> HeldEntry:
     """Hold the largest possible charge of a request; raises BudgetExhausted if it does not fit
     (with `fallback`, a tenant configured for it gets the first cheaper class that fits instead).
@@ -61,6 +62,7 @@ def budget_hold(
             at=at or timezone.now(),
             fallback=fallback,
             owner=owner,
+            hold_cap=hold_cap,
         )
     )
     return cast(HeldEntry, held)  # book_one's result is typed object: for a hold, its HeldEntry

@@ -22,6 +22,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
 from gateway import charging, metrics
@@ -142,6 +143,7 @@ class _HoldArgs(TypedDict):
     prompt_tokens: int
     max_output_tokens: int
     priced_at: datetime | None
+    hold_cap: Decimal | None
 
 
 async def admit(asked: Asked, *, early: bool) -> Admitted:
@@ -157,6 +159,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
         prompt_tokens=payload.prompt_bound,
         max_output_tokens=expected_output_tokens,
         priced_at=asked.priced_at,
+        hold_cap=asked.hold_cap,
     )
     held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
     if held is None:

@@ -403,7 +403,12 @@ def _budget_error(exc: BudgetExhausted) -> GatewayError:
 
 
 def _submit_hold(
-    asked: Hold, *, fallback: bool, urgent: bool = True, priced_at: datetime | None = None
+    asked: Hold,
+    *,
+    fallback: bool,
+    urgent: bool = True,
+    priced_at: datetime | None = None,
+    hold_cap: Decimal | None = None,
 ) -> asyncio.Future:
     return booker().submit(
         HoldAsk(
@@ -417,6 +422,7 @@ def _submit_hold(
             fallback=fallback,
             owner=process_owner(),
             priced_at=priced_at,
+            hold_cap=hold_cap,
         ),
         urgent=urgent,
     )
@@ -470,16 +476,18 @@ async def hold(
     prompt_tokens: int,
     max_output_tokens: int,
     priced_at: datetime | None = None,
+    hold_cap: Decimal | None = None,
 ) -> Hold:
     """The hold, booked: the request may go on. Refused: 402 (or a cheaper class, see above).
-    ``priced_at``: the time whose prices apply (a batch line's: its batch's creation); None: now."""
+    ``priced_at``: the time whose prices apply (a batch line's: its batch's creation); None: now.
+    ``hold_cap``: the most it is held (a batch line's part of its batch's cost bound)."""
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
         return asked
     if booker().unbooked.journal.settling(request_id):  # served here a moment ago: not booked yet
         raise _id_refused(asked, served=True)
     await booker().releases_sent(request_id)  # an earlier request of this id ended: its release first
-    future = _submit_hold(asked, fallback=True, priced_at=priced_at)
+    future = _submit_hold(asked, fallback=True, priced_at=priced_at, hold_cap=hold_cap)
     future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)
 
@@ -625,6 +633,7 @@ def hold_early(
     prompt_tokens: int,
     max_output_tokens: int,
     priced_at: datetime | None = None,
+    hold_cap: Decimal | None = None,
 ) -> EarlyHold | None:
     """Starts booking the hold and returns at once, if the tenant's room allows (see Rooms); else
     None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
@@ -639,7 +648,7 @@ def hold_early(
     if estimate is None:
         return None
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
-    future = _submit_hold(asked, fallback=False, urgent=False, priced_at=priced_at)  # waited for at its confirmation
+    future = _submit_hold(asked, fallback=False, urgent=False, priced_at=priced_at, hold_cap=hold_cap)  # waited for
     future.add_done_callback(_noting(tenant, tokens, early=estimate))
     return EarlyHold(asked, future)
 

@@ -120,3 +120,50 @@ def test_a_batch_whose_work_cannot_drain_in_its_window_is_said_not_to_fit(world)
     behind = _said(lines, slots=4, service_ms=1000.0)
     assert behind["lines_ahead"] == 300 and behind["done_in_s"] == 100
     assert _said(lines, slots=0)["fits_window"] is False  # no slot serves its model
+
+
+def test_a_backend_price_raised_after_the_create_takes_no_line_past_its_part_of_the_bound(world):
+    from types import SimpleNamespace
+
+    from batches.prices import line_hold_cap
+    from billing.pricing import backend_prices
+    from scheduling.models import Backend
+
+    lines = _lines(4)
+    said = _said(lines)
+    batch = SimpleNamespace(forecast=said)
+    caps = [
+        line_hold_cap(
+            batch,
+            model="m",
+            prompt_tokens=prompt_bound(line.payload),
+            output_tokens=line.payload.output_limit,
+        )
+        for line in lines
+    ]
+    assert sum(caps) == Decimal(said["cost_bound"])  # each line's part, priced as the bound was
+    Backend.objects.filter(name="gpu-a").update(input_price_per_1k=Decimal(100), output_price_per_1k=Decimal(200))
+    backend_prices(backend_name="gpu-a", refresh=True)  # the new prices, as a booking would read them now
+    held = [
+        budget_hold(
+            tenant_slug="alpha",
+            request_id=f"after-{line.number}",
+            class_name="BATCH",
+            model="m",
+            prompt_tokens=prompt_bound(line.payload),
+            max_output_tokens=line.payload.output_limit,
+            hold_cap=cap,
+        ).amount
+        for line, cap in zip(lines, caps)
+    ]
+    assert held == caps  # priced 100x now, held at the bound's part
+    uncapped = budget_hold(
+        tenant_slug="alpha",
+        request_id="http-after",
+        class_name="BATCH",
+        model="m",
+        prompt_tokens=prompt_bound(lines[0].payload),
+        max_output_tokens=lines[0].payload.output_limit,
+    ).amount
+    assert uncapped > 50 * caps[0]  # a request that is no batch line pays the new prices
+    assert line_hold_cap(SimpleNamespace(forecast={}), model="m", prompt_tokens=1, output_tokens=1) is None
