@@ -31,6 +31,8 @@ from billing.services import charge_settle, hold_release
 from gateway.lifecycle import PublicId, engine_id
 from gateway.payload import estimate, upstream_body
 from scheduling.models import Backend
+from scheduling.selectors import backend_spec_of
+from scheduling.upstreams import CredentialMissing, upstream_headers, upstream_path
 
 log = logging.getLogger(__name__)
 State = BatchLine.State
@@ -110,14 +112,23 @@ def _run(line: BatchLine) -> None:
     try:
         if backend is None:
             raise httpx.ConnectError(f"backend {line.backend!r} is no longer configured")
+        spec, body = backend_spec_of(backend), upstream_body(payload)
         response = upstream.client().post(
-            f"{backend.url.rstrip('/')}{payload.upstream_path}",
-            content=upstream_body(payload),
-            headers={"Content-Type": "application/json", "X-Request-Id": service.public_id_of(line)},
+            f"{spec.url.rstrip('/')}{upstream_path(spec, payload.upstream_path, body)}",
+            content=body,
+            headers={"Content-Type": "application/json", "X-Request-Id": service.public_id_of(line)}
+            | upstream_headers(spec),  # its key and extra headers, from this worker's environment
         )
-    except httpx.HTTPError as failed:
-        log.warning("batch line %s: the backend failed: %r", line.pk, failed)
+    except (httpx.HTTPError, CredentialMissing) as failed:
+        log.warning("batch line %s: the backend failed: %s", line.pk, failed)
         _finish(line, status=502, body={"error": {"message": str(failed), "code": "upstream_error"}}, usage=None)
+        return
+    if response.status_code in (401, 403):  # the gateway's key, refused: its answer may echo part of it
+        log.error(
+            "batch line %s: backend %s: upstream credential refused (%s)", line.pk, spec.name, response.status_code
+        )
+        message = f"Upstream credential problem: backend '{spec.name}' refused the gateway's credential."
+        _finish(line, status=502, body={"error": {"message": message, "code": "upstream_error"}}, usage=None)
         return
     try:  # stored as PostgreSQL can store it (a NUL or NaN in a model's answer does not wedge the line)
         answer = json_storable(response.content)

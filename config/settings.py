@@ -7,14 +7,31 @@ Production: DATABASE_URL=postgres://..., REDIS_URL=redis://...
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_choice, env_decimal, env_int, env_list, env_output_limits, env_str
+from config.env import (
+    env_bool,
+    env_choice,
+    env_decimal,
+    env_int,
+    env_list,
+    env_networks,
+    env_origin,
+    env_output_limits,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("FAIRGATE_VAR_DIR", str(BASE_DIR / "var")))
+# Runtime state (SQLite, batch files, the file broker): a checkout's var/; an installed package
+# (no manage.py beside config/) keeps it out of site-packages, in $XDG_STATE_HOME/fairgate.
+CHECKOUT = (BASE_DIR / "manage.py").is_file()
+_STATE_HOME = Path(env_str("XDG_STATE_HOME") or "")
+if not _STATE_HOME.is_absolute():  # unset or relative: the XDG default
+    _STATE_HOME = Path.home() / ".local" / "state"
+VAR_DIR = Path(env_str("FAIRGATE_VAR_DIR", str(BASE_DIR / "var" if CHECKOUT else _STATE_HOME / "fairgate")))
 
 DEBUG = env_bool("DEBUG", False)
 
@@ -36,7 +53,22 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+# Behind an HTTPS ingress (docs/production.md): the origin people and clients use. Its host is
+# allowed, it is a trusted CSRF origin, and when it is https, cookies are Secure, HSTS is sent and
+# plain-HTTP console pages redirect to it. The proxy's X-Forwarded-Proto/-For are believed only
+# from FAIRGATE_TRUSTED_PROXIES (gateway/forwarded.py; Django's SECURE_PROXY_SSL_HEADER would
+# believe any peer, so it stays unset).
+FAIRGATE_PUBLIC_URL = env_origin("FAIRGATE_PUBLIC_URL")
+_PUBLIC_HTTPS = FAIRGATE_PUBLIC_URL.startswith("https://")
+_PUBLIC_HOSTS = [f"[{h}]" if ":" in h else h for h in [urlsplit(FAIRGATE_PUBLIC_URL).hostname or ""] if h]
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", *_PUBLIC_HOSTS])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [FAIRGATE_PUBLIC_URL] if FAIRGATE_PUBLIC_URL else [])
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _PUBLIC_HTTPS
+SECURE_SSL_REDIRECT = env_bool("FAIRGATE_SSL_REDIRECT", _PUBLIC_HTTPS)  # the console and admin; not the API
+SECURE_SSL_HOST = urlsplit(FAIRGATE_PUBLIC_URL).netloc if _PUBLIC_HTTPS else None  # to the public origin
+SECURE_HSTS_SECONDS = env_int("FAIRGATE_HSTS_SECONDS", 31_536_000 if _PUBLIC_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FAIRGATE_HSTS_INCLUDE_SUBDOMAINS", False)  # the operator's call:
+SECURE_HSTS_PRELOAD = env_bool("FAIRGATE_HSTS_PRELOAD", False)  # both bind hosts Fairgate does not serve
 
 FAIRGATE_CONFIG = env_str("FAIRGATE_CONFIG", str(BASE_DIR / "config" / "scheduler.example.yaml"))
 FAIRGATE_REQUIRE_SERVICES = env_bool("FAIRGATE_REQUIRE_SERVICES", False)
@@ -272,8 +304,9 @@ LOGGING = {
 
 # Gateway ---------------------------------------------------------------------------------------
 # The OpenAI-compatible ingress (gateway/). Times in ms, sizes in bytes; see .env.example.
-# Source addresses whose X-Forwarded-For is believed (CIDRs); uvicorn's own proxy trust is off.
-FAIRGATE_TRUSTED_PROXIES = env_list("FAIRGATE_TRUSTED_PROXIES", [])
+# Source addresses whose X-Forwarded-For (and, on the console, X-Forwarded-Proto) is believed
+# (IPs or CIDRs); uvicorn's own proxy trust is off.
+FAIRGATE_TRUSTED_PROXIES = env_networks("FAIRGATE_TRUSTED_PROXIES")
 # Output limits (gateway/limits.py): a request without max_tokens is held at, and sent upstream
 # with, the default; one above the maximum is refused (400). Per model: "model=default/max,...".
 FAIRGATE_DEFAULT_MAX_TOKENS = env_int("FAIRGATE_DEFAULT_MAX_TOKENS", 512, minimum=1)
@@ -333,11 +366,19 @@ FAIRGATE_AUTH_TARPIT_MAX = env_int("FAIRGATE_AUTH_TARPIT_MAX", 10_000, minimum=0
 FAIRGATE_TERMINAL_KEEP_MS = env_int("FAIRGATE_TERMINAL_KEEP_MS", 3_600_000, minimum=1)
 FAIRGATE_TERMINAL_MAX = env_int("FAIRGATE_TERMINAL_MAX", 100_000, minimum=1)
 LOGGING["loggers"] = {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}}
+# One JSON line per API request on the `fairgate.access` logger (gateway.access; docs/observability.md):
+# on by default in production (PostgreSQL or Redis configured), off on the embedded default (`make demo`).
+FAIRGATE_ACCESS_LOG = env_bool("FAIRGATE_ACCESS_LOG", "postgresql" in DATABASES["default"]["ENGINE"] or bool(REDIS_URL))
+LOGGING["formatters"]["line"] = {"format": "%(message)s"}  # type: ignore[index]
+LOGGING["handlers"]["access"] = {"class": "logging.StreamHandler", "formatter": "line"}  # type: ignore[index]
+LOGGING["loggers"]["fairgate.access"] = {"handlers": ["access"], "level": "INFO", "propagate": False}  # type: ignore[index]
 
 # Console ---------------------------------------------------------------------------------------
 # Browser pages at /console/ (console/). Chart.js comes from npm (package.json, `make assets`) and
-# is served from node_modules by staticfiles as console-vendor/chart.umd.js; nothing is copied.
-STATICFILES_DIRS = [("console-vendor", BASE_DIR / "node_modules" / "chart.js" / "dist")]
+# is served as console-vendor/chart.umd.js: in a checkout from node_modules; in an installed wheel
+# from console/static/console-vendor/, which the wheel's build step (setup.py) fills from npm.
+_CHART_JS = BASE_DIR / "node_modules" / "chart.js" / "dist"
+STATICFILES_DIRS = [("console-vendor", _CHART_JS)] if CHECKOUT else []
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/console/login/"

@@ -12,6 +12,7 @@ from scheduling.engine.model import AgingPolicy, FairnessMode
 from scheduling.engine.schema_sections import format_ratio
 from scheduling.models import Backend, PriceVersion
 from scheduling.selectors import classes_with_price, config_live
+from scheduling.upstreams import backend_upstream_shown
 from tenants.models import Tenant
 
 CURVE_STEP = 0.01
@@ -78,6 +79,14 @@ def policy_context() -> dict:
         "rules": config.downgrade_rules,
         "networks": config.networks,
         "actions": [f"DOWNGRADE_TO_{c.name}" for c in config.classes],
-        "backends": Backend.objects.select_related("fallback_for").order_by("name"),
+        "backends": _backends_shown(),
         "backend_names": list(Backend.objects.order_by("name").values_list("name", flat=True)),
     }
+
+
+def _backends_shown() -> list[Backend]:
+    """The backends, each with its upstream as shown (variable names, never their values)."""
+    backends = list(Backend.objects.select_related("fallback_for").order_by("name"))
+    for backend in backends:
+        backend.upstream_shown = backend_upstream_shown(backend)
+    return backends

@@ -33,6 +33,7 @@ from scheduling.engine.presets import apply_policy
 from scheduling.engine.rules import CompiledRules, compile_rules
 from scheduling.models import AuditLog
 from scheduling.selectors import config_live
+from scheduling.upstreams import missing_env
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,15 @@ def _latest_audit_pk() -> int | None:
 def _load() -> tuple[int | None, SchedulerConfig]:
     pk = _latest_audit_pk()
     return pk, config_live()
+
+
+def _credentials_present(config: SchedulerConfig) -> bool:
+    """A configuration whose backends name a variable this process lacks is refused (the one in
+    force stays), with a log line naming the backend and the variable."""
+    missing = missing_env(config.backends or ())
+    for problem in missing:
+        log.error("configuration refused: %s", problem)
+    return not missing
 
 
 class Dispatcher:
@@ -197,7 +207,7 @@ class Dispatcher:
                 if pk != self._audit_pk:
                     pk, config = await db_call(_load)()
                     self._audit_pk = pk
-                    if config != self.config:  # an API key or a user changed: the queues stay as they are
+                    if config != self.config and _credentials_present(config):  # else: the queues stay as they are
                         self.apply_config(config)
                 await self.downgrades.flush()
             except Exception:  # a failed poll must not stop the dispatcher
@@ -348,6 +358,19 @@ class Dispatcher:
             return
         if self.circuits.failure(backend, self.now_ms()):
             log.warning("circuit open for backend %s for %d ms", backend, self.circuits.cooldown_ms)
+            self._backends_changed()
+            self.pump()
+
+    def credential_refused(self, backend: str, detail: str) -> None:
+        """The backend refused the gateway's credential: its circuit opens at once (not after
+        ``threshold`` failures), and the log says why (never the key)."""
+        log.error(
+            "backend %s: upstream credential refused (%s); circuit open for %d ms; check its api_key_env",
+            backend,
+            detail,
+            self.circuits.cooldown_ms,
+        )
+        if self.circuits.trip(backend, self.now_ms()):
             self._backends_changed()
             self.pump()
 

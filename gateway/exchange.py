@@ -16,6 +16,7 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
 from gateway import charging, metrics
+from gateway.access import Trail
 from gateway.admission import Admitted
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, State
@@ -32,6 +33,9 @@ from gateway.proxy import (
 from gateway.tokens import count_text
 from gateway.upstream import UpstreamError as UpstreamFailure
 from gateway.upstream import UpstreamResponse
+from scheduling.upstreams import CredentialMissing
+
+CREDENTIAL_REFUSED = (401, 403)  # an upstream's answer about the gateway's key, never passed on
 
 log = logging.getLogger(__name__)
 DONE_EVENT = b"data: [DONE]"
@@ -57,13 +61,14 @@ def upstream_error(message: str) -> GatewayError:
 
 
 class Exchange:
-    def __init__(self, admitted: Admitted, payload: Payload) -> None:
+    def __init__(self, admitted: Admitted, payload: Payload, trail: Trail | None = None) -> None:
         self.d = admitted.d
         self.entry = admitted.entry
         self.bill = admitted.bill  # settles or releases the hold, once (gateway.admission)
         self.payload = payload
         self.headers = admitted.headers  # Fairgate's response headers (id, class, downgrade)
         self.orphaned = False
+        self.trail = trail or Trail(started_s=0.0, traceparent="", written=True)  # log line, series: gateway.access
 
     # --- ending --------------------------------------------------------------------------
 
@@ -80,6 +85,14 @@ class Exchange:
         if served and outcome == Outcome.COMPLETED:
             metrics.COMPLETED.labels(entry.cls).inc()
         self.bill.end(outcome, served=served, backend=entry.backend or "", usage=usage or (0, 0), partial=partial)
+        self.trail.finished(
+            cls=entry.cls,
+            backend=entry.backend,
+            outcome=outcome,
+            waited_ms=entry.waited_ms,
+            usage=usage if served else None,
+            settlement=self.bill.settlement,
+        )
 
     def response_headers(self) -> dict[str, str]:
         return {**self.headers, "X-Priority-Class": self.entry.cls, "X-Queue-Wait-Ms": str(self.entry.waited_ms)}
@@ -120,14 +133,27 @@ class Exchange:
         body = upstream_body(self.payload)
         while True:
             grant = await self.d.wait_for_grant(entry)
-            metrics.WAIT.labels(entry.cls).observe(grant.waited_ms / 1000)
+            metrics.WAIT.labels(entry.cls, entry.tenant).observe(grant.waited_ms / 1000)
             spec = self.d.backend_specs.get(grant.backend)
             if spec is None:
                 raise upstream_error(f"Backend '{grant.backend}' is no longer configured.")
             try:
-                response = await upstream_open(spec, self.payload.upstream_path, body, request_id=entry.public_id)
+                response = await upstream_open(
+                    spec,
+                    self.payload.upstream_path,
+                    body,
+                    request_id=entry.public_id,
+                    traceparent=self.trail.traceparent or None,
+                )
             except UpstreamFailure as failure:
                 self._failed(spec.name, failure.kind, str(failure))
+                continue
+            except CredentialMissing as missing:
+                self._credential_refused(spec.name, str(missing))
+                continue
+            if response.status_code in CREDENTIAL_REFUSED:
+                await response.aclose()  # unread: its body may echo part of the key
+                self._credential_refused(spec.name, f"answered {response.status_code}")
                 continue
             if response.status_code == 429:
                 await response.aclose()
@@ -164,6 +190,20 @@ class Exchange:
             raise upstream_error(f"The backend kept answering 429 ({self.entry.requeues} times); try again later.")
         self.d.requeue(self.entry, retry_after_ms=wait_ms)
 
+    def _credential_refused(self, backend: str, detail: str) -> None:
+        """The backend refused the gateway's key (or this process lacks it): not the client's own
+        401. Its circuit opens at once; the request tries another backend of its model, else 502."""
+        metrics.UPSTREAM_ERRORS.labels(backend, "credential").inc()
+        self.d.credential_refused(backend, detail)
+        self.entry.failures += 1
+        bound = settings.FAIRGATE_UPSTREAM_RETRIES + len(self.d.backend_specs)
+        if self.entry.failures > bound or not self.d.serves_now(self.entry.model):
+            raise upstream_error(
+                f"Upstream credential problem: backend '{backend}' refused the gateway's credential and no "
+                "other backend serves this model now; the gateway's operator must fix the backend's key."
+            )
+        self.d.requeue(self.entry, retry_after_ms=0)
+
     def _failed(self, backend: str, kind: str, detail: str) -> None:
         log.warning("upstream failure on %s (%s): %s", backend, kind, detail)
         metrics.UPSTREAM_ERRORS.labels(backend, kind).inc()
@@ -184,6 +224,7 @@ class Exchange:
             raise upstream_error(f"The backend broke off its answer ({exc}).") from None
         finally:
             await upstream.aclose()
+        self.trail.first_token()
         if upstream.status_code < 300:
             usage = usage_of(content) or (self.payload.prompt_tokens, count_text(answer_text(content)))
             self.finish(Outcome.COMPLETED, usage=usage)
@@ -243,6 +284,7 @@ class StreamBody:
             while True:
                 out = self._hold_back_done(self.filter.feed(await self._chunks.__anext__()))
                 if out:
+                    self.exchange.trail.first_token()
                     return out
         except StopAsyncIteration:
             tail = self._done_event + self.filter.flush()
@@ -282,6 +324,7 @@ class StreamBody:
         if usage is None:  # abandoned or cut: charge what was relayed so far
             usage = (exchange.payload.prompt_tokens, count_text(self.filter.text_sent()))
         exchange.finish(outcome, usage=usage, partial=partial)
+        exchange.trail.close()
         spawn(self.upstream.aclose())
 
     def __del__(self) -> None:

@@ -18,6 +18,7 @@ from django.conf import settings
 from gateway.errors import ErrorCode
 from gateway.upstream import Headers, Pool, UpstreamResponse
 from scheduling.engine.model import BackendSpec
+from scheduling.upstreams import upstream_headers, upstream_path
 
 # Headers of a backend's answer that its client may see (see relayed_headers).
 RELAYED = frozenset({"content-type", "openai-processing-ms", "openai-version"})
@@ -45,10 +46,15 @@ async def clients_close() -> None:
         _pools.pop(key).close()
 
 
-async def upstream_open(spec: BackendSpec, path: str, body: bytes, *, request_id: str) -> UpstreamResponse:
+async def upstream_open(
+    spec: BackendSpec, path: str, body: bytes, *, request_id: str, traceparent: str | None = None
+) -> UpstreamResponse:
     """POST ``body`` to the backend; returns the open response (read or close it)."""
     headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": request_id}
-    return await _pool(spec).post(path, body, headers)
+    if traceparent is not None:  # W3C trace context (gateway.access)
+        headers["traceparent"] = traceparent
+    headers.update(upstream_headers(spec))  # its key and extra headers (scheduling.upstreams)
+    return await _pool(spec).post(upstream_path(spec, path, body), body, headers)
 
 
 def retry_after_ms(headers: Headers) -> int:

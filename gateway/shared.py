@@ -175,6 +175,10 @@ class SharedDispatcher(Dispatcher):
         if not ok:  # successes reach the dispatcher as completions
             self._send(["upstream", backend, False, self.circuits.threshold, self.circuits.cooldown_ms])
 
+    def credential_refused(self, backend: str, detail: str) -> None:
+        super().credential_refused(backend, detail)
+        self._send(["upstream", backend, False, 1, self.circuits.cooldown_ms])  # threshold 1: open at once
+
     def circuit_open(self, backend: str, now_ms: int) -> bool:
         return super().circuit_open(backend, now_ms) or self.owner.routes.circuits.is_open(backend, now_ms)
 

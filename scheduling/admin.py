@@ -15,6 +15,7 @@ from scheduling.models import (
 )
 from scheduling.prices import ConfirmNeeded, backend_prices_check, price_factor_check
 from scheduling.services import audit_record
+from scheduling.upstreams import backend_upstream_check
 
 
 class AuditedAdmin(admin.ModelAdmin):
@@ -156,6 +157,13 @@ class BackendForm(forms.ModelForm):
                 )
             except ValidationError as refused:
                 raise forms.ValidationError(refused.messages) from None
+        upstream = {key: cleaned.get(key) or None for key in ("api_key_env", "headers", "dialect", "deployment")}
+        try:
+            backend_upstream_check(
+                name=cleaned.get("name") or "", raw={**upstream, "api_version": cleaned.get("api_version") or None}
+            )
+        except ValidationError as refused:
+            raise forms.ValidationError(refused.messages) from None
         return cleaned
 
 
@@ -173,6 +181,8 @@ class BackendAdmin(AuditedAdmin):
         "input_price_per_1k",
         "output_price_per_1k",
         "fallback_for",
+        "api_key_env",
+        "dialect",
         "enabled",
     )
     list_filter = ("enabled",)

@@ -9,6 +9,8 @@ from decimal import Decimal
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from scheduling.engine.model import Dialect
+
 
 class PriorityClass(models.Model):
     name = models.CharField(max_length=32, unique=True)
@@ -139,6 +141,20 @@ class Backend(models.Model):
     fallback_for = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="fallbacks")
     reserved_slots = models.PositiveIntegerField(default=0)
     enabled = models.BooleanField(default=True)
+    # How to talk to it (scheduling.upstreams). Names of environment variables only, never a secret.
+    api_key_env = models.CharField(
+        max_length=128, blank=True, help_text="The environment variable holding its API key (its name, not the key)."
+    )
+    headers = models.JSONField(
+        default=dict, blank=True, help_text='Extra headers; a value "env:NAME" is read from NAME.'
+    )
+    dialect = models.CharField(
+        max_length=16, choices=[(d.value, d.value) for d in Dialect], default=Dialect.OPENAI.value
+    )
+    deployment = models.CharField(max_length=128, blank=True, help_text="Azure: the deployment (default: the model).")
+    api_version = models.CharField(max_length=32, blank=True, help_text="Azure: the api-version.")
+
+    upstream_shown: str  # not a column: set where a page lists backends (scheduling.upstreams)
 
     class Meta:
         ordering = ["name"]

@@ -13,6 +13,7 @@ from scheduling.engine.model import (
     BackendSpec,
     Boost,
     ClassSpec,
+    Dialect,
     FairnessMode,
     FairnessPolicy,
     HeadroomPolicy,
@@ -72,27 +73,33 @@ def tenant_specs(*, active_only: bool = True) -> tuple[TenantSpec, ...]:
     return tuple(tenant_spec(t) for t in qs.order_by("slug"))
 
 
+def backend_spec_of(b: Backend) -> BackendSpec:
+    return BackendSpec(
+        name=b.name,
+        url=b.url,
+        models=tuple(b.model_names),
+        embedding_models=tuple(b.embedding_models),
+        slots=b.slots,
+        tpm=b.tpm,
+        rpm=b.rpm,
+        input_price_per_1k=_norm(b.input_price_per_1k),
+        output_price_per_1k=_norm(b.output_price_per_1k),
+        fallback_for=b.fallback_for.name if b.fallback_for else None,
+        reserved_slots=b.reserved_slots,
+        enabled=b.enabled,
+        api_key_env=b.api_key_env or None,
+        headers=tuple((str(k), str(v)) for k, v in (b.headers or {}).items()),
+        dialect=Dialect(b.dialect),
+        deployment=b.deployment or None,
+        api_version=b.api_version or None,
+    )
+
+
 def backend_specs(*, enabled_only: bool = True) -> tuple[BackendSpec, ...]:
     qs = Backend.objects.select_related("fallback_for").order_by("name")
     if enabled_only:
         qs = qs.filter(enabled=True)
-    return tuple(
-        BackendSpec(
-            name=b.name,
-            url=b.url,
-            models=tuple(b.model_names),
-            embedding_models=tuple(b.embedding_models),
-            slots=b.slots,
-            tpm=b.tpm,
-            rpm=b.rpm,
-            input_price_per_1k=_norm(b.input_price_per_1k),
-            output_price_per_1k=_norm(b.output_price_per_1k),
-            fallback_for=b.fallback_for.name if b.fallback_for else None,
-            reserved_slots=b.reserved_slots,
-            enabled=b.enabled,
-        )
-        for b in qs
-    )
+    return tuple(backend_spec_of(b) for b in qs)
 
 
 def config_live() -> SchedulerConfig:

@@ -298,6 +298,11 @@ def backend_values(spec: BackendSpec) -> dict:
         "output_price_per_1k": spec.output_price_per_1k,
         "reserved_slots": spec.reserved_slots,
         "enabled": spec.enabled,
+        "api_key_env": spec.api_key_env or "",
+        "headers": dict(spec.headers),
+        "dialect": spec.dialect.value,
+        "deployment": spec.deployment or "",
+        "api_version": spec.api_version or "",
     }
 
 

@@ -16,11 +16,13 @@ import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 
 from .answer import Choice, ChunkEncoder, completion_body
 from .config import SimConfig
+from .door import door_check, key_check
 from .gate import Gate
 from .model import Capacity, Rejection, ServicePlan, SimStats, plan_service
 from .protocol import (
@@ -67,6 +69,7 @@ class SimBackendApp:
         self._lease_ids = itertools.count(1)
         self._tokens_per_event = max(1, math.ceil(config.tokens_per_s * CHUNK_INTERVAL_MIN_S))
         self._models_body = _models_body(config)
+        self.unauthorized = 0  # calls refused for their key (--api-key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -79,12 +82,15 @@ class SimBackendApp:
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
+        deployment, path = door_check(self.config, scope)
         kind = COMPLETION_PATHS.get(path)
         if kind is not None:
             _require_method(method, "POST")
-            await self._completion(kind, scope, receive, send)
-        elif path == "/v1/models":
+            self._authorize(scope)
+            await self._completion(kind, scope, receive, send, deployment=deployment)
+        elif path == "/v1/models" and not self.config.azure:
             _require_method(method, "GET")
+            self._authorize(scope)
             await _send_body(send, 200, self._models_body)
         elif path == "/healthz":
             await _send_body(send, 200, b'{"status":"ok"}')
@@ -104,18 +110,25 @@ class SimBackendApp:
         else:
             raise SimError(404, "not_found", f"No route for {method} {path}.", "invalid_request_error")
 
+    def _authorize(self, scope: Scope) -> None:
+        try:
+            key_check(self.config, _header(scope, b"authorization"), _header(scope, b"api-key"))
+        except SimError:
+            self.unauthorized += 1
+            raise
+
     def _stats_body(self, scope: Scope) -> bytes:
-        snapshot = self.stats.snapshot(self.capacity, _now_ms())
+        snapshot = self.stats.snapshot(self.capacity, _now_ms()) | {"unauthorized": self.unauthorized}
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         if "request_id" in query:
             snapshot["seen"] = self.stats.has_seen(query["request_id"][0])
         return json.dumps(snapshot).encode()
 
-    async def _completion(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _completion(self, kind: str, scope: Scope, receive: Receive, send: Send, *, deployment: str) -> None:
         self.stats.record_arrival(_header(scope, b"x-request-id"))
         raw_body = await _read_body(receive)
         try:
-            req = self._parse(kind, raw_body)
+            req = self._parse(kind, raw_body, deployment)
         except SimError:
             self.stats.bad_requests += 1
             raise
@@ -169,8 +182,10 @@ class SimBackendApp:
                 "invalid_request_error",
             )
 
-    def _parse(self, kind: str, raw_body: bytes) -> CompletionRequest:
+    def _parse(self, kind: str, raw_body: bytes, deployment: str = "") -> CompletionRequest:
         req = parse_request(kind, raw_body)
+        if deployment:  # azure: the deployment is the model (the body's is ignored, as Azure does)
+            req = replace(req, model=deployment)
         if self.config.models and req.model not in self.config.models:
             raise SimError(
                 404,

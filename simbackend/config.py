@@ -39,6 +39,10 @@ class SimConfig:
     extra_completion_tokens: int = 0
     # A reasoning model: each chat choice's first tokens are reasoning (``reasoning_content``).
     reasoning_tokens: int = 0
+    # A real upstream's door: an API key it requires (401 without it), and Azure OpenAI's dialect
+    # (``/openai/deployments/{deployment}/...?api-version=``, the key in ``api-key``; no ``/v1``).
+    api_key: str = ""
+    azure: bool = False
 
     def __post_init__(self) -> None:
         _require(self.slots >= 1, "--slots must be at least 1")
@@ -115,4 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.reasoning_tokens,
         help="the first this many tokens of each chat choice are reasoning_content",
+    )
+    add("--api-key", default=d.api_key, help="require this key (Authorization: Bearer, or api-key with --azure)")
+    add(
+        "--azure",
+        action="store_true",
+        default=d.azure,
+        help="speak Azure OpenAI: /openai/deployments/{deployment}/chat/completions?api-version=..., api-key header",
     )

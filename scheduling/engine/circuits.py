@@ -78,6 +78,16 @@ class Circuits:
             return True
         return False
 
+    def trip(self, name: str, now_ms: int) -> bool:
+        """Open the circuit at once (the backend refused the gateway's credential); True if it was closed."""
+        health = self.of(name)
+        health.failures += 1
+        if health.open_until_ms > now_ms:
+            return False
+        health.open_until_ms = now_ms + self.cooldown_ms
+        health.half_open = False
+        return True
+
     def reopen_due(self, now_ms: int) -> list[str]:
         """Backends whose cool-down has ended: now half-open."""
         due = [n for n, h in self.health.items() if h.open_until_ms and h.open_until_ms <= now_ms]

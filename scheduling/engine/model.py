@@ -23,6 +23,13 @@ class Boost(str, Enum):
     PREEMPT = "preempt"
 
 
+class Dialect(str, Enum):
+    """How a backend's API is addressed: OpenAI's paths and Bearer key, or Azure OpenAI's."""
+
+    OPENAI = "openai"
+    AZURE = "azure"
+
+
 class FairnessMode(str, Enum):
     WEIGHTED_FAIR_TOKENS = "weighted_fair_tokens"
     WEIGHTED_ROUND_ROBIN = "weighted_round_robin"
@@ -147,6 +154,13 @@ class BackendSpec:
     reserved_slots: int = 0
     enabled: bool = True
     embedding_models: tuple[str, ...] = ()  # those of ``models`` that embed (served at /v1/embeddings only)
+    # How the gateway talks to it (scheduling.upstreams); the engine ignores these. Secrets are
+    # never here: only the names of the environment variables that hold them.
+    api_key_env: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # static extra headers; a value "env:NAME" is read from NAME
+    dialect: Dialect = Dialect.OPENAI
+    deployment: str | None = None  # azure: the deployment (default: the request's model)
+    api_version: str | None = None  # azure: the api-version query parameter
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from scheduling.engine.model import (
 )
 from scheduling.engine.schema_headroom import headroom_dict
 from scheduling.engine.schema_sections import build_sections, format_ratio, kind_of
+from scheduling.engine.schema_upstream import upstream_dict
 
 _REQUIRED = object()
 
@@ -286,6 +287,7 @@ def _backend_dict(b: BackendSpec) -> dict[str, Any]:
         "fallback_for": b.fallback_for,
         "reserved_slots": b.reserved_slots,
         "embedding_models": list(b.embedding_models) or None,
+        **upstream_dict(b),
     }
     data = {k: v for k, v in data.items() if v is not None and v != ""}
     return data if b.enabled else {**data, "enabled": False}

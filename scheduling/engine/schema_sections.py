@@ -29,6 +29,8 @@ from scheduling.engine.model import (
 )
 from scheduling.engine.rules import RuleSyntaxError, condition_names, parse_condition
 from scheduling.engine.schema_headroom import headroom_section
+from scheduling.engine.schema_upstream import KEYS as UPSTREAM_KEYS
+from scheduling.engine.schema_upstream import upstream_fields
 
 if TYPE_CHECKING:
     from scheduling.engine.schema import Checker
@@ -409,6 +411,7 @@ def _backend(ck: Checker, path: str, raw: Any) -> BackendSpec | None:
         "reserved_slots",
         "enabled",
         "embedding_models",
+        *UPSTREAM_KEYS,
     )
     data, start = ck.mapping(path, raw, keys), len(ck.issues)
     if data is None:
@@ -429,6 +432,7 @@ def _backend(ck: Checker, path: str, raw: Any) -> BackendSpec | None:
         else 0,
         enabled=ck.get(data, path, "enabled", ck.flag, default=True),
         embedding_models=ck.get(data, path, "embedding_models", _bind(_name_list, ck), default=()),
+        **upstream_fields(ck, path, data),
     )
     if spec.models == ():
         ck.error(f"{path}.models", "must list at least one model")

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.metrics import multiprocess_prepare
+
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -97,6 +99,9 @@ class Command(BaseCommand):
                 "--workers above 1 needs FAIRGATE_SCHEDULER=shared (and REDIS_URL): with the embedded "
                 "scheduler each process would keep queues and backend slots of its own"
             )
+        _credentials_check()
+        if workers > 1:  # every process's metrics, summed at each scrape (gateway.metrics)
+            multiprocess_prepare(settings.VAR_DIR, port=port)
         self.stdout.write(
             f"Fairgate on http://{host}:{port}/ (OpenAI API at /v1/, admin at /admin/)"
             + (f", {workers} gateway processes" if workers > 1 else "")
@@ -117,3 +122,18 @@ class Command(BaseCommand):
             timeout_keep_alive=30,
             workers=workers if workers > 1 else None,  # uvicorn's supervisor: one socket, N processes
         )
+
+
+def _credentials_check() -> None:
+    """Refuse to start when an enabled backend names an environment variable that is not set."""
+    from django.db import DatabaseError
+
+    from scheduling.selectors import backend_specs
+    from scheduling.upstreams import missing_env
+
+    try:
+        missing = missing_env(backend_specs())
+    except DatabaseError:  # not migrated yet, or down: /readyz says so
+        return
+    if missing:
+        raise CommandError("; ".join(str(problem) for problem in missing))
