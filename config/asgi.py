@@ -17,13 +17,17 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from console.routing import websocket_urlpatterns  # noqa: E402
 from gateway.asgi import ApiRouter, GatewayASGIHandler, Lifespan  # noqa: E402
+from gateway.forwarded import ForwardedHeaders  # noqa: E402
 
 application = Lifespan(
     ProtocolTypeRouter(
         {
-            "http": ApiRouter(GatewayASGIHandler(), django_asgi_app),
+            # Behind a trusted proxy the console sees the client's scheme and address (gateway.forwarded).
+            "http": ApiRouter(GatewayASGIHandler(), ForwardedHeaders(django_asgi_app)),
             # The console's live updates: session-authenticated, and only from our own origin (ALLOWED_HOSTS).
-            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+            "websocket": ForwardedHeaders(
+                AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+            ),
         }
     )
 )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from decimal import Decimal, InvalidOperation
 from typing import overload
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -59,6 +61,35 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_origin(name: str) -> str:
+    """An origin, ``http(s)://host[:port]`` without a path ("" when unset), as browsers send it."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return ""
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError:
+        parts, port = urlsplit(""), None
+    extra = parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None
+    if parts.scheme not in ("http", "https") or not parts.hostname or extra:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an origin like https://llm.example.com (no path)")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default_port = {"http": 80, "https": 443}[parts.scheme]  # browsers leave it out of an Origin
+    return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default_port) else "")
+
+
+def env_networks(name: str) -> list[str]:
+    """Comma-separated IP addresses or CIDRs (empty when unset)."""
+    networks = env_list(name, [])
+    for item in networks:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP address or CIDR") from None
+    return networks
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:

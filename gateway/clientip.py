@@ -31,6 +31,12 @@ def _trusted(address: str, networks: tuple[Network, ...]) -> bool:
     return any(ip in net for net in networks if ip.version == net.version)
 
 
+def proxy_trusted(peer: str | None) -> bool:
+    """Whether ``peer`` (the socket's address) is one of FAIRGATE_TRUSTED_PROXIES."""
+    networks = _networks(tuple(settings.FAIRGATE_TRUSTED_PROXIES))
+    return bool(peer and networks and _trusted(peer, networks))
+
+
 def client_ip(peer: str | None, forwarded_for: str | None) -> str | None:
     networks = _networks(tuple(settings.FAIRGATE_TRUSTED_PROXIES))
     if not peer or not forwarded_for or not networks or not _trusted(peer, networks):
