@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test test-fast venv migrate lint import-graph bench clean assets surge
+.PHONY: demo test test-fast venv migrate lint import-graph bench clean assets surge wheel
 
 venv: $(STAMP) assets
 
@@ -25,6 +25,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The installable package (docs/install.md): dist/fairgate-*.whl and its sdist. The wheel's build step
+# (setup.py) takes the console's Chart.js from npm by package-lock.json; tests/live/test_wheel_install.py
+# installs such a wheel in a fresh virtual environment and serves a chat from it.
+wheel: venv
+	rm -rf dist
+	$(PY) -m build --outdir dist .
 
 migrate: venv
 	$(PY) manage.py migrate --noinput

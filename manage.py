@@ -1,16 +1,7 @@
 #!/usr/bin/env python
-"""Django's command-line utility for Fairgate."""
+"""Django's command-line utility for Fairgate (from a checkout; installed, the same is `fairgate`)."""
 
-import os
-import sys
-
-
-def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(sys.argv)
-
+from config.main import main
 
 if __name__ == "__main__":
     main()
