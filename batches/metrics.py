@@ -1,4 +1,4 @@
-"""The Batch API's metrics, in the gateway's registry (served at /metrics): batches by status and
+"""The Batch API's metrics, in the gateway's registries (served at /metrics): batches by status and
 lines by state, counted in the database by each serving process's feeder every ``TALLY_S`` (a
 scrape reads the last count: at most that old), and the lines this process sent again because
 their lease lapsed (batches.leases)."""
@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from batches import service
 from batches.models import Batch, BatchLine
-from gateway.metrics import REGISTRY
+from gateway.metrics import LIVE, REGISTRY
 
 TALLY_S = 5.0
 RESENT = Counter(
@@ -47,4 +47,4 @@ class _Collector:
         yield from (batches, lines)
 
 
-REGISTRY.register(_Collector())
+LIVE.register(_Collector())

@@ -21,7 +21,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse, HttpResponseBase
 from django.urls import resolve
 
-from gateway import live
+from gateway import access, live
 from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.errors import ErrorCode, GatewayError
@@ -190,6 +190,8 @@ def _refused_at_gate(scope, err: GatewayError) -> HttpResponse:
         if name == b"x-request-id":
             given = value.decode("latin-1")
             named = given if REQUEST_ID_RE.fullmatch(given) else None
+    if scope["path"] in INTAKE_PATHS:  # its access-log line
+        access.gate_refused(scope, request_id=named, err=err)
     return refusal(scope["method"], scope["path"], named, err)
 
 

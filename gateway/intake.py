@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from gateway import admission, charging
+from gateway import access, admission, charging
 from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
 from gateway.dispatcher import Dispatcher
@@ -192,6 +193,7 @@ class Asked:
     downgrade_recorded: bool = False
     job: str | None = None  # X-Job-Id
     priced_at: datetime | None = None  # the time whose prices apply (a batch line: its batch's creation); None: now
+    hold_cap: Decimal | None = None  # the most it is held (a batch line: its part of its batch's cost bound)
 
     @property
     def engine_id(self) -> RequestId:
@@ -232,13 +234,25 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
 
 
 async def serve(request: HttpRequest, kind: str) -> HttpResponse | StreamingHttpResponse:
-    """A request from intake to its answer. An early hold refused for the budget (nothing was
-    served or charged) is admitted again, hold first: a 402, or a cheaper class for a tenant set
-    to fall back (gateway.admission)."""
-    asked = await intake(request, kind)  # its id claimed until admitted or refused
+    """A request from intake to its answer, on its trail (gateway.access: its log line and series)."""
+    trail = access.trail_start(request)
     try:
-        return await Exchange(await admission.admit(asked, early=True), asked.payload).run()
+        response = await _served(request, kind, trail)
+    except BaseException as failed:
+        access.trail_failed(trail, failed)
+        raise
+    access.trail_answered(trail, response)
+    return response
+
+
+async def _served(request: HttpRequest, kind: str, trail: access.Trail) -> HttpResponse | StreamingHttpResponse:
+    """An early hold refused for the budget (nothing was served or charged) is admitted again, hold
+    first: a 402, or a cheaper class for a tenant set to fall back (gateway.admission)."""
+    asked = await intake(request, kind)  # its id claimed until admitted or refused
+    trail.asked(request_id=asked.public_id, tenant=asked.caller.tenant, cls=asked.cls, model=asked.payload.model)
+    try:
+        return await Exchange(await admission.admit(asked, early=True), asked.payload, trail).run()
     except charging.EarlyHoldRefused:
-        return await Exchange(await admission.admit(asked, early=False), asked.payload).run()
+        return await Exchange(await admission.admit(asked, early=False), asked.payload, trail).run()
     finally:
         asked.d.unclaim(asked.engine_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 from django.conf import settings
 
@@ -70,11 +71,12 @@ def snapshot() -> dict | None:
             "boosted": tally.boosted if tally else 0,
             "preempted": tally.preempted if tally else 0,
         }
+    running = Counter(sched.backend_of(request.id) for request in sched.running())  # every process's (shared)
     backends = {}
     for name, backend in dispatcher.backend_specs.items():
         health = dispatcher.circuits.of(name)
         backends[name] = {
-            "in_use": health.in_use,
+            "in_use": running[name],
             "slots": backend.slots,
             "tpm_used": health.tpm_used(now_ms),
             "circuit_open": dispatcher.circuit_open(name, now_ms),

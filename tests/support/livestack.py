@@ -155,8 +155,11 @@ def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, st
     return env
 
 
-def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], **settings: str) -> Gateway:
-    """Migrate, load ``yaml_text``, create ``keys`` (name -> (tenant, class)), serve; wait until ready."""
+def start_gateway(
+    var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]], *, workers: int = 1, **settings: str
+) -> Gateway:
+    """Migrate, load ``yaml_text``, create ``keys`` (name -> (tenant, class)), serve (``--workers``
+    processes: the shared scheduler's settings are the caller's); wait until ready."""
     var_dir.mkdir(parents=True, exist_ok=True)
     yaml_path = var_dir / "scheduler.yaml"
     yaml_path.write_text(yaml_text)
@@ -174,7 +177,7 @@ def start_gateway(var_dir: Path, yaml_text: str, keys: dict[str, tuple[str, str]
     port = free_port()
     log_path = var_dir / "serve.log"
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", str(workers)],
         cwd=REPO_ROOT,
         env=env,
         stdout=log_path.open("w"),
