@@ -18,7 +18,8 @@ samples the gateway with py-spy (``pip install py-spy``) through the first round
 setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw`` format).
 
 ``--random-keys`` compares instead "no flood" with "random-key flood" (both this tree, lanes on):
-for the whole 6 s, ``min(--flood, 1000)`` connections send the flood's requests back to back, each
+for the whole 6 s, a process of its own (its CPU reported) sends the flood's requests back to back
+on ``min(--flood, 1000)`` connections, each
 with a made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
 answers them; the interactive probes' p99 is set beside the same run's no-flood p99.
 """
@@ -122,6 +123,32 @@ async def _random_flood(url: str, bodies: list[bytes], rng: random.Random, durat
     return statuses
 
 
+async def _flood_child(url: str, connections: int, rate: float, seed: int) -> asyncio.subprocess.Process:
+    """The random-key flood in a process of its own (its work must not delay the probes' event
+    loop), ready to start on a line on its stdin."""
+    argv = [sys.executable, "-m", "bench.ingress_flood", "--flood-child", url, "--flood", str(connections)]
+    argv += ["--flood-rate", str(rate), "--seed", str(seed)]
+    child = await asyncio.create_subprocess_exec(
+        *argv, cwd=launch.REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    await child.stdout.readline()  # "ready": its bodies are made
+    return child
+
+
+async def flood_child_main(url: str, connections: int, rate: float, seed: int) -> None:
+    """`--flood-child`: waits for "go" on stdin, floods for 6 s, prints its statuses and CPU."""
+    rng = random.Random(seed)
+    bodies = [_body(rng, rng.randint(2_000, 16_000)) for _ in range(connections)]
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    cpu_start = resource.getrusage(resource.RUSAGE_SELF)
+    statuses = await _random_flood(url, bodies, rng, 6.0, rate)
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = used.ru_utime + used.ru_stime - cpu_start.ru_utime - cpu_start.ru_stime
+    print(json.dumps({"statuses": statuses, "cpu_s": cpu_s}), flush=True)
+
+
 async def _probes(url: str, key: str, body: bytes, duration_s: float) -> list[tuple[int, float]]:
     """Open loop: a probe every PROBE_GAP_S, whatever the earlier ones are doing."""
     tasks = []
@@ -168,20 +195,21 @@ async def _run_random(
     try:
         probe = _body(rng, 800)
         await _probes(gateway.url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
-        bodies = [_body(rng, rng.randint(2_000, 16_000)) for _ in range(min(flood, 1_000))]
+        child = await _flood_child(gateway.url, min(flood, 1_000), rate, seed) if flooded else None
         started_s = time.perf_counter()
-        sent = asyncio.create_task(
-            _random_flood(gateway.url, bodies, rng, 6.0, rate) if flooded else asyncio.sleep(0, [])
-        )
+        if child is not None:
+            child.stdin.write(b"go\n")  # type: ignore[union-attr]
         during = await _probes(gateway.url, gateway.keys["chat"], probe, 6.0)
-        statuses = await sent
+        sent = json.loads((await child.communicate())[0]) if child is not None else {"statuses": [], "cpu_s": 0.0}
         flood_s = time.perf_counter() - started_s
+        statuses = sent["statuses"]
         return {
             "during": sorted(t for s, t in during if s == 200),
             "probe_failed": sum(1 for s, _ in during if s != 200),
             "refused": sum(1 for s in statuses if s == 401),
             "other": sum(1 for s in statuses if s != 401),
             "rate": len(statuses) / flood_s,
+            "flood_cpu": sent["cpu_s"] / flood_s,
         }
     finally:
         gateway.stop()
@@ -198,8 +226,9 @@ async def main_random(args: argparse.Namespace) -> None:
     print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
     print(f"1-minute load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n")
-    print("| round | setting | interactive p50 / p95 / p99 | probes failed | flood 401s / other | flood rate |")
-    print("|---|---|---|---|---|---|")
+    print("| round | setting | p50 / p95 / p99 | probes failed | flood 401s / other | flood rate | flood CPU |")
+    print("|---|---|---|---|---|---|---|")
+    cpu_start, wall_start_s = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     try:
         for index in range(args.rounds):
             order = list(settings) if index % 2 == 0 else list(reversed(settings))
@@ -216,13 +245,17 @@ async def main_random(args: argparse.Namespace) -> None:
                 during = found["during"]
                 print(
                     f"| {index + 1} | {name} | {_ms(during, 0.5)} / {_ms(during, 0.95)} / {_ms(during, 0.99)} "
-                    f"| {found['probe_failed']} | {found['refused']} / {found['other']} | {found['rate']:.0f}/s |",
+                    f"| {found['probe_failed']} | {found['refused']} / {found['other']} | {found['rate']:.0f}/s "
+                    f"| {found['flood_cpu']:.2f} core |",
                     flush=True,
                 )
     finally:
         sim.stop()
     for name, values in pooled.items():
-        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | |")
+        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | |")
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = used.ru_utime + used.ru_stime - cpu_start.ru_utime - cpu_start.ru_stime
+    print(f"\nprobes' load generator: {cpu_s / (time.perf_counter() - wall_start_s):.2f} of a core on average")
     alone = percentile(pooled["no flood"], 0.99)
     for name in list(settings)[1:]:
         flooded = percentile(pooled[name], 0.99)
@@ -329,7 +362,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--flood-rate", type=float, default=0.0, help="--random-keys: requests/s of the flood (0: back to back)"
     )
+    parser.add_argument("--flood-child", metavar="URL", help=argparse.SUPPRESS)  # the random-key flood's process
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.flood_child:
+        asyncio.run(flood_child_main(args.flood_child, args.flood, args.flood_rate, args.seed))
+        return
     asyncio.run(main_random(args) if args.random_keys else main_async(args))
 
 
