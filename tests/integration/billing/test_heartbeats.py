@@ -19,7 +19,8 @@ pytestmark = pytest.mark.django_db
 DEAD_AFTER = timedelta(seconds=30)
 
 
-def hold_as(owner: str, request_id: str):
+def hold_as(owner: str, request_id: str, *, at=None):
+    """A hold booked by ``owner`` (at ``at``, else now)."""
     return book(
         [
             HoldAsk(
@@ -29,7 +30,7 @@ def hold_as(owner: str, request_id: str):
                 model="m",
                 prompt_tokens=1000,
                 max_output_tokens=500,
-                at=timezone.now(),
+                at=at or timezone.now(),
                 owner=owner,
             )
         ]

@@ -13,13 +13,13 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing import tasks
-from billing.booking import HoldAsk, book
 from billing.errors import BudgetExhausted
 from billing.heartbeats import heartbeat_beat, holds_release_leftovers
 from billing.models import LedgerEntry
 from billing.selectors import ledger_mismatches
 from billing.services import ledger_adjust
 from tests.integration.billing.helpers import hold, settle, year_budget
+from tests.integration.billing.test_heartbeats import hold_as as heartbeats_hold_as
 
 pytestmark = pytest.mark.django_db
 LIVE = "h:1:live"
@@ -28,20 +28,7 @@ SWEEP = timedelta(minutes=5)
 
 
 def hold_as(owner: str, request_id: str, *, at):
-    held = book(
-        [
-            HoldAsk(
-                request_id=request_id,
-                tenant_slug="alpha",
-                class_name="INTERACTIVE",
-                model="m",
-                prompt_tokens=1000,
-                max_output_tokens=500,
-                at=at,
-                owner=owner,
-            )
-        ]
-    )[0]
+    held = heartbeats_hold_as(owner, request_id, at=at)
     assert not isinstance(held, BaseException), held
     return held
 

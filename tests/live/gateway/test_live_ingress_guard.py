@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.support.livestack import Gateway, start_gateway
+from tests.support.rawsock import answer_until_closed
 from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 pytestmark = pytest.mark.live
@@ -66,20 +67,7 @@ def _head(path: str, key: str | None, framing: str) -> bytes:
 
 
 def _answer(sock: socket.socket) -> bytes:
-    """What the server sends until it closes the connection (the client sends nothing meanwhile)."""
-    deadline_s = time.monotonic() + ANSWER_LIMIT_S
-    answer = b""
-    while True:
-        sock.settimeout(max(0.01, deadline_s - time.monotonic()))
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            pytest.fail(f"no answer and no close within {ANSWER_LIMIT_S:.0f} s; got {answer[:200]!r}")
-        except ConnectionResetError:
-            return answer
-        if not chunk:
-            return answer
-        answer += chunk
+    return answer_until_closed(sock, limit_s=ANSWER_LIMIT_S, what="no answer")
 
 
 def _status_and_error(answer: bytes) -> tuple[int, str, bytes]:

@@ -19,6 +19,7 @@ import pytest
 
 from tests.live.gateway.conftest import TIGHT_YAML
 from tests.support.livestack import Gateway, free_port, start_gateway
+from tests.support.rawsock import answer_until_closed
 
 pytestmark = pytest.mark.live
 
@@ -52,20 +53,7 @@ def _connect(gw: Gateway) -> socket.socket:
 
 
 def _answer_until_closed(sock: socket.socket) -> bytes:
-    """What the server sends until it closes the connection (sending nothing more meanwhile)."""
-    deadline_s = time.monotonic() + CLOSE_LIMIT_S
-    answer = b""
-    while True:
-        sock.settimeout(max(0.01, deadline_s - time.monotonic()))
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            pytest.fail(f"the server kept a slow connection open for {CLOSE_LIMIT_S:.0f} s")
-        except ConnectionResetError:
-            return answer
-        if not chunk:
-            return answer
-        answer += chunk
+    return answer_until_closed(sock, limit_s=CLOSE_LIMIT_S, what="the server kept a slow connection open")
 
 
 def _drip_until_answered(sock: socket.socket, drip: bytes) -> bytes:
