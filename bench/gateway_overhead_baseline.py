@@ -5,7 +5,7 @@
 
 Four gateways on one simulated backend (bench.gateway_overhead's world): this checkout's and the
 baseline's, each with billing on and off; this checkout's with its access log on
-(``FAIRGATE_ACCESS_LOG=1``). Each round measures the backend directly, then every gateway, at the
+(``FAIRGATE_ACCESS_LOG=1``, or ``--access-log 0``). Each round measures the backend directly, then every gateway, at the
 same Poisson rate; added = gateway percentile - direct percentile (bench.gateway_overhead.added).
 """
 
@@ -25,8 +25,8 @@ from bench.surge.traffic import run_sync
 NAMES = ("billing on", "billing off", "baseline on", "baseline off")
 
 
-def _stack(var_dir: Path, baseline: Path) -> overhead.Stack:
-    os.environ["FAIRGATE_ACCESS_LOG"] = "1"  # inherited by the gateways (the baseline has none)
+def _stack(var_dir: Path, baseline: Path, access_log: str) -> overhead.Stack:
+    os.environ["FAIRGATE_ACCESS_LOG"] = access_log  # inherited by the gateways (the baseline has none)
     stack = overhead.stack_start(var_dir)
     ours = launch.REPO_ROOT
     try:
@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=int, default=100)
     parser.add_argument("--phase-s", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--access-log", choices=("0", "1"), default="1", help="this checkout's FAIRGATE_ACCESS_LOG")
     args = parser.parse_args(argv)
-    stack = _stack(Path(tempfile.mkdtemp(prefix="fairgate-baseline-")), args.baseline.resolve())
+    stack = _stack(Path(tempfile.mkdtemp(prefix="fairgate-baseline-")), args.baseline.resolve(), args.access_log)
     try:
         added = run_sync(_measure(stack, args.rate, args.phase_s, args.rounds))
     finally:
