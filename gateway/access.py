@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -83,7 +84,7 @@ class Trail:
         self.settlement = settlement
 
     def close(self, status: int | None = None, outcome: str | None = None) -> None:
-        """The answer has ended: written now, or once its settlement is booked."""
+        """The answer has ended: written in the loop's next turn, or once its settlement is booked."""
         if self.ended_s is not None:
             return
         self.ended_s = time.monotonic()
@@ -92,7 +93,7 @@ class Trail:
         if self.settlement is not None and not self.settlement.done():
             self.settlement.add_done_callback(lambda _: self._write())
         else:
-            self._write()
+            _after_answer(self._write)
 
     def _charge(self) -> Decimal | None:
         done = self.settlement
@@ -146,6 +147,15 @@ class Trail:
             "trace_id": self.traceparent[3:35],
             "pid": os.getpid(),
         }
+
+
+def _after_answer(write: Callable[[], None]) -> None:
+    """``write`` in the event loop's next turn, once the answer in hand has gone out (at once when
+    no loop runs)."""
+    try:
+        asyncio.get_running_loop().call_soon(write)
+    except RuntimeError:
+        write()
 
 
 def trail_start(request: HttpRequest) -> Trail:
