@@ -19,7 +19,6 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError
 
 from console import access, selectors
 from console.live.groups import groups_for
@@ -103,7 +102,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
                 user = await database_sync_to_async(access.console_user_current)(
                     user_id=user_id, session_key=session_key
                 )
-            except DatabaseError:
+            except Exception:  # a database error or any other: the socket is checked again next time
                 log.warning("console socket: could not re-check user %s; trying again later", user_id, exc_info=True)
                 continue
             code = self._closing_code(user)
