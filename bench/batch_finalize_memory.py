@@ -35,17 +35,16 @@ def _setup_django() -> None:
     django.setup()
 
 
-def _fill(lines: int, answer_bytes: int) -> str:
-    """A batch of ``lines`` ended lines (every 100th failed), all in progress: ready to finalize."""
+def ended_batch(*, tenant, lines: int, text: str, failed_every: int):
+    """A batch of ``lines`` ended lines answering ``text`` (every ``failed_every``-th failed), in
+    progress: ready to finalize. Also the finalizing tests' batch."""
     from datetime import timedelta
 
     from django.utils import timezone
 
     from batches.models import Batch, BatchLine
     from batches.service import batch_id_new
-    from tenants.models import Tenant
 
-    tenant = Tenant.objects.create(slug="bench", name="Bench", quota_share=0.5)
     now = timezone.now()
     batch = Batch.objects.create(
         id=batch_id_new(),
@@ -56,7 +55,6 @@ def _fill(lines: int, answer_bytes: int) -> str:
         created_at=now,
         expires_at=now + timedelta(hours=24),
     )
-    text = ("lorem ipsum " * (answer_bytes // 12 + 1))[:answer_bytes]
     answer = {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
     failed = {"code": "upstream_error", "message": "The backend answered 500."}
     for start in range(1, lines + 1, FILL_ROWS):
@@ -65,15 +63,23 @@ def _fill(lines: int, answer_bytes: int) -> str:
                 batch=batch,
                 number=n,
                 custom_id=f"c{n}",
-                state=BatchLine.State.FAILED if n % 100 == 0 else BatchLine.State.COMPLETED,
-                status_code=500 if n % 100 == 0 else 200,
+                state=BatchLine.State.FAILED if n % failed_every == 0 else BatchLine.State.COMPLETED,
+                status_code=500 if n % failed_every == 0 else 200,
                 response=answer,
-                error=failed if n % 100 == 0 else None,
+                error=failed if n % failed_every == 0 else None,
                 ended_at=now,
             )
             for n in range(start, min(start + FILL_ROWS, lines + 1))
         )
-    return batch.id
+    return batch
+
+
+def _fill(lines: int, answer_bytes: int) -> str:
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.create(slug="bench", name="Bench", quota_share=0.5)
+    text = ("lorem ipsum " * (answer_bytes // 12 + 1))[:answer_bytes]
+    return ended_batch(tenant=tenant, lines=lines, text=text, failed_every=100).id
 
 
 def _status_kb(field: str) -> int:

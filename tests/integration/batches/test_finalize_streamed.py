@@ -16,7 +16,8 @@ from django.utils import timezone
 from batches import finalize, tasks
 from batches.files import files_storage
 from batches.models import Batch, BatchFile, BatchLine
-from batches.service import FINALIZE_STALE_S, batch_id_new
+from batches.service import FINALIZE_STALE_S
+from bench.batch_finalize_memory import ended_batch
 from tenants.models import Tenant
 
 State = BatchLine.State
@@ -36,31 +37,8 @@ def storage_dir(settings, tmp_path):
 
 
 def _ended_batch(tenant: Tenant, lines: int) -> Batch:
-    """A batch whose ``lines`` lines all ended (every 50th failed), made in parts."""
-    now = timezone.now()
-    batch = Batch.objects.create(
-        id=batch_id_new(),
-        tenant=tenant,
-        key_prefix="k",
-        endpoint="/v1/chat/completions",
-        priority_class="BATCH",
-        expires_at=now + timedelta(hours=24),
-    )
-    answer = {"choices": [{"message": {"role": "assistant", "content": "x" * ANSWER_BYTES}}]}
-    for start in range(1, lines + 1, 1000):
-        BatchLine.objects.bulk_create(
-            BatchLine(
-                batch=batch,
-                number=n,
-                custom_id=f"c{n}",
-                state=State.FAILED if n % 50 == 0 else State.COMPLETED,
-                status_code=500 if n % 50 == 0 else 200,
-                response=answer,
-                ended_at=now,
-            )
-            for n in range(start, min(start + 1000, lines + 1))
-        )
-    return batch
+    """A batch whose ``lines`` lines all ended (every 50th failed)."""
+    return ended_batch(tenant=tenant, lines=lines, text="x" * ANSWER_BYTES, failed_every=50)
 
 
 def _peak_bytes_finalizing(batch: Batch) -> int:
