@@ -44,6 +44,7 @@ from bench.loadgen import percentile
 
 NO_LANES = "100000"
 PROBE_GAP_S = 0.02
+SLOWEST_SHOWN = 5  # --random-keys: the slowest probes of each run, with when they started
 WORDS = "revenue quarter region growth margin forecast ledger invoice report audit".split()
 YAML = """
 scheduler:
@@ -149,11 +150,17 @@ async def flood_child_main(url: str, connections: int, rate: float, seed: int) -
     print(json.dumps({"statuses": statuses, "cpu_s": cpu_s}), flush=True)
 
 
-async def _probes(url: str, key: str, body: bytes, duration_s: float) -> list[tuple[int, float]]:
-    """Open loop: a probe every PROBE_GAP_S, whatever the earlier ones are doing."""
+async def _probes(
+    url: str, key: str, body: bytes, duration_s: float, starts: list[float] | None = None
+) -> list[tuple[int, float]]:
+    """Open loop: a probe every PROBE_GAP_S, whatever the earlier ones are doing; each one's start
+    (seconds into the run) appended to ``starts`` if given."""
     tasks = []
-    end_s = time.perf_counter() + duration_s
-    while time.perf_counter() < end_s:
+    begun_s = time.perf_counter()
+    end_s = begun_s + duration_s
+    while (now_s := time.perf_counter()) < end_s:
+        if starts is not None:
+            starts.append(now_s - begun_s)
         tasks.append(asyncio.create_task(_one(url, key, body, "INTERACTIVE")))
         await asyncio.sleep(PROBE_GAP_S)
     return list(await asyncio.gather(*tasks))
@@ -199,12 +206,14 @@ async def _run_random(
         started_s = time.perf_counter()
         if child is not None:
             child.stdin.write(b"go\n")  # type: ignore[union-attr]
-        during = await _probes(gateway.url, gateway.keys["chat"], probe, 6.0)
+        starts: list[float] = []
+        during = await _probes(gateway.url, gateway.keys["chat"], probe, 6.0, starts)
         sent = json.loads((await child.communicate())[0]) if child is not None else {"statuses": [], "cpu_s": 0.0}
         flood_s = time.perf_counter() - started_s
         statuses = sent["statuses"]
         return {
             "during": sorted(t for s, t in during if s == 200),
+            "slowest": sorted(zip((t for _, t in during), starts), reverse=True)[:SLOWEST_SHOWN],
             "probe_failed": sum(1 for s, _ in during if s != 200),
             "refused": sum(1 for s in statuses if s == 401),
             "other": sum(1 for s in statuses if s != 401),
@@ -249,6 +258,8 @@ async def main_random(args: argparse.Namespace) -> None:
                     f"| {found['flood_cpu']:.2f} core |",
                     flush=True,
                 )
+                slowest = ", ".join(f"{1000 * t:.0f} ms at {at:.2f} s" for t, at in found["slowest"])
+                print(f"|  | slowest probes, when they started | {slowest} | | | | |", flush=True)
     finally:
         sim.stop()
     for name, values in pooled.items():
