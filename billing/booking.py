@@ -61,6 +61,7 @@ from billing.pricing import (
     price_version_at,
     upper_bound_base_cost,
 )
+from billing.selectors import fallback_classes
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
@@ -372,8 +373,6 @@ def _refusal(row: _Row, amount: Decimal) -> BudgetExhausted:
 
 
 def _fallbacks(ask: HoldAsk) -> list[_Priced]:
-    from billing.selectors import fallback_classes
-
     names = fallback_classes(tenant_slug=ask.tenant_slug, class_name=ask.class_name, at=ask.at)
     scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at)
     return [_price(ask, name, scope) for name in names]

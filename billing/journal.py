@@ -71,6 +71,7 @@ from pathlib import Path
 from django.conf import settings
 
 from billing.booking import SettleAsk, attempt_of
+from billing.errors import transient
 from billing.journal_sync import sync_dir
 
 log = logging.getLogger(__name__)
@@ -603,8 +604,6 @@ def journal_replay(owner: str, book, *, batch: int = 256) -> tuple[int, int]:
     a journal whose settlements were all booked (or are past help) is removed, one with a
     settlement that could not be booked now (the database is out) stays for the next gateway on
     this host. Returns (settlements booked, settlements left)."""
-    from billing.errors import transient
-
     booked = left = 0
     for path, fd, asks in journals_orphaned(owner):
         kept = False

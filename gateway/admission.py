@@ -58,7 +58,7 @@ class Bill:
         if isinstance(self.held, charging.EarlyHold):
             waits_s = None if self.held.future.done() else time.monotonic()
             try:
-                self.held = await self.held.booked()
+                self.held = await charging.booked(self.held)
             except GatewayError:
                 self.ended = True
                 raise
