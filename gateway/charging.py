@@ -16,11 +16,15 @@ from billing.client import (
     RequestIdInUse,
     RequestIdUsed,
     UnitPrices,
-    billing_port,
+    forget,
+    hold_early,
+    release,
     release_leftover_holds,
+    settle,
     start,
     stop,
 )
+from billing.client import hold as billing_hold
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.lifecycle import public_id_of
 
@@ -43,11 +47,6 @@ __all__ = [
     "start",
     "stop",
 ]
-
-hold_early = billing_port.hold_early
-settle = billing_port.settle
-release = billing_port.release
-forget = billing_port.forget
 
 
 class EarlyHoldRefused(Exception):
@@ -80,7 +79,7 @@ async def hold(
 ) -> Hold:
     """billing's hold; refused: the GatewayError the client gets (402, or 400 for its id)."""
     try:
-        return await billing_port.hold(
+        return await billing_hold(
             tenant=tenant,
             request_id=request_id,
             cls=cls,

@@ -19,11 +19,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from billing.client import metrics as billing_metrics
-
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 REGISTRY = CollectorRegistry(auto_describe=False)
-REGISTRY.register(billing_metrics.REGISTRY)  # the billing client's, served and read with the gateway's
 LIVE = CollectorRegistry(auto_describe=True)  # collectors read at scrape time
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600)
 FIRST_TOKEN_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)

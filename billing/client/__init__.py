@@ -20,6 +20,7 @@ from billing.client.holds import (
     rooms,
     settle,
 )
+from billing.client.metrics import REGISTRY as metrics_registry
 from billing.client.port import BillingPort, Hold
 from billing.errors import BudgetExhausted, DatabaseUnavailable, RequestIdInUse, RequestIdUsed, UnknownModel
 from billing.heartbeats import owners_released, process_owner
@@ -50,6 +51,7 @@ __all__ = [
     "hold_early",
     "hold_release",
     "hold_terms",
+    "metrics_registry",
     "model_unit_prices",
     "owners_released",
     "billing_port",

@@ -19,7 +19,7 @@ from django.conf import settings
 from billing.booking import HoldAsk, ReleaseAsk, SettleAsk
 from billing.client import metrics
 from billing.client.group_commit import booker, now_utc
-from billing.client.port import CANCELLED, Hold
+from billing.client.port import CANCELLED, Hold, PendingHold
 from billing.errors import BudgetExhausted, RequestIdUsed
 from billing.heartbeats import process_owner
 from billing.inflight import HeldEntry, held_forget
@@ -300,17 +300,17 @@ def forget(held: Hold) -> None:
         held_forget(held.request_id)
 
 
-def release(held: Hold | EarlyHold, *, reason: str) -> None:
+def release(held: Hold | PendingHold, *, reason: str) -> None:
     """Sends the release now (an early hold's once it is booked); one that fails is retried while
     the process lives (billing.client.unbooked)."""
     if not settings.FAIRGATE_BILLING:
         return
     reason = str(reason)  # a plain str to billing (an outcome may be one of gateway.errors' codes)
-    if isinstance(held, EarlyHold):
-        held.release(reason)
-    else:
+    if isinstance(held, Hold):
         booker().submit(
             ReleaseAsk(request_id=held.request_id, reason=reason, at=now_utc()),  # its hold: as for a settlement
             answer=False,
             urgent=False,
         )
+    else:  # an early hold
+        held.release(reason)

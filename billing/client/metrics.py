@@ -1,5 +1,5 @@
 """Prometheus metrics of the billing client (the gateway's side of billing), in a registry of
-their own that gateway.metrics serves with its own (and, under ``serve --workers N``, writes to
+their own that the gateway serves with its own (gateway.apps) (and, under ``serve --workers N``, writes to
 the multiprocess directory like every other)."""
 
 from __future__ import annotations
