@@ -1,7 +1,7 @@
 """The billing port's implementation (billing.client.port): holds, early holds, settlements,
 releases and forgets, each handed to this process's Booker (billing.client.group_commit) at once,
 without a task, so a client that leaves never leaks a hold. ``FAIRGATE_BILLING=0`` turns them
-into no-ops. What each guarantees: docs/money.md.
+into no-ops. What each guarantees: docs/money.md; how: docs/billing-and-console.md.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def settle(
         completion_tokens=output_tokens,
         at=now_utc(),
         base_cost=base,
-    )  # without its hold: the billing worker that booked it remembers it (billing.worker)
+    )  # without its hold: the billing worker that booked it remembers it (billing.worker_loop)
     return books.settle(ask, held)
 
 

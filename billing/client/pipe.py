@@ -1,8 +1,9 @@
 """The gateway process's end of its billing worker's pipe: `Worker` spawns the worker
-(billing.worker) and exchanges one pickled message each way per batch over one duplex socket,
-read and written by the event loop itself, non-blocking, with billing.worker's framing. Only a
-broken pipe ends a worker (end of file, ECONNRESET/EPIPE, a corrupt frame header); would-block
-never does. Why it is built this way: docs/money.md ("The billing worker's pipe").
+(billing.worker, its loop billing.worker_loop) and exchanges one pickled message each way per
+batch over one duplex socket, read and written by the event loop itself, non-blocking, with
+billing.worker_protocol's framing. Only a broken pipe ends a worker (end of file,
+ECONNRESET/EPIPE, a corrupt frame header); would-block never does. Why it is built this way:
+docs/billing-and-console.md ("The billing client").
 """
 
 from __future__ import annotations
