@@ -32,7 +32,7 @@ from batches.db import batch_db_call
 from batches.lines import line_payload
 from batches.models import BatchLine
 from batches.prices import batch_priced_at, line_hold_cap
-from billing.heartbeats import process_owner
+from billing.client import process_owner
 from gateway import admission, charging
 from gateway.auth import caller_of
 from gateway.db import log_failure

@@ -28,9 +28,7 @@ from django.conf import settings
 from batches.files import FileRefused
 from batches.lines import Terms
 from batches.models import Batch, BatchLine
-from billing.errors import UnknownModel
-from billing.pricing import charge_of, model_unit_prices, upper_bound_base_cost
-from billing.selectors import hold_terms
+from billing.client import UnknownModel, charge_of, hold_terms, model_unit_prices, upper_bound_base_cost
 
 
 @dataclass(frozen=True)

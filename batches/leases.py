@@ -39,6 +39,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from batches.models import Batch, BatchLine
+from billing.client import hold_release
 
 log = logging.getLogger(__name__)
 State = BatchLine.State
@@ -87,8 +88,6 @@ def leases_renew(runs: dict[int, int]) -> int:
 
 def _release(ledger_key: str, reason: str) -> None:
     if settings.FAIRGATE_BILLING and ledger_key:
-        from billing.services import hold_release
-
         hold_release(request_id=ledger_key, reason=reason)
 
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from batches.models import Batch
-from billing.pricing import UnitPrices, charge_of
+from billing.client import UnitPrices, charge_of
 
 OPEN = (Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING)
 

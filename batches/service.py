@@ -20,6 +20,7 @@ from batches import leases
 from batches.files import FileRefused
 from batches.forecast import Pool
 from batches.models import Batch, BatchLine
+from billing.client import owners_released
 from gateway.lifecycle import ordered_id
 
 WINDOWS = {"24h": timedelta(hours=24)}
@@ -260,9 +261,7 @@ def lines_of_the_gone_back() -> int:
     holds billing has released go back to pending, to be claimed again by a live process (their
     new holds book under the next attempt's key); so do their sent lines no worker runs
     (batches.leases)."""
-    from billing.models import GatewayProcess
-
-    released = GatewayProcess.objects.filter(released_at__isnull=False).values("owner")
+    released = owners_released()
     back = BatchLine.objects.filter(state=State.CLAIMED, owner__in=released).update(state=State.PENDING, owner="")
     return back + leases.lines_of_the_gone_sent(released)
 

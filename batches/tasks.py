@@ -27,7 +27,7 @@ from batches.finalize import batch_finalize, batches_finalize
 from batches.leases import line_start, renewer
 from batches.lines import line_payload
 from batches.models import BatchLine
-from billing.services import charge_settle, hold_release
+from billing.client import charge_settle, hold_release
 from gateway.lifecycle import PublicId, engine_id
 from gateway.payload import estimate, upstream_body
 from scheduling.models import Backend

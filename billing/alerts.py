@@ -9,6 +9,7 @@ from datetime import timedelta
 from functools import partial
 
 import httpx
+from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
@@ -53,8 +54,6 @@ def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAl
 
 
 def _enqueue(alert_pk: int) -> None:
-    from billing.tasks import alert_deliver
-
     alert_deliver.delay(alert_pk)
 
 
@@ -115,6 +114,13 @@ def alert_deliver_now(*, alert_id: int) -> BudgetAlert:
     if errors:
         logger.error("budget alert %s not fully delivered: %s", alert.pk, alert.delivery_error)
     return alert
+
+
+@shared_task(name="billing.alert_deliver", ignore_result=True)
+def alert_deliver(alert_id: int) -> None:
+    """The Celery task that delivers one alert (here, not in billing.tasks, which imports this
+    module: recording an alert enqueues it)."""
+    alert_deliver_now(alert_id=alert_id)
 
 
 def alerts_pending_ids(*, older_than: timedelta = timedelta(minutes=1)) -> list[int]:

@@ -5,9 +5,10 @@ class BillingConfig(AppConfig):
     name = "billing"
 
     def ready(self) -> None:
-        from billing.cache import connect_invalidation
-        from billing.price_exposure import class_exposure
-        from scheduling.prices import impact_source_add
+        # Imported here, not at the top: they import models, which the app registry loads after this module.
+        from billing.cache_signals import connect_invalidation  # noqa: PLC0415 -- app registry timing
+        from billing.price_exposure import class_exposure  # noqa: PLC0415 -- app registry timing
+        from scheduling.prices import impact_source_add  # noqa: PLC0415 -- app registry timing
 
         connect_invalidation()
         impact_source_add(class_exposure)  # what a price change touches, shown before it is confirmed

@@ -2,7 +2,7 @@
 releases applied in ONE short transaction, with one append of all its ledger entries.
 
 The gateway collects what its requests ask for while the previous batch is being written and
-books it all at once (group commit, gateway.charging), so under load a transaction serves many
+books it all at once (group commit, billing.client), so under load a transaction serves many
 requests; an idle gateway books each ask on its own at once. `billing.services` books single
 asks through the same code, so there is one set of rules.
 
@@ -29,7 +29,7 @@ Inside the transaction, in this order:
 
 After commit the charges are announced (billing.news; the console's live feed listens). The
 memo of holds in flight (billing.inflight) is not kept here but by the processes that book for a
-gateway: the gateway's billing worker remembers the holds it booked (billing.worker), so the
+gateway: the gateway's billing worker remembers the holds it booked (billing.worker_loop), so the
 gateway's settlements and releases need not carry their hold; an end whose hold is in no memo
 (replayed from a journal, asked by another process, a worker replaced since) reads it from the ledger.
 """
@@ -61,6 +61,7 @@ from billing.pricing import (
     price_version_at,
     upper_bound_base_cost,
 )
+from billing.selectors import fallback_classes
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
@@ -372,8 +373,6 @@ def _refusal(row: _Row, amount: Decimal) -> BudgetExhausted:
 
 
 def _fallbacks(ask: HoldAsk) -> list[_Priced]:
-    from billing.selectors import fallback_classes
-
     names = fallback_classes(tenant_slug=ask.tenant_slug, class_name=ask.class_name, at=ask.at)
     scope = budget_scope(tenant_slug=ask.tenant_slug, at=ask.at)
     return [_price(ask, name, scope) for name in names]

@@ -2,7 +2,7 @@
 
 Each entry lives at most `CACHE_TTL_S` (other processes' changes show up within that time) and
 is dropped at once when this process saves or deletes a row it was built from: the model signals
-below bump a generation counter, and an entry loaded under an older generation is never served
+(billing.cache_signals) bump a generation counter, and an entry loaded under an older generation is never served
 (also when its load raced with the change). Callers that find a cached value contradicted by the
 database ask again with `refresh=True`.
 
@@ -38,14 +38,6 @@ def caches_invalidate() -> None:
         _generation += 1
     for hook in _on_invalidate:
         hook()
-
-
-def _on_config_saved(**_signal_kwargs) -> None:
-    """Invalidate now, and again when the change commits (a load in between read the old rows)."""
-    from django.db import transaction
-
-    caches_invalidate()
-    transaction.on_commit(caches_invalidate)  # runs at once outside a transaction
 
 
 def on_invalidate(hook: Callable[[], None]) -> None:
@@ -118,16 +110,3 @@ class TtlCache(Generic[T]):
     def clear(self) -> None:
         self._entries.clear()
         self._read.clear()
-
-
-def connect_invalidation() -> None:
-    """Invalidate on every save/delete of the rows the caches are built from (BillingConfig.ready)."""
-    from django.db.models.signals import post_delete, post_save
-
-    from billing.models import TenantBilling
-    from scheduling.models import Backend, PriceVersion, PriorityClass
-    from tenants.models import Tenant
-
-    for model in (Tenant, TenantBilling, PriorityClass, PriceVersion, Backend):
-        for signal in (post_save, post_delete):
-            signal.connect(_on_config_saved, sender=model, dispatch_uid=f"billing-cache-{model.__name__}-{id(signal)}")

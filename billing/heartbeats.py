@@ -35,6 +35,7 @@ import socket
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -52,6 +53,12 @@ def process_owner() -> str:
     if _owner is None:
         _owner = f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(4)}"
     return _owner
+
+
+def owners_released():
+    """The owners (as a ``values("owner")`` query) of gateway processes whose holds were released:
+    dead for billing, or stopped."""
+    return GatewayProcess.objects.filter(released_at__isnull=False).values("owner")
 
 
 def dead_after() -> timedelta:
@@ -175,8 +182,6 @@ class Housekeeper:
             self._run(holds_release_orphaned)
 
     def _run(self, work) -> None:
-        from django.db import DatabaseError, close_old_connections
-
         try:
             close_old_connections()
             work()

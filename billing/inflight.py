@@ -1,7 +1,7 @@
 """The holds of this process's requests in flight: the serving process's memo (one per gateway).
 
 A hold ledger entry never changes once committed (the ledger is append-only), so a copy of it is
-exact for as long as it is kept. The gateway's Booker (gateway.charging) remembers each hold its
+exact for as long as it is kept. The gateway's Booker (billing.client.group_commit) remembers each hold its
 billing worker booked and forgets it once its end is booked; each settlement and release carries
 its hold from here, so the booking reads no hold entry for it. An end without one (replayed from a
 journal, asked by another process, the memo full) reads the entry from the ledger (`held_get`).

@@ -2,7 +2,7 @@
 
 A served request is charged exactly once, whatever process dies. `Journal.keep` appends the
 request's settlement (one JSON line) and returns a future; the exchange sends the answer's end
-once it is done, and the settlement is booked in the database meanwhile (gateway.charging), not
+once it is done, and the settlement is booked in the database meanwhile (billing.client), not
 on the answer's path. The lines are written by the event loop (to the page cache: each as it is
 kept when the answer waits for the write only, else those of one loop turn in one write), and
 ``fdatasync``'d by the journal's syncer, a small process of its own
@@ -39,7 +39,7 @@ process; a file whose lock can be taken belongs to a process that is gone. Who b
 dead process left:
 
 * its billing worker, when the gateway was killed under it: it books its gateway's segments
-  before it ends (`journal_replay`, from billing.worker), so the charges land whether or not the
+  before it ends (`journal_replay`, from billing.worker_loop), so the charges land whether or not the
   gateway is started again;
 * the next gateway started on the same host, at start (`Journal.adopt`): what the worker could
   not book (both were killed; the database was down).
@@ -71,6 +71,7 @@ from pathlib import Path
 from django.conf import settings
 
 from billing.booking import SettleAsk, attempt_of
+from billing.errors import transient
 from billing.journal_sync import sync_dir
 
 log = logging.getLogger(__name__)
@@ -603,8 +604,6 @@ def journal_replay(owner: str, book, *, batch: int = 256) -> tuple[int, int]:
     a journal whose settlements were all booked (or are past help) is removed, one with a
     settlement that could not be booked now (the database is out) stays for the next gateway on
     this host. Returns (settlements booked, settlements left)."""
-    from billing.errors import transient
-
     booked = left = 0
     for path, fd, asks in journals_orphaned(owner):
         kept = False

@@ -3,7 +3,7 @@ and the budget alerts it raised. Receivers (the console's live feed) connect to 
 
 News is announced in the process that serves the requests. The gateway's billing worker keeps
 what it books (`keep_for_the_gateway`) and sends it back with its answer; the gateway announces
-it when that answer arrives (gateway.charging). Elsewhere (a Celery task, a command, a test
+it when that answer arrives (billing.client.group_commit). Elsewhere (a Celery task, a command, a test
 booking directly) it is announced where it was booked, after the commit.
 """
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from django.db import DatabaseError
+
 from billing.cache import TtlCache
 from billing.errors import UnknownBackend, UnknownClass, UnknownModel
 from billing.money import money
@@ -100,8 +102,6 @@ def _all_backends(refresh: bool) -> dict[str, BackendPrices]:
 
 def backends_cached() -> dict[str, BackendPrices] | None:
     """The backends as cached now (loaded if the entry aged out); None if they cannot be read."""
-    from django.db import DatabaseError
-
     try:
         return _all_backends(False)
     except DatabaseError:  # the database out: the caller asks again later

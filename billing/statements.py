@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection
 
@@ -58,8 +59,6 @@ def _psycopg_cursors(count: int) -> list[Any]:
     """``count`` psycopg cursors of the current connection (this thread's), made once per connection:
     ones that bind on the server and prepare what they run again (the connection's threshold, else
     this setting)."""
-    import psycopg
-
     connection.ensure_connection()
     raw = connection.connection
     made: tuple[Any, list[Any]] | None = getattr(connection, "_billing_cursors", None)

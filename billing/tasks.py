@@ -14,16 +14,14 @@ from datetime import timedelta
 
 from celery import shared_task
 
-from billing.alerts import alert_deliver_now, alerts_pending_ids
+from billing.alerts import alert_deliver, alert_deliver_now, alerts_pending_ids
 from billing.booking import OWNER_GONE_REASON
 from billing.heartbeats import holds_release_leftovers
 from billing.heartbeats import holds_release_orphaned as _holds_release_orphaned
 from billing.services import holds_release_forced
 
-
-@shared_task(name="billing.alert_deliver", ignore_result=True)
-def alert_deliver(alert_id: int) -> None:
-    alert_deliver_now(alert_id=alert_id)
+# alert_deliver is billing.alerts' (recording an alert enqueues it); named here, where Celery looks for tasks
+__all__ = ["alert_deliver", "holds_release_at_startup", "holds_release_orphaned", "holds_sweep"]
 
 
 @shared_task(name="billing.holds_sweep", ignore_result=True)

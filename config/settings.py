@@ -196,15 +196,15 @@ FAIRGATE_FACTOR_MIN = env_decimal("FAIRGATE_FACTOR_MIN", "0.1")
 FAIRGATE_FACTOR_MAX = env_decimal("FAIRGATE_FACTOR_MAX", "10")
 if not 0 <= FAIRGATE_FACTOR_MIN <= FAIRGATE_FACTOR_MAX:
     raise ImproperlyConfigured("FAIRGATE_FACTOR_MIN and FAIRGATE_FACTOR_MAX need 0 <= MIN <= MAX")
-# Early holds (gateway/charging.py): a tenant with ample room need not wait for its hold before its
+# Early holds (billing/client/holds.py): a tenant with ample room need not wait for its hold before its
 # request queues and goes upstream (the answer still waits for it); the room a hold reported is
 # trusted for this long.
 FAIRGATE_EARLY_HOLDS = env_bool("FAIRGATE_EARLY_HOLDS", True)
 FAIRGATE_EARLY_HOLD_ROOM_MS = env_int("FAIRGATE_EARLY_HOLD_ROOM_MS", 1000, minimum=0)
 # How long a booking no request waits for now (a journaled settlement, a release, an early hold)
-# may wait for others to share its batch (gateway.charging): fewer, fuller transactions.
+# may wait for others to share its batch (billing.client.group_commit): fewer, fuller transactions.
 FAIRGATE_BILLING_LINGER_MS = env_int("FAIRGATE_BILLING_LINGER_MS", 10, minimum=0)
-# The billing worker's niceness, added to the gateway's (gateway/billing_worker.py): on a machine
+# The billing worker's niceness, added to the gateway's (billing/client/pipe.py): on a machine
 # whose cores are all busy, the event loop (every request's path) goes before the bookkeeping
 # (group commit: a slower worker books fuller batches). 0: the same priority as the gateway.
 FAIRGATE_BILLING_WORKER_NICE = env_int("FAIRGATE_BILLING_WORKER_NICE", 10, minimum=0)

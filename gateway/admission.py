@@ -3,7 +3,7 @@
 `admit` takes a request that intake accepted (gateway.intake.Asked) through its billing saga:
 
 1. **hold** the most it can cost on its tenant's budget: booked while it goes on (an early hold,
-   gateway.charging) when the tenant has ample room, else first (a 402 refuses it here);
+   billing.client) when the tenant has ample room, else first (a 402 refuses it here);
 2. **fall back** to the cheaper class the hold names, for a tenant set to it (``rule=budget``);
 3. **admit** it to the engine (a queue full or no backend refuses it);
 4. on any refusal after the hold, **release** the hold before the refusal goes out (and when the
@@ -58,7 +58,7 @@ class Bill:
         if isinstance(self.held, charging.EarlyHold):
             waits_s = None if self.held.future.done() else time.monotonic()
             try:
-                self.held = await self.held.booked()
+                self.held = await charging.booked(self.held)
             except GatewayError:
                 self.ended = True
                 raise

@@ -8,6 +8,11 @@ class GatewayConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import request_finished
 
+        from billing.client import metrics_registry
+        from gateway import metrics
         from gateway.db import close_at_request_end
 
         request_finished.connect(close_at_request_end, dispatch_uid="gateway-close-at-request-end")
+        # The billing client's metrics, served and read with the gateway's (registered here, not in
+        # gateway.metrics, which stays importable without Django: billing.client needs it set up).
+        metrics.REGISTRY.register(metrics_registry)

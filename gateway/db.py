@@ -11,7 +11,7 @@ each call recycles stale or expired connections itself, as a long-running worker
 
 ``DATABASE_UNAVAILABLE`` is what a database outage raises on the request path; gateway.views
 answers it with 503 service_unavailable. (Billing books in a process of its own,
-gateway.billing_worker; a database it cannot reach comes back as billing's DatabaseUnavailable.)
+billing.client.pipe; a database it cannot reach comes back as billing's DatabaseUnavailable.)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from billing.errors import DatabaseUnavailable
+from billing.client import DatabaseUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -25,7 +25,7 @@ class Outcome(StrEnum):
     COMPLETED = "completed"  # served in full
     CANCELLED = "cancelled"  # the client left (a stream cut short by the client is charged for what it got)
     UPSTREAM_REJECTED = "upstream_rejected"  # the backend answered 4xx: relayed, not charged
-    EARLY_HOLD_REFUSED = "early_hold_refused"  # its early hold was refused (gateway.charging): admitted again
+    EARLY_HOLD_REFUSED = "early_hold_refused"  # its early hold was refused (billing.client): admitted again
 
 
 PublicId = NewType("PublicId", str)

@@ -198,7 +198,7 @@ class Publisher:
         found = await sync_to_async(db.holds_for)(wanted)
         for slug, (_, ids) in wanted.items():
             amounts = found.get(slug, {})
-            for rid in ids:  # one not found is an early hold not booked yet (gateway.charging): asked again
+            for rid in ids:  # one not found is an early hold not booked yet (billing.client): asked again
                 if rid in amounts:
                     self.holds[f"{slug}/{rid}"] = amounts[rid]
 

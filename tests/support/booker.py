@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from billing import client
+from billing.client import group_commit
 from billing.inflight import held_clear
-from gateway import charging
 
 
 @contextmanager
-def booker_with(worker, *, tmp_path, settings, monkeypatch, **overrides) -> Iterator[charging.Booker]:
+def booker_with(worker, *, tmp_path, settings, monkeypatch, **overrides) -> Iterator[client.Booker]:
     """Billing on, the journal under ``tmp_path``, ``overrides`` as settings (e.g.
     FAIRGATE_EARLY_HOLDS=False); the process's Booker is a fresh one whose batches go to ``worker``
     (an object with ``dead`` and ``send(asks, on_answer)``)."""
@@ -19,8 +20,8 @@ def booker_with(worker, *, tmp_path, settings, monkeypatch, **overrides) -> Iter
     settings.FAIRGATE_BILLING = True
     for name, value in overrides.items():
         setattr(settings, name, value)
-    books = charging.Booker()
-    monkeypatch.setattr(charging, "_booker", books)
+    books = client.Booker()
+    monkeypatch.setattr(group_commit, "_booker", books)
     monkeypatch.setattr(books, "_ready_worker", lambda: worker)
     held_clear()
     try:
@@ -28,4 +29,4 @@ def booker_with(worker, *, tmp_path, settings, monkeypatch, **overrides) -> Iter
     finally:
         held_clear()
         books.unbooked.close()
-        charging.rooms.clear()
+        client.rooms.clear()

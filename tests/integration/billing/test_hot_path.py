@@ -220,7 +220,7 @@ def test_the_billing_worker_remembers_the_holds_it_booked_until_their_end(
     """The gateway sends its ends without their hold: its billing worker remembers what it booked
     (billing.worker `book_batch`, as `_remember`), so the booking finds each hold with no read of
     the ledger, and forgets it once the end is booked."""
-    from billing.worker import _remember
+    from billing.worker_loop import _remember
 
     asks: list = _holds("w", 2)
     with django_capture_on_commit_callbacks(execute=True):
@@ -246,7 +246,7 @@ def test_the_billing_worker_forgets_holds_older_than_its_memo_keeps(
 ):
     """A hold whose end never reaches the worker (another process ends it) leaves its memo after
     MEMO_S; an end that comes later still finds it, in the ledger."""
-    from billing import worker
+    from billing import worker_loop as worker
 
     monkeypatch.setattr(worker, "_remembered", worker.deque())
     asks: list = _holds("old", 1)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from gateway import billing_worker
+from billing.client import pipe as billing_worker
 
 
 def _worker_niceness() -> int:

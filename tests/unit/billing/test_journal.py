@@ -15,9 +15,9 @@ import pytest
 
 from billing import journal
 from billing.booking import Charged, SettleAsk
+from billing.client.unbooked import Unbooked
 from billing.errors import BillingError, DatabaseUnavailable, HoldNotFound, transient
 from billing.journal import Journal, journal_replay, journal_retire, journals_orphaned
-from gateway.unbooked import Unbooked
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 

@@ -5,105 +5,27 @@ killed is still detected, logged and counted, and the Booker replaces it.
 
 The worker here is a fake (`fake_serve`), spawned like the real one (it replaces
 `billing_worker.serve`); it speaks the real one's side of the pipe, ``send_bytes``/``recv_bytes``,
-so only the gateway's side is under test. This module is imported by the spawned fake, before
-Django is set up: nothing at module level imports Django or an app."""
+so only the gateway's side is under test. The fakes are in tests/support/fake_billing_worker.py,
+which the spawned fake imports before Django is set up."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import hashlib
 import logging
 import os
-import pickle
 import signal
-import struct
-import termios
-import time
 from collections.abc import Callable, Coroutine
 
 import pytest
 import uvloop
 
-from gateway import billing_worker, metrics
+from billing.client import pipe as billing_worker
+from gateway import metrics
+from tests.support.fake_billing_worker import Probe, answer_for, fake_serve, fake_serve_in_pieces, fake_serve_none
 
 MB = 1024 * 1024
 SAFETY_S = 120.0  # only so that a regression fails instead of hanging; nothing waits for it
 LOOPS = pytest.mark.parametrize("new_loop", [uvloop.new_event_loop, asyncio.new_event_loop], ids=["uvloop", "asyncio"])
-Probe = tuple[int, int, bytes]  # (size of the answer, its seed, a blob the worker checks)
-
-
-def pattern(size: int, seed: int) -> bytes:
-    """An answer of ``size`` bytes that differs per seed (a misframed or misordered one shows)."""
-    return (struct.pack("!I", seed) * (size // 4 + 1))[:size]
-
-
-def answer_for(probe: Probe) -> tuple[bytes, int, bytes]:
-    size, seed, blob = probe
-    return pattern(size, seed), len(blob), hashlib.sha256(blob).digest()
-
-
-# --- the fake workers (run in the spawned process) -------------------------------------------------
-
-
-def fake_serve(conn, gateway_pid: int, owner: str = "") -> None:
-    """`billing_worker.serve` without Django: each batch of probes is answered as book_batch answers."""
-    conn.send_bytes(billing_worker.READY)
-    while (asks := _next_batch(conn)) is not None:
-        conn.send_bytes(_answer(asks))
-
-
-def fake_serve_in_pieces(conn, gateway_pid: int, owner: str = "") -> None:
-    """`fake_serve` whose every message arrives in two pieces: the frame header and a little of the
-    payload, then (once the gateway has read those) the rest."""
-    _send_in_pieces(conn, billing_worker.READY)
-    while (asks := _next_batch(conn)) is not None:
-        _send_in_pieces(conn, _answer(asks))
-
-
-def fake_serve_none(conn, gateway_pid: int, owner: str = "") -> None:
-    """Books nothing: every ask's result is None (as for a release), with no console events. Sets
-    Django up first, as the real one does: billing's asks unpickle only then."""
-    import django
-
-    django.setup()
-    conn.send_bytes(billing_worker.READY)
-    while (asks := _next_batch(conn)) is not None:
-        conn.send_bytes(pickle.dumps(([None] * len(asks), ([], []), None), pickle.HIGHEST_PROTOCOL))
-
-
-def _next_batch(conn) -> list | None:
-    try:
-        return pickle.loads(conn.recv_bytes())
-    except EOFError:  # the gateway stopped
-        return None
-
-
-def _answer(asks: list[Probe]) -> bytes:
-    return pickle.dumps(([answer_for(probe) for probe in asks], []), pickle.HIGHEST_PROTOCOL)
-
-
-def _send_in_pieces(conn, message: bytes) -> None:
-    """``send_bytes``' framing (a 4-byte big-endian length, then the payload), written in two parts:
-    the first at most 1000 bytes, the rest once the gateway has read those."""
-    frame = struct.pack("!i", len(message)) + message
-    cut = min(1000, len(frame) // 2)  # READY's frame: its header, then the payload
-    fd = conn.fileno()
-    _write_all(fd, frame[:cut])
-    while _unread_by_peer(fd):  # the gateway's reader has seen part of the frame before the rest is sent
-        time.sleep(0.001)
-    _write_all(fd, frame[cut:])
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _unread_by_peer(fd: int) -> int:
-    """Bytes this end has sent that the other end has not read yet (SIOCOUTQ)."""
-    return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
 # --- helpers in the test process -------------------------------------------------------------------
@@ -208,7 +130,7 @@ def test_the_booker_replaces_a_killed_worker_and_counts_it(monkeypatch, caplog):
     from django.utils import timezone
 
     from billing.booking import ReleaseAsk
-    from gateway.charging import Booker
+    from billing.client import Booker
 
     monkeypatch.setattr(billing_worker, "serve", fake_serve_none)
     before = replacements()
@@ -260,7 +182,7 @@ def test_asks_no_one_waits_for_linger_until_one_someone_waits_for_takes_them_alo
     from django.utils import timezone
 
     from billing.booking import ReleaseAsk
-    from gateway.charging import Booker
+    from billing.client import Booker
 
     monkeypatch.setattr(billing_worker, "serve", fake_serve_none)
     settings.FAIRGATE_BILLING_LINGER_MS = 3_600_000  # never by time in this test: only by urgency

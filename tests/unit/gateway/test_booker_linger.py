@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from billing import client
 from billing.booking import ReleaseAsk
-from gateway import charging
 from tests.support.booker import booker_with
 from tests.unit.gateway.test_id_resent_before_its_release import HeldBackWorker
 
@@ -34,7 +34,7 @@ def release(rid: str) -> ReleaseAsk:
 
 def test_asks_that_waited_the_linger_behind_a_batch_go_when_it_is_answered(worker):
     async def scenario() -> None:
-        books = charging.booker()
+        books = client.booker()
         loop = asyncio.get_running_loop()
         started_s = loop.time()
         books.submit(release("t/a"), answer=False, urgent=False)

@@ -417,7 +417,7 @@ def _held(amount: str, room: str | None):
 
 
 def test_early_holds_need_a_fresh_report_of_ample_room_less_what_is_being_held_early(settings):
-    from gateway.charging import Rooms
+    from billing.client import Rooms
 
     settings.FAIRGATE_EARLY_HOLD_ROOM_MS = 1000
     rooms = Rooms()
@@ -436,7 +436,7 @@ def test_early_holds_need_a_fresh_report_of_ample_room_less_what_is_being_held_e
 
 
 def test_early_holds_price_at_the_dearest_rate_seen_and_ignore_holds_found_again():
-    from gateway.charging import Rooms
+    from billing.client import Rooms
 
     rooms = Rooms()
     rooms.learn("t", 100, _held("1", "1000"), now_s=0.0)

@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import pytest
 
+from billing import client
 from billing.booking import HoldAsk, ReleaseAsk
 from billing.inflight import HeldEntry
 from gateway import charging
@@ -103,7 +104,7 @@ def _kinds(sent: list[object]) -> list[str]:
 def test_an_early_hold_released_before_it_was_booked_is_released_before_the_ids_next_hold(worker):
     async def end_first() -> None:
         room = HeldEntry("t/other", 1, 1, None, "BATCH", 1, "m", Decimal(1), Decimal("0.01"), room=Decimal(1000))
-        charging.rooms.learn("t", 10, room, time.monotonic())  # ample room: held early
+        client.rooms.learn("t", 10, room, time.monotonic())  # ample room: held early
         early = charging.hold_early(**WHAT)
         assert early is not None
         await _turns()  # its hold is out, not answered

@@ -12,7 +12,9 @@ from decimal import Decimal
 
 import pytest
 
+from billing import client
 from billing.booking import SettleAsk
+from billing.client import group_commit
 from billing.inflight import HeldEntry
 from gateway import charging
 from gateway.errors import GatewayError
@@ -23,12 +25,12 @@ def fresh_booker(tmp_path, settings, monkeypatch):
     settings.VAR_DIR = tmp_path
     settings.FAIRGATE_BILLING = True
     settings.FAIRGATE_EARLY_HOLDS = True
-    books = charging.Booker()
-    monkeypatch.setattr(charging, "_booker", books)
+    books = client.Booker()
+    monkeypatch.setattr(group_commit, "_booker", books)
     monkeypatch.setattr(books, "submit", lambda *a, **k: pytest.fail("nothing may be sent to the billing worker"))
     yield books
     books.unbooked.close()
-    charging.rooms.clear()
+    client.rooms.clear()
 
 
 def test_a_served_id_whose_settlement_is_not_booked_yet_is_refused_before_anything_is_held(fresh_booker):
@@ -40,7 +42,7 @@ def test_a_served_id_whose_settlement_is_not_booked_yet_is_refused_before_anythi
         )
         await fresh_booker.unbooked.journal.keep(ask)  # served; its booking has not happened yet
         room = HeldEntry("t/other", 1, 1, None, "BATCH", 1, "m", Decimal(1), Decimal("0.01"), room=Decimal(1000))
-        charging.rooms.learn("t", 10, room, time.monotonic())  # ample room: it would be held early
+        client.rooms.learn("t", 10, room, time.monotonic())  # ample room: it would be held early
         assert charging.hold_early(**what) is None  # not sent upstream on an early hold
         with pytest.raises(GatewayError) as refused:
             await charging.hold(**what)

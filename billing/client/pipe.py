@@ -1,32 +1,9 @@
-"""The gateway's side of its billing worker: a process of the gateway's own that books billing
-batches (gateway.charging), so booking never competes with the event loop for the GIL. The
-process itself, and the protocol, are billing's (billing.worker).
-
-`Worker` spawns the process and exchanges one pickled message each way per batch over a pipe,
-read by the event loop itself (no helper threads, which would compete for the GIL again).
-
-The pipe is one duplex socket. The worker uses it blocking, with ``Connection.send_bytes`` and
-``recv_bytes``: a message is framed as a 4-byte big-endian signed length and the payload (length
--1, then an 8-byte unsigned length, for a message of 2 GiB or more). The gateway's end is
-non-blocking, and the gateway reads and writes that framing itself (billing.worker's
-`frame_header`, `Frames`):
-
-- uvloop's ``add_reader`` (libuv's ``uv_poll_init``) makes the fd non-blocking anyway, and then
-  ``recv_bytes`` raises BlockingIOError when only part of an answer has arrived (one bigger than
-  the socket buffer, or one above 16 KiB, which ``send_bytes`` writes as header, then payload), and
-  ``send_bytes`` of a large batch raises it after a partial write, leaving half a frame in the
-  stream. So the gateway reads what has arrived on each readable event and answers whole frames
-  only, and writes what the socket takes, the rest when the loop says it is writable again.
-- Non-blocking on every event loop (set here, not left to the loop), so the loop never waits on
-  the worker: asyncio's own loop would otherwise block in a read until a large answer is whole.
-- One socket, not two one-way pipes with a blocking sending end: that send would block the event
-  loop while the worker books, and with more than one batch out (which `Worker.send` allows) and
-  batches and answers both bigger than the pipe buffers, gateway and worker could each wait to
-  write while neither reads.
-
-Only a broken pipe ends a worker: end of file, an error such as ECONNRESET or EPIPE (a worker
-killed with an answer unread, or before a batch was sent), or a corrupt frame header. Would-block
-never does.
+"""The gateway process's end of its billing worker's pipe: `Worker` spawns the worker
+(billing.worker, its loop billing.worker_loop) and exchanges one pickled message each way per
+batch over one duplex socket, read and written by the event loop itself, non-blocking, with
+billing.worker_protocol's framing. Only a broken pipe ends a worker (end of file,
+ECONNRESET/EPIPE, a corrupt frame header); would-block never does. Why it is built this way:
+docs/billing-and-console.md ("The billing client").
 """
 
 from __future__ import annotations
@@ -39,10 +16,11 @@ import pickle
 from collections import deque
 from collections.abc import Callable
 
-from billing.worker import READY, STOP, Frames, frame_header, serve
-from gateway import metrics
+from billing.client import metrics
+from billing.worker import serve
+from billing.worker_protocol import READY, STOP, Frames, frame_header
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gateway.billing_worker")  # the name its log lines have always had
 
 Answer = Callable[[bytes | BaseException], None]
 START_TIMEOUT_S = 60.0

@@ -18,12 +18,12 @@ import logging
 from collections.abc import Callable
 
 from billing.booking import Ask, SettleAsk
+from billing.client import metrics
 from billing.errors import transient
 from billing.heartbeats import process_owner
 from billing.journal import Journal
-from gateway import metrics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gateway.unbooked")  # the name its log lines have always had
 RETRY_S = 1.0
 ADOPT_S = 10.0  # how often to look for journals left by dead processes on this host
 
