@@ -3,8 +3,8 @@
 
 from django.contrib import admin
 
+from audit.admin import AuditedAdmin, ReadOnlyAdmin
 from billing.models import Budget, BudgetAlert, LedgerEntry, TenantBilling
-from scheduling.admin import AuditedAdmin, ReadOnlyAdmin
 
 
 @admin.register(TenantBilling)

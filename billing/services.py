@@ -19,6 +19,7 @@ from typing import cast
 from django.db import transaction
 from django.utils import timezone
 
+from audit.services import audit_record
 from billing.alerts import alerts_record
 from billing.booking import FORCED_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
@@ -28,7 +29,7 @@ from billing.models import Budget, LedgerEntry
 from billing.money import money
 from scheduling.models import PriceVersion, PriorityClass
 from scheduling.prices import price_factor_check
-from scheduling.services import audit_record, price_set
+from scheduling.services import price_set
 
 logger = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind

@@ -10,12 +10,12 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from audit.services import audit_record
 from batches.models import Batch
 from batches.service import batch_cancel
 from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
 from scheduling.selectors import tenant_spec
-from scheduling.services import audit_record
 from tenants.models import ApiKey, Tenant, User
 
 

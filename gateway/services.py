@@ -8,8 +8,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from audit.services import audit_record
 from scheduling.models import PriorityClass
-from scheduling.services import audit_record
 from tenants.keys import key_generate
 from tenants.models import ApiKey, Tenant
 

@@ -3,9 +3,10 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from audit.admin import AuditedAdmin
+from audit.services import audit_record
 from scheduling.models import (
     AgingSegment,
-    AuditLog,
     Backend,
     DowngradeRule,
     NetworkGroup,
@@ -14,32 +15,7 @@ from scheduling.models import (
     SchedulerPolicy,
 )
 from scheduling.prices import ConfirmNeeded, backend_prices_check, price_factor_check
-from scheduling.services import audit_record
 from scheduling.upstreams import backend_upstream_check
-
-
-class AuditedAdmin(admin.ModelAdmin):
-    """Every admin save writes one audit row per changed field."""
-
-    audit_entity = ""
-
-    def save_model(self, request, obj, form, change):
-        old = type(obj).objects.filter(pk=obj.pk).first() if change else None
-        super().save_model(request, obj, form, change)
-        actor = request.user.get_username()
-        if old is None:
-            audit_record(actor=actor, action="create", entity=self.audit_entity, key=str(obj))
-            return
-        for name in form.changed_data:
-            audit_record(
-                actor=actor,
-                action="update",
-                entity=self.audit_entity,
-                key=str(obj),
-                field_name=name,
-                old=getattr(old, name, None),
-                new=getattr(obj, name, None),
-            )
 
 
 class PriceVersionForm(forms.ModelForm):
@@ -187,24 +163,3 @@ class BackendAdmin(AuditedAdmin):
     )
     list_filter = ("enabled",)
     search_fields = ("name", "url")
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """For history (audit rows, ledger entries, budgets): viewable, never added, changed or deleted."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-@admin.register(AuditLog)
-class AuditLogAdmin(ReadOnlyAdmin):
-    list_display = ("at", "actor", "action", "entity", "key", "field", "old", "new")
-    list_filter = ("action", "entity")
-    search_fields = ("actor", "key", "field")
-    date_hierarchy = "at"

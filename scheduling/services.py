@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 from django.db import models, transaction
 from django.utils import timezone
 
+from audit.services import audit_record, jsonable
 from scheduling.engine.model import BackendSpec, ClassSpec, SchedulerConfig, TenantSpec
 from scheduling.models import (
     AgingSegment,
-    AuditLog,
     Backend,
     DowngradeRule,
     NetworkGroup,
@@ -55,26 +55,6 @@ class ApplyResult:
         return bool(self.changes)
 
 
-def audit_record(
-    *, actor: str, action: str, entity: str, key: str, field_name: str = "", old: Any = None, new: Any = None
-) -> AuditLog:
-    return AuditLog.objects.create(
-        actor=actor, action=action, entity=entity, key=key, field=field_name, old=_jsonable(old), new=_jsonable(new)
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, models.Model):
-        return str(value)
-    return value
-
-
 def _sync_row(model: type[_M], *, lookup: dict, values: dict, entity: str, actor: str, result: ApplyResult) -> _M:
     """Create the row or update the fields that differ, auditing each change."""
     key = str(next(iter(lookup.values())))
@@ -89,7 +69,7 @@ def _sync_row(model: type[_M], *, lookup: dict, values: dict, entity: str, actor
         old = getattr(row, name)
         if old != new:
             audit_record(actor=actor, action="update", entity=entity, key=key, field_name=name, old=old, new=new)
-            result.changes.append(f"{entity} {key}: {name} {_jsonable(old)!r} -> {_jsonable(new)!r}")
+            result.changes.append(f"{entity} {key}: {name} {jsonable(old)!r} -> {jsonable(new)!r}")
             setattr(row, name, new)
             dirty.append(name)
     if dirty:

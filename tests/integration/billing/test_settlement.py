@@ -132,7 +132,7 @@ def test_future_price_change_takes_effect_at_its_time_and_keeps_history(world):
     assert hold("now", cls="BATCH").factor == D("0.7")
     assert hold("then", cls="BATCH", at=later + timedelta(seconds=1)).factor == D("0.5")
     assert PriceVersion.objects.filter(priority_class__name="BATCH").count() == 2
-    from scheduling.models import AuditLog
+    from audit.models import AuditLog
 
     (change,) = AuditLog.objects.filter(actor="cfo", action="price", key="BATCH")
     assert (change.old, change.new) == ("0.7", "0.5")  # old → new: the factor in force until then

@@ -8,10 +8,10 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 
+from audit.models import AuditLog
 from console import policy
 from scheduling.models import (
     AgingSegment,
-    AuditLog,
     Backend,
     DowngradeRule,
     PriceVersion,
