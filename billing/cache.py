@@ -124,8 +124,8 @@ def connect_invalidation() -> None:
     """Invalidate on every save/delete of the rows the caches are built from (BillingConfig.ready)."""
     from django.db.models.signals import post_delete, post_save
 
-    from billing.models import TenantBilling
-    from scheduling.models import Backend, PriceVersion, PriorityClass
+    from billing.models import PriceVersion, TenantBilling
+    from scheduling.models import Backend, PriorityClass
     from tenants.models import Tenant
 
     for model in (Tenant, TenantBilling, PriorityClass, PriceVersion, Backend):

@@ -25,11 +25,11 @@ from billing.booking import FORCED_REASON, Charged, HoldAsk, ReleaseAsk, SettleA
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
 from billing.errors import BillingError, UnknownClass
 from billing.inflight import HeldEntry
-from billing.models import Budget, LedgerEntry
+from billing.models import Budget, LedgerEntry, PriceVersion
 from billing.money import money
-from scheduling.models import PriceVersion, PriorityClass
+from billing.price_versions import price_set
+from scheduling.models import PriorityClass
 from scheduling.prices import price_factor_check
-from scheduling.services import price_set
 
 logger = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind

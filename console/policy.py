@@ -20,10 +20,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from billing.errors import BillingError
+from billing.models import PriceVersion
 from billing.services import price_change
 from gateway.services import tenant_update
 from scheduling.engine.schema import ConfigError, config_from_dict, config_to_dict
-from scheduling.models import PriceVersion
 from scheduling.selectors import config_live
 from scheduling.services import ApplyResult, config_apply
 

@@ -1,70 +1,18 @@
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 
 from audit.admin import AuditedAdmin
-from audit.services import audit_record
 from scheduling.models import (
     AgingSegment,
     Backend,
     DowngradeRule,
     NetworkGroup,
-    PriceVersion,
     PriorityClass,
     SchedulerPolicy,
 )
-from scheduling.prices import ConfirmNeeded, backend_prices_check, price_factor_check
+from scheduling.prices import backend_prices_check
 from scheduling.upstreams import backend_upstream_check
-
-
-class PriceVersionForm(forms.ModelForm):
-    """A new version, refused as every door refuses (scheduling.prices); effective at: empty is now."""
-
-    confirm = forms.BooleanField(required=False, help_text="Needed for a factor moved more than 2x.")
-
-    class Meta:
-        model = PriceVersion
-        fields = ("price_factor", "effective_at")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if "effective_at" in self.fields:
-            self.fields["effective_at"].required = False
-
-    def clean(self):
-        super().clean()
-        cleaned = self.cleaned_data
-        if not self.instance._state.adding or self.errors:
-            return cleaned
-        now = timezone.now()
-        cleaned["effective_at"] = cleaned.get("effective_at") or now
-        class_name = PriorityClass.objects.filter(pk=self.instance.priority_class_id).values_list("name", flat=True)
-        try:
-            price_factor_check(
-                class_name=class_name.first() or "",
-                price_factor=cleaned.get("price_factor"),
-                effective_at=cleaned["effective_at"],
-                confirm=bool(cleaned.get("confirm")),
-                now=now,
-            )
-        except ConfirmNeeded as asked:
-            self.add_error("confirm", asked.message)
-        except ValidationError as refused:
-            raise forms.ValidationError(refused.messages) from None
-        return cleaned
-
-
-class PriceVersionInline(admin.TabularInline):
-    model = PriceVersion
-    form = PriceVersionForm
-    extra = 0
-    fields = ("price_factor", "effective_at", "confirm", "created_by", "created_at")
-    readonly_fields = ("created_by", "created_at")
-    can_delete = False
-
-    def has_change_permission(self, request, obj=None):
-        return False  # a price change is a new version, never an edit
 
 
 @admin.register(PriorityClass)
@@ -73,20 +21,6 @@ class PriorityClassAdmin(AuditedAdmin):
     list_display = ("name", "level", "sla_ms", "active", "updated_at")
     list_filter = ("active",)
     search_fields = ("name",)
-    inlines = [PriceVersionInline]
-
-    def save_formset(self, request, form, formset, change):
-        for version in formset.save(commit=False):
-            version.created_by = request.user.get_username()
-            version.save()
-            audit_record(
-                actor=version.created_by,
-                action="price",
-                entity="class",
-                key=str(version.priority_class),
-                field_name="price_factor",
-                new=version.price_factor,
-            )
 
 
 @admin.register(SchedulerPolicy)

@@ -10,10 +10,9 @@ from django.utils import timezone
 
 from billing.errors import BillingError, HoldNotFound
 from billing.heartbeats import holds_release_unowned
-from billing.models import LedgerEntry
+from billing.models import LedgerEntry, PriceVersion
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, ledger_adjust, price_change
-from scheduling.models import PriceVersion
 from scheduling.prices import PriceRefused
 from tests.integration.billing.helpers import hold, kinds, settle, year_budget
 

@@ -9,12 +9,12 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from audit.models import AuditLog
+from billing.models import PriceVersion
 from console import policy
 from scheduling.models import (
     AgingSegment,
     Backend,
     DowngradeRule,
-    PriceVersion,
     PriorityClass,
     SchedulerPolicy,
 )
