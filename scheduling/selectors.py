@@ -39,6 +39,11 @@ from scheduling.prices import price_book
 from tenants.models import Tenant
 
 
+def class_names_active() -> set[str]:
+    """The names a tenant's allowed classes and a key's default class may take (tenants.services)."""
+    return set(PriorityClass.objects.filter(active=True).values_list("name", flat=True))
+
+
 def policy_get() -> SchedulerPolicy:
     policy, _ = SchedulerPolicy.objects.get_or_create(pk=1)
     return policy
