@@ -41,8 +41,8 @@ def _setup_django() -> None:
 def _world() -> None:
     from datetime import datetime
 
+    from billing.price_versions import price_set
     from scheduling.models import Backend, PriorityClass
-    from scheduling.services import price_set
     from tenants.models import Tenant
 
     since = datetime(2020, 1, 1, tzinfo=UTC)

@@ -28,10 +28,15 @@ READY_LIMIT_S = 60.0
 SETUP_CODE = """
 import json
 from django.core.management import call_command
-from gateway.services import apikey_create
+from scheduling.selectors import class_names_active
+from tenants.services import apikey_create
 call_command("migrate", verbosity=0)
 call_command("scheduler_config", "load", {yaml!r}, actor="setup", stdout=open("/dev/null", "w"))
-keys = {{name: apikey_create(tenant_slug=t, default_class=c, actor="setup")[1] for name, (t, c) in {keys!r}.items()}}
+known = class_names_active()
+keys = {{
+    name: apikey_create(tenant_slug=t, default_class=c, actor="setup", known_classes=known)[1]
+    for name, (t, c) in {keys!r}.items()
+}}
 print("KEYS=" + json.dumps(keys))
 """
 

@@ -1,10 +1,18 @@
 """Admin: budgets, ledger and alerts are read-only (the ledger is append-only; corrections are
-`ledger_adjust`); a tenant's billing settings are editable and audited."""
+`ledger_adjust`); a tenant's billing settings are editable and audited; a class's price versions
+are added (never edited) inline on scheduling's class page."""
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.utils import timezone
 
-from billing.models import Budget, BudgetAlert, LedgerEntry, TenantBilling
-from scheduling.admin import AuditedAdmin, ReadOnlyAdmin
+from audit.admin import AuditedAdmin, ReadOnlyAdmin
+from audit.services import audit_record
+from billing.models import Budget, BudgetAlert, LedgerEntry, PriceVersion, TenantBilling
+from scheduling.admin import PriorityClassAdmin
+from scheduling.models import PriorityClass
+from scheduling.prices import ConfirmNeeded, price_factor_check
 
 
 @admin.register(TenantBilling)
@@ -39,3 +47,75 @@ class BudgetAlertAdmin(ReadOnlyAdmin):
         "email_delivered_at",
         "delivery_error",
     )
+
+
+class PriceVersionForm(forms.ModelForm):
+    """A new version, refused as every door refuses (scheduling.prices); effective at: empty is now."""
+
+    confirm = forms.BooleanField(required=False, help_text="Needed for a factor moved more than 2x.")
+
+    class Meta:
+        model = PriceVersion
+        fields = ("price_factor", "effective_at")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "effective_at" in self.fields:
+            self.fields["effective_at"].required = False
+
+    def clean(self):
+        super().clean()
+        cleaned = self.cleaned_data
+        if not self.instance._state.adding or self.errors:
+            return cleaned
+        now = timezone.now()
+        cleaned["effective_at"] = cleaned.get("effective_at") or now
+        class_name = PriorityClass.objects.filter(pk=self.instance.priority_class_id).values_list("name", flat=True)
+        try:
+            price_factor_check(
+                class_name=class_name.first() or "",
+                price_factor=cleaned.get("price_factor"),
+                effective_at=cleaned["effective_at"],
+                confirm=bool(cleaned.get("confirm")),
+                now=now,
+            )
+        except ConfirmNeeded as asked:
+            self.add_error("confirm", asked.message)
+        except ValidationError as refused:
+            raise forms.ValidationError(refused.messages) from None
+        return cleaned
+
+
+class PriceVersionInline(admin.TabularInline):
+    model = PriceVersion
+    form = PriceVersionForm
+    extra = 0
+    fields = ("price_factor", "effective_at", "confirm", "created_by", "created_at")
+    readonly_fields = ("created_by", "created_at")
+    can_delete = False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a price change is a new version, never an edit
+
+
+admin.site.unregister(PriorityClass)  # scheduling's page, registered again below with its prices
+
+
+@admin.register(PriorityClass)
+class PriorityClassWithPricesAdmin(PriorityClassAdmin):
+    """Scheduling's class page with the class's price versions inline (billing's)."""
+
+    inlines = [PriceVersionInline]
+
+    def save_formset(self, request, form, formset, change):
+        for version in formset.save(commit=False):
+            version.created_by = request.user.get_username()
+            version.save()
+            audit_record(
+                actor=version.created_by,
+                action="price",
+                entity="class",
+                key=str(version.priority_class),
+                field_name="price_factor",
+                new=version.price_factor,
+            )

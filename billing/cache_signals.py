@@ -7,8 +7,8 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from billing.cache import caches_invalidate
-from billing.models import TenantBilling
-from scheduling.models import Backend, PriceVersion, PriorityClass
+from billing.models import PriceVersion, TenantBilling
+from scheduling.models import Backend, PriorityClass
 from tenants.models import Tenant
 
 

@@ -17,9 +17,9 @@ from decimal import Decimal
 
 from django.db.models import Count, QuerySet
 
-from billing.models import LedgerEntry
+from billing.models import LedgerEntry, PriceVersion
 from billing.money import ZERO, MoneySum, or_zero
-from scheduling.models import PriceVersion, PriorityClass
+from scheduling.models import PriorityClass
 from tenants.models import Tenant
 
 SHARE = Decimal("0.0001")

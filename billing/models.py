@@ -13,6 +13,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import TypedDict
 
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -99,6 +100,27 @@ class LedgerQuerySet(models.QuerySet):
         raise AppendOnlyError("ledger entries cannot be deleted")
 
 
+class PriceVersion(models.Model):
+    """A class's price factor from `effective_at` on. Never edited: a change is a new row."""
+
+    priority_class = models.ForeignKey("scheduling.PriorityClass", on_delete=models.PROTECT, related_name="prices")
+    price_factor = models.DecimalField(max_digits=8, decimal_places=4, validators=[MinValueValidator(Decimal("0"))])
+    effective_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True)
+
+    upcoming: bool  # not a column: set on the versions a page lists, True for one not in effect yet
+    factor_shown: str  # not a column: the factor as the policy page writes it (0.7)
+
+    class Meta:
+        db_table = "scheduling_priceversion"  # made by scheduling.0001, before prices moved here
+        ordering = ["priority_class__level", "-effective_at", "-pk"]
+        indexes = [models.Index(fields=["priority_class", "effective_at"], name="scheduling__priorit_2feb39_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.priority_class.name} ×{self.price_factor} from {self.effective_at:%Y-%m-%d %H:%M}"
+
+
 class LedgerEntry(models.Model):
     class Kind(models.TextChoices):
         HOLD = "hold", "Hold"
@@ -122,7 +144,7 @@ class LedgerEntry(models.Model):
     request_id = models.CharField(max_length=200, blank=True)
     class_name = models.CharField(max_length=32, blank=True)
     price_version = models.ForeignKey(
-        "scheduling.PriceVersion",
+        PriceVersion,
         null=True,
         blank=True,
         on_delete=models.PROTECT,

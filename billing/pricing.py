@@ -19,8 +19,9 @@ from django.db import DatabaseError
 
 from billing.cache import TtlCache
 from billing.errors import UnknownBackend, UnknownClass, UnknownModel
+from billing.models import PriceVersion
 from billing.money import money
-from scheduling.models import Backend, PriceVersion
+from scheduling.models import Backend
 
 THOUSAND = Decimal(1000)
 

@@ -15,10 +15,9 @@ from django.db.models.functions import Trunc, TruncMonth
 from django.utils import timezone
 
 from billing.incentives import factor_text
-from billing.models import Budget, LedgerEntry
+from billing.models import Budget, LedgerEntry, PriceVersion
 from billing.money import ZERO, MoneySum, money, or_zero
 from billing.periods import fiscal_tz, fiscal_year_of, year_period
-from scheduling.models import PriceVersion
 from tenants.models import Tenant
 
 SHARE = Decimal("0.0001")

@@ -13,9 +13,10 @@ from django.utils import timezone
 from billing.budgets import billing_of, budgets_for, tenant_get
 from billing.models import Budget, LedgerEntry
 from billing.money import ZERO, MoneySum, or_zero
+from billing.price_versions import classes_with_price
 from billing.pricing import charge_of, price_version_at, upper_bound_base_cost
 from scheduling.models import PriorityClass
-from scheduling.selectors import classes_with_price, tenant_spec
+from scheduling.selectors import tenant_spec
 from tenants.models import Tenant
 
 Kind = LedgerEntry.Kind

@@ -19,16 +19,17 @@ from typing import cast
 from django.db import transaction
 from django.utils import timezone
 
+from audit.services import audit_record
 from billing.alerts import alerts_record
 from billing.booking import FORCED_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
 from billing.errors import BillingError, UnknownClass
 from billing.inflight import HeldEntry
-from billing.models import Budget, LedgerEntry
+from billing.models import Budget, LedgerEntry, PriceVersion
 from billing.money import money
-from scheduling.models import PriceVersion, PriorityClass
+from billing.price_versions import price_set
+from scheduling.models import PriorityClass
 from scheduling.prices import price_factor_check
-from scheduling.services import audit_record, price_set
 
 logger = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind

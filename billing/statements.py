@@ -34,8 +34,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
-from billing.models import Budget, LedgerEntry, TenantBilling
-from scheduling.models import PriceVersion
+from billing.models import Budget, LedgerEntry, PriceVersion, TenantBilling
 from tenants.models import Tenant
 
 BUDGET = Budget._meta.db_table

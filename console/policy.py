@@ -20,12 +20,12 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from billing.errors import BillingError
+from billing.models import PriceVersion
 from billing.services import price_change
-from gateway.services import tenant_update
 from scheduling.engine.schema import ConfigError, config_from_dict, config_to_dict
-from scheduling.models import PriceVersion
-from scheduling.selectors import config_live
+from scheduling.selectors import class_names_active, config_live
 from scheduling.services import ApplyResult, config_apply
+from tenants.services import tenant_update
 
 SOURCE = "console"
 
@@ -120,7 +120,7 @@ def fairness_set(*, mode: str, min_share: float, actor: str) -> ApplyResult:
 
 
 def tenant_share_set(*, slug: str, quota_share: Decimal, actor: str) -> None:
-    tenant_update(slug=slug, actor=actor, quota_share=quota_share)
+    tenant_update(slug=slug, actor=actor, known_classes=class_names_active(), quota_share=quota_share)
 
 
 # --- downgrade rules ----------------------------------------------------------------------

@@ -7,11 +7,13 @@ from decimal import Decimal
 from django.utils import timezone
 
 from billing.incentives import factor_text as plain_factor
+from billing.models import PriceVersion
+from billing.price_versions import classes_with_price
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.model import AgingPolicy, FairnessMode
 from scheduling.engine.schema_sections import format_ratio
-from scheduling.models import Backend, PriceVersion
-from scheduling.selectors import classes_with_price, config_live
+from scheduling.models import Backend
+from scheduling.selectors import config_live
 from scheduling.upstreams import backend_upstream_shown
 from tenants.models import Tenant
 

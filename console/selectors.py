@@ -9,13 +9,13 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
+from audit.models import AuditLog
 from billing.incentives import factor_text
 from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
 from billing.news import AlertRaised
 from billing.reports import budget_burn
 from gateway.models import DowngradeEvent
-from scheduling.models import AuditLog
 from tenants.models import ApiKey, Tenant
 
 RECENT = 20

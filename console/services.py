@@ -10,13 +10,13 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from audit.services import audit_record
 from batches.models import Batch
 from batches.service import batch_cancel
-from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
-from scheduling.selectors import tenant_spec
-from scheduling.services import audit_record
+from scheduling.selectors import class_names_active, tenant_spec
 from tenants.models import ApiKey, Tenant, User
+from tenants.services import apikey_create, apikey_revoke
 
 
 @transaction.atomic
@@ -65,7 +65,13 @@ def tenant_key_create(*, tenant: Tenant, default_class: str, label: str, actor: 
         raise ValidationError(
             f"class {default_class!r} is not one your tenant may use ({', '.join(key_classes(tenant)) or 'none'})"
         )
-    return apikey_create(tenant_slug=tenant.slug, default_class=default_class, label=label[:200], actor=actor)
+    return apikey_create(
+        tenant_slug=tenant.slug,
+        default_class=default_class,
+        label=label[:200],
+        actor=actor,
+        known_classes=class_names_active(),
+    )
 
 
 def tenant_key_revoke(*, tenant: Tenant, prefix: str, actor: str) -> ApiKey:

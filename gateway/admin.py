@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from scheduling.admin import AuditedAdmin
+from audit.admin import AuditedAdmin
 from tenants.models import Tenant
 
 

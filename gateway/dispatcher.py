@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
+from audit.models import AuditLog
 from gateway import charging
 from gateway.db import db_call, log_failure
 from gateway.errors import ErrorCode, GatewayError, invalid_request
@@ -31,7 +32,6 @@ from scheduling.engine.circuits import Circuits
 from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
 from scheduling.engine.presets import apply_policy
 from scheduling.engine.rules import CompiledRules, compile_rules
-from scheduling.models import AuditLog
 from scheduling.selectors import config_live
 from scheduling.upstreams import missing_env
 

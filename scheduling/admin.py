@@ -1,94 +1,18 @@
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 
+from audit.admin import AuditedAdmin
 from scheduling.models import (
     AgingSegment,
-    AuditLog,
     Backend,
     DowngradeRule,
     NetworkGroup,
-    PriceVersion,
     PriorityClass,
     SchedulerPolicy,
 )
-from scheduling.prices import ConfirmNeeded, backend_prices_check, price_factor_check
-from scheduling.services import audit_record
+from scheduling.prices import backend_prices_check
 from scheduling.upstreams import backend_upstream_check
-
-
-class AuditedAdmin(admin.ModelAdmin):
-    """Every admin save writes one audit row per changed field."""
-
-    audit_entity = ""
-
-    def save_model(self, request, obj, form, change):
-        old = type(obj).objects.filter(pk=obj.pk).first() if change else None
-        super().save_model(request, obj, form, change)
-        actor = request.user.get_username()
-        if old is None:
-            audit_record(actor=actor, action="create", entity=self.audit_entity, key=str(obj))
-            return
-        for name in form.changed_data:
-            audit_record(
-                actor=actor,
-                action="update",
-                entity=self.audit_entity,
-                key=str(obj),
-                field_name=name,
-                old=getattr(old, name, None),
-                new=getattr(obj, name, None),
-            )
-
-
-class PriceVersionForm(forms.ModelForm):
-    """A new version, refused as every door refuses (scheduling.prices); effective at: empty is now."""
-
-    confirm = forms.BooleanField(required=False, help_text="Needed for a factor moved more than 2x.")
-
-    class Meta:
-        model = PriceVersion
-        fields = ("price_factor", "effective_at")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if "effective_at" in self.fields:
-            self.fields["effective_at"].required = False
-
-    def clean(self):
-        super().clean()
-        cleaned = self.cleaned_data
-        if not self.instance._state.adding or self.errors:
-            return cleaned
-        now = timezone.now()
-        cleaned["effective_at"] = cleaned.get("effective_at") or now
-        class_name = PriorityClass.objects.filter(pk=self.instance.priority_class_id).values_list("name", flat=True)
-        try:
-            price_factor_check(
-                class_name=class_name.first() or "",
-                price_factor=cleaned.get("price_factor"),
-                effective_at=cleaned["effective_at"],
-                confirm=bool(cleaned.get("confirm")),
-                now=now,
-            )
-        except ConfirmNeeded as asked:
-            self.add_error("confirm", asked.message)
-        except ValidationError as refused:
-            raise forms.ValidationError(refused.messages) from None
-        return cleaned
-
-
-class PriceVersionInline(admin.TabularInline):
-    model = PriceVersion
-    form = PriceVersionForm
-    extra = 0
-    fields = ("price_factor", "effective_at", "confirm", "created_by", "created_at")
-    readonly_fields = ("created_by", "created_at")
-    can_delete = False
-
-    def has_change_permission(self, request, obj=None):
-        return False  # a price change is a new version, never an edit
 
 
 @admin.register(PriorityClass)
@@ -97,20 +21,6 @@ class PriorityClassAdmin(AuditedAdmin):
     list_display = ("name", "level", "sla_ms", "active", "updated_at")
     list_filter = ("active",)
     search_fields = ("name",)
-    inlines = [PriceVersionInline]
-
-    def save_formset(self, request, form, formset, change):
-        for version in formset.save(commit=False):
-            version.created_by = request.user.get_username()
-            version.save()
-            audit_record(
-                actor=version.created_by,
-                action="price",
-                entity="class",
-                key=str(version.priority_class),
-                field_name="price_factor",
-                new=version.price_factor,
-            )
 
 
 @admin.register(SchedulerPolicy)
@@ -187,24 +97,3 @@ class BackendAdmin(AuditedAdmin):
     )
     list_filter = ("enabled",)
     search_fields = ("name", "url")
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """For history (audit rows, ledger entries, budgets): viewable, never added, changed or deleted."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-@admin.register(AuditLog)
-class AuditLogAdmin(ReadOnlyAdmin):
-    list_display = ("at", "actor", "action", "entity", "key", "field", "old", "new")
-    list_filter = ("action", "entity")
-    search_fields = ("actor", "key", "field")
-    date_hierarchy = "at"

@@ -27,26 +27,6 @@ class PriorityClass(models.Model):
         return self.name
 
 
-class PriceVersion(models.Model):
-    """A class's price factor from `effective_at` on. Never edited: a change is a new row."""
-
-    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="prices")
-    price_factor = models.DecimalField(max_digits=8, decimal_places=4, validators=[MinValueValidator(Decimal("0"))])
-    effective_at = models.DateTimeField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.CharField(max_length=150, blank=True)
-
-    upcoming: bool  # not a column: set on the versions a page lists, True for one not in effect yet
-    factor_shown: str  # not a column: the factor as the policy page writes it (0.7)
-
-    class Meta:
-        ordering = ["priority_class__level", "-effective_at", "-pk"]
-        indexes = [models.Index(fields=["priority_class", "effective_at"])]
-
-    def __str__(self) -> str:
-        return f"{self.priority_class.name} ×{self.price_factor} from {self.effective_at:%Y-%m-%d %H:%M}"
-
-
 class SchedulerPolicy(models.Model):
     """Singleton (pk=1): the global policy knobs of the YAML's aging, headroom, fairness and queue sections."""
 
@@ -161,20 +141,3 @@ class Backend(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-class AuditLog(models.Model):
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
-    actor = models.CharField(max_length=150)
-    action = models.CharField(max_length=32)  # create | update | deactivate | price
-    entity = models.CharField(max_length=64)  # e.g. "class", "tenant", "backend"
-    key = models.CharField(max_length=200)  # e.g. "INTERACTIVE"
-    field = models.CharField(max_length=64, blank=True)
-    old = models.JSONField(null=True, blank=True)
-    new = models.JSONField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-at", "-pk"]
-
-    def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.entity}:{self.key} {self.field}"

@@ -6,6 +6,8 @@ places and never takes effect in the past; a backend's prices are >= 0 with at m
 factor moved more than `MAX_STEP` times up or down is refused unless confirmed, and the refusal
 says what it touches (`PriceImpact`). The layers above report that through `impact_source_add`
 (billing: open holds and a day's spend; batches: open batches), so this module imports neither.
+The price versions themselves are billing's: this app reads and writes them through the
+`PriceBook` billing registers at start-up (`price_book_set`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from scheduling.models import PriceVersion
+if TYPE_CHECKING:
+    from scheduling.models import PriorityClass
 
 MAX_STEP = Decimal(2)
 FACTOR_PLACES = Decimal("0.0001")
@@ -68,6 +71,36 @@ class ConfirmNeeded(PriceRefused):
         super().__init__(f"{text}. It moves a price more than {_text(MAX_STEP)}×: confirm to apply it.")
 
 
+class PriceBook(Protocol):
+    """Where the classes' price factors are kept (billing's price versions)."""
+
+    def factors_at(self, at: datetime) -> dict[str, Decimal]:
+        """Every class's factor in force at ``at`` (a class without a version is absent)."""
+        ...
+
+    def factor_at(self, class_name: str, at: datetime) -> Decimal | None:
+        """The class's factor in force at ``at`` (None: no version yet, a new class)."""
+        ...
+
+    def version_add(self, priority_class: PriorityClass, price_factor: Decimal, actor: str) -> None:
+        """A new version of the class's factor, in force now, audited."""
+        ...
+
+
+_price_book: list[PriceBook] = []
+
+
+def price_book_set(book: PriceBook) -> None:
+    """Called by billing's ``ready()``: the price versions this app reads and writes."""
+    _price_book[:] = [book]
+
+
+def price_book() -> PriceBook:
+    if not _price_book:
+        raise RuntimeError("no price book: billing's AppConfig.ready() registers it (is billing installed?)")
+    return _price_book[0]
+
+
 ImpactSource = Callable[[str, datetime], dict[str, Any]]  # (class name, now) -> some PriceImpact fields
 _sources: list[ImpactSource] = []
 
@@ -108,16 +141,6 @@ def _decimal(raw: object, *, what: str) -> Decimal:
     return value
 
 
-def factor_in_force(*, class_name: str, at: datetime) -> Decimal | None:
-    """The class's factor at ``at`` (None: no version yet, a new class)."""
-    return (
-        PriceVersion.objects.filter(priority_class__name=class_name, effective_at__lte=at)
-        .order_by("-effective_at", "-pk")
-        .values_list("price_factor", flat=True)
-        .first()
-    )
-
-
 def moves_far(old: Decimal, new: Decimal) -> bool:
     if old <= 0:
         return new != old
@@ -150,7 +173,7 @@ def price_factor_check(
             f"a price change cannot take effect in the past ({effective_at.isoformat()} is before now): "
             "a new version takes effect now or later"
         )
-    old = factor_in_force(class_name=class_name, at=max(effective_at or now, now))
+    old = price_book().factor_at(class_name, max(effective_at or now, now))
     if old is not None and not confirm and moves_far(old, factor):
         raise ConfirmNeeded([price_impact(class_name=class_name, old_factor=old, new_factor=factor, now=now)])
     return factor

@@ -5,7 +5,6 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import cast
 
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from scheduling.engine.model import (
@@ -33,20 +32,16 @@ from scheduling.models import (
     Backend,
     DowngradeRule,
     NetworkGroup,
-    PriceVersion,
     PriorityClass,
     SchedulerPolicy,
 )
+from scheduling.prices import price_book
 from tenants.models import Tenant
 
 
-def classes_with_price(*, at=None, active_only: bool = True):
-    at = at or timezone.now()
-    latest = PriceVersion.objects.filter(priority_class=OuterRef("pk"), effective_at__lte=at).order_by(
-        "-effective_at", "-pk"
-    )
-    qs = PriorityClass.objects.annotate(price_factor=Subquery(latest.values("price_factor")[:1]))
-    return qs.filter(active=True) if active_only else qs
+def class_names_active() -> set[str]:
+    """The names a tenant's allowed classes and a key's default class may take (tenants.services)."""
+    return set(PriorityClass.objects.filter(active=True).values_list("name", flat=True))
 
 
 def policy_get() -> SchedulerPolicy:
@@ -105,9 +100,10 @@ def backend_specs(*, enabled_only: bool = True) -> tuple[BackendSpec, ...]:
 def config_live() -> SchedulerConfig:
     """The whole live configuration (active rows only), as the engine and the YAML dump see it."""
     policy = policy_get()
+    factors = price_book().factors_at(timezone.now())
     classes = tuple(
-        ClassSpec(name=c.name, level=c.level, sla_ms=c.sla_ms, price_factor=_norm(c.price_factor))
-        for c in classes_with_price()
+        ClassSpec(name=c.name, level=c.level, sla_ms=c.sla_ms, price_factor=_norm(factors.get(c.name)))
+        for c in PriorityClass.objects.filter(active=True)
     )
     segments = tuple(
         SegmentSpec(lo=s.wait_ratio_lo, hi=s.wait_ratio_hi, boost=Boost(s.boost), k=s.k)

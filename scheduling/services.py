@@ -15,19 +15,18 @@ from typing import Any, TypeVar
 from django.db import models, transaction
 from django.utils import timezone
 
+from audit.services import audit_record, jsonable
 from scheduling.engine.model import BackendSpec, ClassSpec, SchedulerConfig, TenantSpec
 from scheduling.models import (
     AgingSegment,
-    AuditLog,
     Backend,
     DowngradeRule,
     NetworkGroup,
-    PriceVersion,
     PriorityClass,
     SchedulerPolicy,
 )
-from scheduling.prices import backend_prices_check, factors_check
-from scheduling.selectors import classes_with_price, policy_get
+from scheduling.prices import backend_prices_check, factors_check, price_book
+from scheduling.selectors import policy_get
 from tenants.models import Tenant
 
 _M = TypeVar("_M", bound=models.Model)
@@ -55,26 +54,6 @@ class ApplyResult:
         return bool(self.changes)
 
 
-def audit_record(
-    *, actor: str, action: str, entity: str, key: str, field_name: str = "", old: Any = None, new: Any = None
-) -> AuditLog:
-    return AuditLog.objects.create(
-        actor=actor, action=action, entity=entity, key=key, field=field_name, old=_jsonable(old), new=_jsonable(new)
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, models.Model):
-        return str(value)
-    return value
-
-
 def _sync_row(model: type[_M], *, lookup: dict, values: dict, entity: str, actor: str, result: ApplyResult) -> _M:
     """Create the row or update the fields that differ, auditing each change."""
     key = str(next(iter(lookup.values())))
@@ -89,7 +68,7 @@ def _sync_row(model: type[_M], *, lookup: dict, values: dict, entity: str, actor
         old = getattr(row, name)
         if old != new:
             audit_record(actor=actor, action="update", entity=entity, key=key, field_name=name, old=old, new=new)
-            result.changes.append(f"{entity} {key}: {name} {_jsonable(old)!r} -> {_jsonable(new)!r}")
+            result.changes.append(f"{entity} {key}: {name} {jsonable(old)!r} -> {jsonable(new)!r}")
             setattr(row, name, new)
             dirty.append(name)
     if dirty:
@@ -108,41 +87,9 @@ def _deactivate_absent(
         result.changes.append(f"deactivated {entity} {key}")
 
 
-def _factor_text(factor: Decimal) -> str:
-    """0.7, not 0.7000 (the column's scale), nor 1E+1."""
-    return format(factor.normalize(), "f")
-
-
-def price_set(*, priority_class: PriorityClass, price_factor: Decimal, actor: str, effective_at=None) -> PriceVersion:
-    """A new price version for a class (never an edit of an old one), audited old → new (the old
-    one: the factor in force when the new one takes effect)."""
-    effective_at = effective_at or timezone.now()
-    before = (
-        PriceVersion.objects.filter(priority_class=priority_class, effective_at__lte=effective_at)
-        .order_by("-effective_at", "-pk")
-        .values_list("price_factor", flat=True)
-        .first()
-    )
-    version = PriceVersion.objects.create(
-        priority_class=priority_class,
-        price_factor=price_factor,
-        effective_at=effective_at,
-        created_by=actor,
-    )
-    audit_record(
-        actor=actor,
-        action="price",
-        entity="class",
-        key=priority_class.name,
-        field_name="price_factor",
-        old=None if before is None else _factor_text(before),
-        new=_factor_text(Decimal(price_factor)),
-    )
-    return version
-
-
 def _apply_classes(classes: tuple[ClassSpec, ...], *, actor: str, result: ApplyResult, confirm: bool) -> None:
-    current = {c.name: c.price_factor for c in classes_with_price(active_only=False)}
+    prices = price_book()
+    current: dict[str, Decimal] = prices.factors_at(timezone.now())
     changed = [
         (c.name, c.price_factor)
         for c in classes
@@ -160,7 +107,7 @@ def _apply_classes(classes: tuple[ClassSpec, ...], *, actor: str, result: ApplyR
         )
         old_price = current.get(spec.name)
         if old_price is None or Decimal(old_price) != spec.price_factor:
-            price_set(priority_class=row, price_factor=spec.price_factor, actor=actor)
+            prices.version_add(row, spec.price_factor, actor)
             result.changes.append(f"class {spec.name}: price_factor {old_price} -> {spec.price_factor}")
     _deactivate_absent(
         PriorityClass.objects.all(),

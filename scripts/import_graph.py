@@ -20,8 +20,20 @@ from pathlib import Path
 
 import grimp
 
-PACKAGES = ("tenants", "gateway", "billing", "batches", "console", "scheduling", "config", "sim", "bench", "simbackend")
-PRODUCT = ("tenants", "scheduling", "billing", "gateway", "batches", "console", "config", "sim")
+PACKAGES = (
+    "audit",
+    "tenants",
+    "gateway",
+    "billing",
+    "batches",
+    "console",
+    "scheduling",
+    "config",
+    "sim",
+    "bench",
+    "simbackend",
+)
+PRODUCT = ("audit", "tenants", "scheduling", "billing", "gateway", "batches", "console", "config", "sim")
 NOT_PRODUCT_PARTS = frozenset({"migrations", "tests", "static"})
 MAX_LINES = 450
 

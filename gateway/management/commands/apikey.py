@@ -1,6 +1,7 @@
 from config.cli import SubcommandCommand
-from gateway.services import apikey_create, apikey_revoke
+from scheduling.selectors import class_names_active
 from tenants.models import ApiKey
+from tenants.services import apikey_create, apikey_revoke
 
 
 class Command(SubcommandCommand):
@@ -23,7 +24,9 @@ class Command(SubcommandCommand):
         p.add_argument("slug", nargs="?")
 
     def do_create(self, *, slug, default_class, label, **_):
-        _created, full_key = apikey_create(tenant_slug=slug, default_class=default_class, label=label, actor="cli")
+        _created, full_key = apikey_create(
+            tenant_slug=slug, default_class=default_class, label=label, actor="cli", known_classes=class_names_active()
+        )
         self.stdout.write(full_key)
 
     def do_revoke(self, *, prefix, **_):

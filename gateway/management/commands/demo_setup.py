@@ -11,9 +11,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from gateway.services import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
+from scheduling.selectors import class_names_active
 from tenants.models import ApiKey, Tenant, User
+from tenants.services import apikey_create, apikey_revoke
 
 DEMO_LABEL = "demo"
 DEMO_KEYS = (  # tenant, class, what it shows
@@ -51,7 +52,13 @@ class Command(BaseCommand):
                         slug,
                         cls,
                         what,
-                        apikey_create(tenant_slug=slug, default_class=cls, label=DEMO_LABEL, actor="demo")[1],
+                        apikey_create(
+                            tenant_slug=slug,
+                            default_class=cls,
+                            label=DEMO_LABEL,
+                            actor="demo",
+                            known_classes=class_names_active(),
+                        )[1],
                     )
                 )
         if not issued:

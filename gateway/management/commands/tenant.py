@@ -1,6 +1,7 @@
 from config.cli import SubcommandCommand, class_list_arg, decimal_arg
-from gateway.services import tenant_create, tenant_update
+from scheduling.selectors import class_names_active
 from tenants.models import Tenant
+from tenants.services import tenant_create, tenant_update
 
 
 class Command(SubcommandCommand):
@@ -38,6 +39,7 @@ class Command(SubcommandCommand):
             classes=classes,
             vip=bool(vip),
             actor="cli",
+            known_classes=class_names_active(),
         )
         self.stdout.write(f"created tenant {tenant.slug}")
 
@@ -45,7 +47,7 @@ class Command(SubcommandCommand):
         changes = {"name": name, "quota_share": quota_share, "allowed_classes": classes, "vip": vip, "active": active}
         if annual_budget is not None:
             changes["annual_budget"] = annual_budget
-        tenant_update(slug=slug, actor="cli", **changes)
+        tenant_update(slug=slug, actor="cli", known_classes=class_names_active(), **changes)
         self.stdout.write(f"updated tenant {slug}")
 
     def do_list(self, **_):

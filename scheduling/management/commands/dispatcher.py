@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.models import AuditLog
+from audit.models import AuditLog
 from scheduling.selectors import config_live
 from scheduling.shared.client import connect
 from scheduling.shared.owner import Owner

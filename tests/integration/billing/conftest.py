@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
+from billing.price_versions import price_set
 from scheduling.models import Backend, PriorityClass
-from scheduling.services import price_set
 from tenants.models import Tenant, User
 
 D = Decimal

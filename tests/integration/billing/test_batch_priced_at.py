@@ -9,8 +9,9 @@ from decimal import Decimal as D
 from django.utils import timezone
 
 from billing.booking import HoldAsk, book_one
+from billing.models import PriceVersion
 from billing.pricing import price_version_at
-from scheduling.models import PriceVersion, PriorityClass
+from scheduling.models import PriorityClass
 from tests.integration.billing.helpers import settle
 
 

@@ -22,11 +22,11 @@ from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk, book
 from billing.errors import BudgetExhausted, HoldNotFound
 from billing.heartbeats import holds_release_unowned
 from billing.inflight import HeldEntry, held_get, held_get_cached
-from billing.models import Budget, LedgerEntry, TenantBilling
+from billing.models import Budget, LedgerEntry, PriceVersion, TenantBilling
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release
 from billing.statements import INSERT_ROWS
-from scheduling.models import Backend, PriceVersion
+from scheduling.models import Backend
 from tenants.models import Tenant
 from tests.integration.billing.helpers import hold, settle, year_budget
 

@@ -12,8 +12,8 @@ import pytest
 
 from billing import incentives, reports
 from billing.models import LedgerEntry
+from billing.price_versions import price_set
 from scheduling.models import PriorityClass
-from scheduling.services import price_set
 from tenants.models import Tenant
 from tests.integration.billing.helpers import hold, settle
 

@@ -10,10 +10,9 @@ from django.utils import timezone
 
 from billing.errors import BillingError, HoldNotFound
 from billing.heartbeats import holds_release_unowned
-from billing.models import LedgerEntry
+from billing.models import LedgerEntry, PriceVersion
 from billing.selectors import ledger_mismatches
 from billing.services import hold_release, ledger_adjust, price_change
-from scheduling.models import PriceVersion
 from scheduling.prices import PriceRefused
 from tests.integration.billing.helpers import hold, kinds, settle, year_budget
 
@@ -132,7 +131,7 @@ def test_future_price_change_takes_effect_at_its_time_and_keeps_history(world):
     assert hold("now", cls="BATCH").factor == D("0.7")
     assert hold("then", cls="BATCH", at=later + timedelta(seconds=1)).factor == D("0.5")
     assert PriceVersion.objects.filter(priority_class__name="BATCH").count() == 2
-    from scheduling.models import AuditLog
+    from audit.models import AuditLog
 
     (change,) = AuditLog.objects.filter(actor="cfo", action="price", key="BATCH")
     assert (change.old, change.new) == ("0.7", "0.5")  # old → new: the factor in force until then

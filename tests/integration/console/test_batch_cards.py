@@ -11,9 +11,9 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import InMemoryChannelLayer
 from django.utils import timezone
 
+from audit.models import AuditLog
 from batches.models import Batch, BatchLine
 from batches.service import batch_cards
-from scheduling.models import AuditLog
 from tests.integration.batches.test_claims import _batch
 from tests.integration.console.conftest import A, B
 from tests.integration.console.test_publisher import _dispatcher, _drain, _one_slot_config, _publisher_for_a_and_b

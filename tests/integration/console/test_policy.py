@@ -8,13 +8,13 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 
+from audit.models import AuditLog
+from billing.models import PriceVersion
 from console import policy
 from scheduling.models import (
     AgingSegment,
-    AuditLog,
     Backend,
     DowngradeRule,
-    PriceVersion,
     PriorityClass,
     SchedulerPolicy,
 )

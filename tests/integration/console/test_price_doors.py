@@ -18,8 +18,9 @@ from django.test import Client
 from django.utils import timezone
 
 from batches.models import Batch
+from billing.models import PriceVersion
 from billing.services import budget_hold, charge_settle
-from scheduling.models import Backend, PriceVersion, PriorityClass
+from scheduling.models import Backend, PriorityClass
 from tenants.models import User
 from tests.integration.console.conftest import EXAMPLE
 

@@ -9,8 +9,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from audit.models import AuditLog
 from scheduling.config_files import config_dump_text, config_load_file
-from scheduling.models import AuditLog, Backend
+from scheduling.models import Backend
 from scheduling.selectors import config_live
 from tenants.models import User
 

@@ -14,7 +14,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from scheduling.models import AuditLog, Backend
+from audit.models import AuditLog
+from scheduling.models import Backend
 from tenants.keys import key_matches, key_prefix
 from tenants.models import ApiKey, Tenant
 

@@ -10,8 +10,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from audit.models import AuditLog
+from billing.models import PriceVersion
 from scheduling.config_files import config_dump_text
-from scheduling.models import AuditLog, Backend, DowngradeRule, PriceVersion, PriorityClass
+from scheduling.models import Backend, DowngradeRule, PriorityClass
 from scheduling.selectors import config_live
 
 pytestmark = pytest.mark.django_db

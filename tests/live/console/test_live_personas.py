@@ -24,7 +24,7 @@ print("COUNT", LedgerEntry.objects.filter(kind="charge", tenant__slug={slug!r}).
 PRICE = """
 from decimal import Decimal
 from scheduling.models import PriorityClass
-from scheduling.services import price_set
+from billing.price_versions import price_set
 price_set(priority_class=PriorityClass.objects.get(name={cls!r}), price_factor=Decimal({factor!r}), actor="test")
 """
 

@@ -24,7 +24,8 @@ OLD, NEW = Decimal("0.7"), Decimal("70")  # BATCH's factor in tests.support.sche
 LINES = 4
 RAISE = """
 from django.utils import timezone
-from scheduling.models import PriceVersion, PriorityClass
+from billing.models import PriceVersion
+from scheduling.models import PriorityClass
 v = PriceVersion.objects.create(
     priority_class=PriorityClass.objects.get(name="BATCH"), price_factor={factor!r}, effective_at=timezone.now()
 )

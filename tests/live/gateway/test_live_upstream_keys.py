@@ -43,7 +43,8 @@ from billing.models import LedgerEntry
 print(json.dumps(list(LedgerEntry.objects.filter(request_id__endswith={rid!r}).values_list("kind", flat=True))))
 """
 EVERYTHING_STORED = """
-from scheduling.models import AuditLog, Backend
+from audit.models import AuditLog
+from scheduling.models import Backend
 print(list(AuditLog.objects.values_list("old", "new")), list(Backend.objects.values()))
 """
 

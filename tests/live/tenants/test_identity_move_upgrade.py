@@ -9,16 +9,11 @@ processes on a scratch database (SQLite here, PostgreSQL when DATABASE_URL is on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from bench.launch import postgres_create, postgres_drop
+from tests.live.tenants.upgrading import REPO, checkout, manage_in, marked, scratch_env, tables_and_rows
 
-REPO = Path(__file__).resolve().parents[3]
 BEFORE = "d520383193656ba32ef8ffa84248b70bf9d5a27a"  # the last commit with Tenant, User and ApiKey in gateway/models.py
 PASSWORD = "upgrade-pass-1"
 NEWER_LABELS = ["batches"]  # apps added after BEFORE: the upgrade's migrate makes their (empty) tables
@@ -101,69 +96,25 @@ print("RESULT=" + json.dumps({{
 """
 
 
-def _tables_and_rows(run, env) -> dict[str, int]:
-    script = (
-        "import json; from django.db import connection; "
-        "c = connection.cursor(); names = connection.introspection.table_names(c); "
-        "print('ROWS=' + json.dumps({n: c.execute(f'SELECT COUNT(*) FROM \"{n}\"').fetchone()[0] for n in names}))"
-    )
-    return json.loads(_marked(run(["shell", "-c", script], env), "ROWS="))
-
-
-def _marked(output: str, marker: str) -> str:
-    return next(line for line in output.splitlines() if line.startswith(marker)).removeprefix(marker)
-
-
-@pytest.fixture
-def scratch_database(tmp_path):
-    url = os.environ.get("DATABASE_URL", "")
-    if url.startswith(("postgres://", "postgresql://")):
-        made = postgres_create(url.rsplit("/", 1)[0], f"fg_upgrade_{os.getpid()}")
-        yield made
-        postgres_drop(made, attempts=3)
-    else:
-        yield f"sqlite:///{tmp_path / 'upgrade.sqlite3'}"
-
-
 def test_a_database_made_before_the_move_upgrades_with_every_row_and_reference_kept(tmp_path, scratch_database):
     if not (REPO / ".git").exists():
         pytest.skip("needs the repository's history (git archive of the previous code)")
-    old = tmp_path / "before"
-    old.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")},
-        "DATABASE_URL": scratch_database,
-        "SECRET_KEY": "upgrade-test-only",
-        "FAIRGATE_VAR_DIR": str(tmp_path / "var"),
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-    }
-
-    def run_in(where: Path):
-        def run(args: list[str], env_: dict) -> str:
-            done = subprocess.run(
-                [sys.executable, "manage.py", *args], cwd=where, env=env_, capture_output=True, text=True, timeout=300
-            )
-            assert done.returncode == 0, f"manage.py {args[0]} in {where.name} failed:\n{done.stdout}\n{done.stderr}"
-            return done.stdout
-
-        return run
-
-    before, today = run_in(old), run_in(REPO)
+    old = checkout(BEFORE, tmp_path / "before")
+    env = scratch_env(scratch_database, tmp_path)
+    before, today = manage_in(old), manage_in(REPO)
     before(["migrate", "--no-input"], env)
-    secret = _marked(before(["shell", "-c", MAKE_ROWS], env), "SECRET=")
-    rows_before = _tables_and_rows(before, env)
+    secret = marked(before(["shell", "-c", MAKE_ROWS], env), "SECRET=")
+    rows_before = tables_and_rows(before, env)
     empty = sorted(t for t, n in rows_before.items() if n == 0)
     assert empty == [], f"the previous code's database should have rows in every table: {empty}"
 
     upgraded = today(["migrate", "--no-input"], env)
     assert "Adopted a database made before tenants" in upgraded
-    rows_after = _tables_and_rows(today, env)
+    rows_after = tables_and_rows(today, env)
     made = set(rows_after) - set(rows_before)
     assert set(rows_before) <= set(rows_after)  # no table renamed or dropped
     assert all(t.startswith(NEWER_APPS) and rows_after[t] == 0 for t in made), made  # made: only later apps'
-    newer = json.loads(_marked(today(["shell", "-c", NEWER_ROWS], env), "NEWER="))  # the later apps' own rows
+    newer = json.loads(marked(today(["shell", "-c", NEWER_ROWS], env), "NEWER="))  # the later apps' own rows
     changed = {
         t: (rows_before[t], rows_after[t] - newer.get(t, 0))
         for t in rows_before
@@ -172,7 +123,7 @@ def test_a_database_made_before_the_move_upgrades_with_every_row_and_reference_k
     assert set(changed) == {"django_migrations"}, changed  # no row lost or added (no duplicate content type)
     assert "[X] 0003_identity_to_tenants" in today(["showmigrations", "gateway"], env)
 
-    found = json.loads(_marked(today(["shell", "-c", CHECK], env), "RESULT="))
+    found = json.loads(marked(today(["shell", "-c", CHECK], env), "RESULT="))
     assert found["user"] == "sales"  # the password and the tenant link survived
     assert found["perms"] == ["tenants.view_apikey", "tenants.view_tenant"]  # by group and directly
     assert found["moved_types"] == ["tenants", "tenants", "tenants"]

@@ -1,15 +1,20 @@
-"""Writes for tenants and API keys. Validation errors raise `ValidationError` with a clear message."""
+"""Writes for tenants and API keys, each audited. Validation errors raise `ValidationError` with a
+clear message.
+
+Class names are scheduling's: the caller passes the active ones in (``known_classes``, e.g.
+``scheduling.selectors.class_names_active()``), so this app imports nothing above it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from decimal import Decimal, InvalidOperation
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.models import PriorityClass
-from scheduling.services import audit_record
+from audit.services import audit_record
 from tenants.keys import key_generate
 from tenants.models import ApiKey, Tenant
 
@@ -36,8 +41,7 @@ def _check_budget(annual_budget) -> Decimal | None:
     return budget
 
 
-def _check_classes(classes: list[str]) -> list[str]:
-    known = set(PriorityClass.objects.filter(active=True).values_list("name", flat=True))
+def _check_classes(classes: list[str], known: Collection[str]) -> list[str]:
     unknown = [c for c in classes if c not in known]
     if unknown:
         raise ValidationError(f"unknown class {', '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})")
@@ -54,6 +58,7 @@ def tenant_create(
     classes: list[str] | None = None,
     vip: bool = False,
     actor: str,
+    known_classes: Collection[str],
 ) -> Tenant:
     if Tenant.objects.filter(slug=slug).exists():
         raise ValidationError(f"tenant {slug!r} already exists")
@@ -62,7 +67,7 @@ def tenant_create(
         name=name,
         quota_share=_check_share(quota_share),
         annual_budget=_check_budget(annual_budget),
-        allowed_classes=_check_classes(classes or []),
+        allowed_classes=_check_classes(classes or [], known_classes),
         vip=vip,
     )
     tenant.full_clean()
@@ -78,11 +83,15 @@ def tenant_create(
 
 
 @transaction.atomic
-def tenant_update(*, slug: str, actor: str, **changes) -> Tenant:
+def tenant_update(*, slug: str, actor: str, known_classes: Collection[str], **changes) -> Tenant:
     tenant = Tenant.objects.select_for_update().filter(slug=slug).first()
     if tenant is None:
         raise ValidationError(f"no tenant {slug!r}")
-    checks = {"quota_share": _check_share, "annual_budget": _check_budget, "allowed_classes": _check_classes}
+    checks = {
+        "quota_share": _check_share,
+        "annual_budget": _check_budget,
+        "allowed_classes": lambda classes: _check_classes(classes, known_classes),
+    }
     for field, value in changes.items():
         if value is None and field != "annual_budget":
             continue
@@ -97,12 +106,14 @@ def tenant_update(*, slug: str, actor: str, **changes) -> Tenant:
 
 
 @transaction.atomic
-def apikey_create(*, tenant_slug: str, default_class: str, label: str = "", actor: str) -> tuple[ApiKey, str]:
+def apikey_create(
+    *, tenant_slug: str, default_class: str, label: str = "", actor: str, known_classes: Collection[str]
+) -> tuple[ApiKey, str]:
     """Create a key; return it with the full secret, which is never stored and shown only now."""
     tenant = Tenant.objects.filter(slug=tenant_slug, active=True).first()
     if tenant is None:
         raise ValidationError(f"no active tenant {tenant_slug!r}")
-    _check_classes([default_class])
+    _check_classes([default_class], known_classes)
     full_key, prefix, secret_hash = key_generate()
     key = ApiKey.objects.create(
         tenant=tenant, label=label, default_class=default_class, prefix=prefix, secret_hash=secret_hash
