@@ -5,8 +5,8 @@ it and talks to it without blocking its loop, is gateway.billing_worker).
 The protocol: one pickled message each way per batch, ``Connection.send_bytes`` framing (a 4-byte
 big-endian signed length and the payload; length -1, then an 8-byte unsigned length, for a message
 of 2 GiB or more: `frame_header`, `Frames`). The worker sends `READY` once Django is set up, then,
-for each batch of asks (billing.booking), `book_batch`'s answer: the results, the news of what
-was booked (billing.news: charges and alerts), for the gateway to announce, and the backends' prices
+for each batch of asks (billing.booking), `book_batch`'s answer: the results, the live events
+its bookings committed (events.relayed: charges and alerts), for the gateway to send, and the backends' prices
 when they changed since the last answer (the gateway prices its clients' ``X-Charge`` with them,
 gateway.charging). A batch of None (`STOP`) is a clean stop.
 
@@ -28,7 +28,6 @@ from collections import deque
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:  # for the types only: nothing here imports Django at module level (see above)
-    from billing.news import News
     from billing.pricing import UnitPrices
 
 READY = b"ready"
@@ -41,8 +40,9 @@ _SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
 _LONG_SIZE = struct.Struct("!Q")  # after a size of -1
 _LONG_MARK = -1
 # `book_batch`'s answer: a result per ask (billing.booking.book's, as `_crossing` sends them), the
-# news, and the prices ({backend name: UnitPrices}) if they changed since the last answer.
-BatchAnswer: TypeAlias = "tuple[list[object], News, dict[str, UnitPrices] | None]"
+# committed live events (events.relayed), and the prices ({backend name: UnitPrices}) if they
+# changed since the last answer.
+BatchAnswer: TypeAlias = "tuple[list[object], dict[tuple[int, str], bytes], dict[str, UnitPrices] | None]"
 
 
 def frame_header(size: int) -> bytes:
@@ -110,14 +110,14 @@ def serve(conn, gateway_pid: int, owner: str = "") -> None:
     django.setup()
     from django.conf import settings
 
-    from billing import news
+    import events
 
     if settings.FAIRGATE_BILLING_WORKER_NICE:
         os.nice(settings.FAIRGATE_BILLING_WORKER_NICE)  # the event loop goes first (see the setting)
     from billing.cache import caches_refresh_one
     from billing.heartbeats import Housekeeper
 
-    news.keep_for_the_gateway()
+    events.relay()
     threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
     keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
     if keeper is not None:
@@ -192,7 +192,7 @@ def _exit_with(gateway_pid: int) -> None:
 
 
 def book_batch(asks: list) -> BatchAnswer:
-    """billing.booking.book, plus its news (charges, alerts) and the backends' prices if they
+    """billing.booking.book, plus its committed live events and the backends' prices if they
     changed since the last answer (`_prices_changed`). Refusals cross back as they
     are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
     answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
@@ -208,10 +208,10 @@ def book_batch(asks: list) -> BatchAnswer:
         for i, result in zip(failed, _book([asks[i] for i in failed])[0]):
             results[i] = result
     _remember(asks, results)
-    from billing import news
+    import events
 
     results = [_crossing(r) for r in results]
-    return results, news.taken(), _prices_changed()
+    return results, events.relayed(), _prices_changed()
 
 
 _remembered: deque[tuple[float, str]] = deque()  # (when, request id) of the holds remembered here
