@@ -95,10 +95,10 @@ class Publisher:
             self.batch_signatures.pop(tenant_id, None)
             self.job_signatures.pop(tenant_id, None)
 
-    def notify_threadsafe(self, events: list[dict]) -> None:
+    def notify_threadsafe(self, rows: list[dict]) -> None:
         """From any thread (after a commit): ``[{"kind": "charges"|"alerts"|"downgrades", "tenant_id", "row"}]``."""
-        if events and self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.add_events, events)
+        if rows and self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.add_events, rows)
 
     def add_committed(self, committed: events.Committed, as_console_event) -> None:
         """On the publisher's own loop (a gateway sending what its billing worker committed): the
@@ -119,9 +119,9 @@ class Publisher:
         except RuntimeError:
             return False
 
-    def add_events(self, events: list[dict]) -> None:
-        for event in events:
-            self.add_event(event)
+    def add_events(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.add_event(row)
 
     def add_event(self, event: dict) -> None:
         tenant_id, money_moved = event["tenant_id"], event["kind"] in ("charges", "alerts")

@@ -12,6 +12,7 @@ from django.db import transaction
 
 import events
 from billing.services import ledger_adjust
+from events import bus
 from tests.integration.billing.helpers import hold, settle
 
 pytestmark = pytest.mark.django_db
@@ -52,8 +53,6 @@ def test_charges_and_alerts_are_sent_once_committed(world, heard, django_capture
 def test_in_the_billing_worker_events_are_relayed_to_the_gateway_not_sent(
     world, heard, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from events import bus
-
     monkeypatch.setattr(bus, "_relayed", None)
     events.relay()
     for callback in _book_a_charge_that_crosses_80_percent(world, django_capture_on_commit_callbacks):
