@@ -19,7 +19,7 @@ from django.utils import timezone
 from billing import news
 from billing.budgets import billing_of
 from billing.models import Budget, BudgetAlert
-from billing.news import AlertRaised
+from events import publish_on_commit
 
 logger = logging.getLogger("fairgate.billing.alerts")
 WEBHOOK_TIMEOUT_S = 5.0
@@ -47,8 +47,7 @@ def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAl
             settings.FAIRGATE_CURRENCY,
         )
         transaction.on_commit(partial(_enqueue, alert.pk))
-        raised = AlertRaised.of(alert)
-        transaction.on_commit(partial(news.announce, alerts=[raised]))
+        publish_on_commit(news.ALERT, budget.tenant_id, news.alert_news(alert))
         created.append(alert)
     return created
 

@@ -27,7 +27,7 @@ Inside the transaction, in this order:
 5. One append writes the entries (COPY on PostgreSQL); one UPDATE writes the moved rows' balances; 80 %/100 %
    crossings are recorded as alerts.
 
-After commit the charges are announced (billing.news; the console's live feed listens). The
+Each charge is published once the booking commits (events.publish_on_commit, billing.news). The
 memo of holds in flight (billing.inflight) is not kept here but by the processes that book for a
 gateway: the gateway's billing worker remembers the holds it booked (billing.worker_loop), so the
 gateway's settlements and releases need not carry their hold; an end whose hold is in no memo
@@ -62,6 +62,7 @@ from billing.pricing import (
     upper_bound_base_cost,
 )
 from billing.selectors import fallback_classes
+from events import publish_on_commit
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
@@ -545,13 +546,9 @@ def _apply(plans: list[_Plan]) -> None:
         moved = [r for r in rows.values() if r.dirty]
         _write(entries, moved)
         _alert(moved)
-        transaction.on_commit(lambda: _committed(entries))
-
-
-def _committed(entries: list[Booked]) -> None:
-    charges = [e for e in entries if e.kind == Kind.CHARGE]
-    if charges:
-        news.announce(charges=charges)
+        for entry in entries:
+            if entry.kind == Kind.CHARGE:
+                publish_on_commit(news.CHARGE, entry.tenant_id, news.charge_news(entry))
 
 
 def _book_prepared(plans: list[_Plan]) -> None:

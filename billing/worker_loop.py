@@ -16,7 +16,7 @@ from collections import deque
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from billing import news
+import events
 from billing.booking import HoldAsk, book
 from billing.cache import caches_refresh_one
 from billing.errors import BillingError, DatabaseUnavailable
@@ -38,7 +38,7 @@ def run(conn, gateway_pid: int, owner: str = "") -> None:
     holds of dead ones (billing.heartbeats), and reload ageing caches."""
     if settings.FAIRGATE_BILLING_WORKER_NICE:
         os.nice(settings.FAIRGATE_BILLING_WORKER_NICE)  # the event loop goes first (see the setting)
-    news.keep_for_the_gateway()
+    events.relay()
     threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
     keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
     if keeper is not None:
@@ -106,7 +106,7 @@ def _exit_with(gateway_pid: int) -> None:
 
 
 def book_batch(asks: list) -> BatchAnswer:
-    """billing.booking.book, plus its news (charges, alerts) and the backends' prices if they
+    """billing.booking.book, plus its committed live events and the backends' prices if they
     changed since the last answer (`_prices_changed`). Refusals cross back as they
     are (billing's errors pickle); the database out of reach as DatabaseUnavailable (the gateway
     answers 503, and keeps ends to book them later); any other error as a BillingError naming it.
@@ -121,7 +121,7 @@ def book_batch(asks: list) -> BatchAnswer:
             results[i] = result
     _remember(asks, results)
     results = [_crossing(r) for r in results]
-    return results, news.taken(), _prices_changed()
+    return results, events.relayed(), _prices_changed()
 
 
 _remembered: deque[tuple[float, str]] = deque()  # (when, request id) of the holds remembered here

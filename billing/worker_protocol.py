@@ -13,7 +13,6 @@ import struct
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:  # for the types only: nothing here imports Django at module level (see above)
-    from billing.news import News
     from billing.pricing import UnitPrices
 
 READY = b"ready"
@@ -22,8 +21,9 @@ _SIZE = struct.Struct("!i")  # Connection.send_bytes' frame header
 _LONG_SIZE = struct.Struct("!Q")  # after a size of -1
 _LONG_MARK = -1
 # `book_batch`'s answer (billing.worker_loop): a result per ask (billing.booking.book's, as `_crossing` sends them), the
-# news, and the prices ({backend name: UnitPrices}) if they changed since the last answer.
-BatchAnswer: TypeAlias = "tuple[list[object], News, dict[str, UnitPrices] | None]"
+# committed live events (events.relayed), and the prices ({backend name: UnitPrices}) if they
+# changed since the last answer.
+BatchAnswer: TypeAlias = "tuple[list[object], dict[tuple[int, str], bytes], dict[str, UnitPrices] | None]"
 
 
 def frame_header(size: int) -> bytes:

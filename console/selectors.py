@@ -10,10 +10,9 @@ from collections.abc import Iterable
 from django.conf import settings
 
 from audit.models import AuditLog
-from billing.incentives import factor_text
 from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
-from billing.news import AlertRaised
+from billing.news import alert_news, charge_news
 from billing.reports import budget_burn
 from gateway.models import DowngradeEvent
 from tenants.models import ApiKey, Tenant
@@ -42,16 +41,7 @@ def budget_of(*, tenant: Tenant) -> dict:
 
 
 def charge_row(entry: LedgerEntry, slug: str) -> dict:
-    return {
-        "request_id": public_id(entry.request_id, slug),
-        "class": entry.class_name,
-        "model": entry.model,
-        "prompt_tokens": entry.prompt_tokens,
-        "completion_tokens": entry.completion_tokens,
-        "factor": factor_text(entry.factor),
-        "amount": str(entry.amount),
-        "at": entry.at.isoformat(),
-    }
+    return {**charge_news(entry), "request_id": public_id(entry.request_id, slug)}
 
 
 def charges_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
@@ -103,19 +93,9 @@ def downgrades_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
     return [downgrade_row(e) for e in DowngradeEvent.objects.filter(tenant=tenant)[:limit]]
 
 
-def alert_row(alert: AlertRaised) -> dict:
-    return {
-        "budget": alert.budget,
-        "threshold_pct": alert.threshold_pct,
-        "spent": str(alert.spent),
-        "limit": str(alert.limit),
-        "at": alert.at.isoformat(),
-    }
-
-
 def alerts_recent(*, tenant: Tenant, limit: int = RECENT) -> list[dict]:
     qs = BudgetAlert.objects.filter(budget__tenant=tenant).select_related("budget__tenant")[:limit]
-    return [alert_row(AlertRaised.of(a)) for a in qs]
+    return [alert_news(a) for a in qs]
 
 
 def keys_of(*, tenant: Tenant) -> list[ApiKey]:

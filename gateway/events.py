@@ -1,4 +1,5 @@
-"""Downgrade events: recorded on the hot path into a buffer, written in batches off it."""
+"""Downgrade events: recorded on the hot path into a buffer, written in batches off it, and
+published (events.publish_on_commit) for the console once written."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from datetime import datetime
 
 from django.utils import timezone
 
+from events import publish_on_commit
 from gateway.db import db_call, log_failure
 from gateway.models import DowngradeEvent
 
 log = logging.getLogger(__name__)
 MAX_BUFFERED = 50_000
+DOWNGRADE = "downgrade"  # the live event's kind
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,16 @@ class Downgrade:
     to_class: str
     rule: str
     at: datetime
+
+    def as_news(self) -> dict[str, str]:
+        """The live event's payload (the console's row)."""
+        return {
+            "request_id": self.request_id,
+            "from": self.from_class,
+            "to": self.to_class,
+            "rule": self.rule,
+            "at": self.at.isoformat(),
+        }
 
 
 class DowngradeLog:
@@ -60,3 +73,5 @@ def _write(batch: list[Downgrade]) -> None:
         )
         for d in batch
     )
+    for d in batch:
+        publish_on_commit(DOWNGRADE, d.tenant_id, d.as_news())

@@ -1,7 +1,6 @@
 """The gateway's seam to the apps above it that work beside a serving process (the console's live
 pushes, the Batch API's feeder; each registers itself when Django starts, in its AppConfig.ready):
-the serving loop's start, and its stop. (What billing booked reaches the console as billing's own
-news, billing.news, announced by billing.client in this process.)
+the serving loop's start, and its stop. (Live events take their own path: events.publish_on_commit.)
 
 The gateway imports nothing of those apps; with none installed this does nothing.
 """

@@ -22,6 +22,7 @@ import grimp
 
 PACKAGES = (
     "audit",
+    "events",
     "tenants",
     "gateway",
     "billing",
@@ -33,7 +34,7 @@ PACKAGES = (
     "bench",
     "simbackend",
 )
-PRODUCT = ("audit", "tenants", "scheduling", "billing", "gateway", "batches", "console", "config", "sim")
+PRODUCT = ("audit", "events", "tenants", "scheduling", "billing", "gateway", "batches", "console", "config", "sim")
 NOT_PRODUCT_PARTS = frozenset({"migrations", "tests", "static"})
 MAX_LINES = 450
 

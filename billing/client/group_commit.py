@@ -17,7 +17,7 @@ from typing import Literal, overload
 
 from django.conf import settings
 
-from billing import news
+import events
 from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.client import metrics, pipe
 from billing.client.port import CANCELLED, Hold
@@ -49,7 +49,7 @@ class Booker:
     """Collects asks on the event loop and books them in batches in the billing worker: a process
     of its own (spawned, one Django connection), so booking never competes with the event loop
     for the GIL. Holds and ends are mirrored in this process's memo of holds (billing.inflight,
-    which the console's queue table reads); the news of what the worker booked (billing.news) is announced here."""
+    which the console's queue table reads); the live events the worker committed are sent here (events.send)."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[Ask, asyncio.Future | None]] = []  # None: no one waits for it
@@ -271,13 +271,13 @@ class Booker:
                 log.error("billing batch of %s failed: %r", len(batch), outcome)
                 results = [outcome] * len(batch)
             else:
-                results, (charges, alerts), prices = outcome
+                results, committed, prices = outcome
                 if prices is not None:
                     self.prices = prices
                 metrics.BILLING_BATCH_SECONDS.observe(self._asks_loop.time() - started_s)
                 metrics.BILLING_BATCH_ASKS.observe(len(batch))
-                if charges or alerts:  # committed in the worker: announced here, where they are watched
-                    news.announce(charges=charges, alerts=alerts)
+                if committed:  # committed in the worker: sent here, where they are watched
+                    events.send(committed)
             for (ask, future), result in zip(batch, results):
                 if isinstance(ask, HoldAsk):
                     if isinstance(result, HeldEntry):

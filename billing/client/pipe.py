@@ -79,7 +79,7 @@ class Worker:
         if await asyncio.wait_for(future, START_TIMEOUT_S) != READY:
             raise WorkerDied("the billing worker did not start")
 
-    async def call(self, asks: list) -> tuple[list[object], tuple[list, list], dict | None]:
+    async def call(self, asks: list) -> tuple[list[object], dict[tuple[int, str], bytes], dict | None]:
         """One batch: billing.booking.book's results and the console events it produced."""
         future = asyncio.get_running_loop().create_future()
         self.send(asks, lambda answer: _settle(future, answer))

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from batches.service import batch_cards
 from console import selectors
-from gateway.models import DowngradeEvent
 from tenants.models import Tenant
-
-DOWNGRADE_BATCH = 500
 
 
 def tenant_ids(slugs: list[str]) -> dict[str, int]:
@@ -27,16 +24,6 @@ def holds_for(wanted: dict[str, tuple[int, list[str]]]) -> dict[str, dict[str, s
 
 def budgets_for(tenant_ids_: list[int]) -> dict[int, dict]:
     return {t.pk: selectors.budget_of(tenant=t) for t in Tenant.objects.filter(pk__in=tenant_ids_)}
-
-
-def downgrades_after(cursor: int | None) -> tuple[int | None, list[tuple[int, dict]]]:
-    """Committed downgrade events after ``cursor`` (None: start from the newest, return none)."""
-    if cursor is None:
-        return DowngradeEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0, []
-    rows = list(DowngradeEvent.objects.filter(pk__gt=cursor).order_by("pk")[:DOWNGRADE_BATCH])
-    if not rows:
-        return cursor, []
-    return rows[-1].pk, [(e.tenant_id, selectors.downgrade_row(e)) for e in rows]
 
 
 def batches_for(tenant_ids_: list[int]) -> dict[int, list[dict]]:

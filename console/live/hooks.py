@@ -1,9 +1,8 @@
-"""Database events for the console, published only after the transaction that wrote them commits.
-
-Billing announces the charges it booked and the budget alerts it raised once they have committed
-(billing.news), in the process that serves the requests (a gateway announces what its billing
-worker booked when the answer arrives). There the rows go to the publisher (coalesced into its
-next tick); elsewhere (a Celery worker, a command) straight to the channel layer.
+"""The console's subscription to live events (events.subscribe): charges, budget alerts and
+downgrades, each received once its transaction has committed. In the serving process they go to
+the publisher (coalesced into its next tick; on its own loop a tenant's events are unpacked only
+if a socket of this process watches it); elsewhere (a Celery worker, a command) straight to the
+channel layer.
 """
 
 from __future__ import annotations
@@ -14,32 +13,41 @@ import logging
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from billing.news import alerts_raised, charges_booked
-from console import selectors
+import events
 from console.live.groups import FINANCE_GROUP, tenant_group
 
 log = logging.getLogger(__name__)
+SUBSCRIBER = "console"
+ROW_KINDS = {"charge": "charges", "alert": "alerts", "downgrade": "downgrades"}  # event kind -> message key
 
 
-def publish_committed(events: list[dict]) -> None:
+def console_event(event: events.Event) -> dict | None:
+    """``{"kind", "tenant_id", "row"}`` of a live event the console shows (None: one it does not)."""
+    kind = ROW_KINDS.get(event.kind)
+    if kind is None:
+        return None
+    return {"kind": kind, "tenant_id": event.tenant_id, "row": dict(event.payload)}
+
+
+def publish_committed(rows: list[dict]) -> None:
     """``[{"kind", "tenant_id", "row"}, ...]`` → the tenants' viewers (and finance), after commit."""
     from console.live.publisher import publisher_running
 
     publisher = publisher_running()
     try:
         if publisher is not None:
-            publisher.notify_threadsafe(events)
+            publisher.notify_threadsafe(rows)
             return
         layer = get_channel_layer()
         if layer is None:
             return
         by_tenant: dict[int, dict[str, list]] = {}
-        for event in events:  # one message per tenant, one for finance
-            by_tenant.setdefault(event["tenant_id"], {}).setdefault(event["kind"], []).append(event["row"])
-        for tenant_id, rows in by_tenant.items():
-            text = json.dumps({"type": "update", **rows}, default=str)
+        for row in rows:  # one message per tenant, one for finance
+            by_tenant.setdefault(row["tenant_id"], {}).setdefault(row["kind"], []).append(row["row"])
+        for tenant_id, kinds in by_tenant.items():
+            text = json.dumps({"type": "update", **kinds}, default=str)
             async_to_sync(layer.group_send)(tenant_group(tenant_id), {"type": "tenant.update", "text": text})
-        tenants = sorted({e.get("slug") or str(e["tenant_id"]) for e in events})
+        tenants = sorted({str(r["tenant_id"]) for r in rows if r["kind"] in ("charges", "alerts")})
         if tenants:
             finance = json.dumps({"type": "finance", "tenants": tenants})
             async_to_sync(layer.group_send)(FINANCE_GROUP, {"type": "finance.update", "text": finance})
@@ -47,22 +55,17 @@ def publish_committed(events: list[dict]) -> None:
         log.exception("could not publish a console event")
 
 
-def _on_charges_booked(sender, charges: list, **kwargs) -> None:
+def on_committed(committed: events.Committed) -> None:
     from console.live.publisher import publisher_running
 
     publisher = publisher_running()
     if publisher is not None and publisher.on_its_loop():  # a row only where someone watches
-        publisher.add_charges(charges, lambda entry: selectors.charge_row(entry, ""))
+        publisher.add_committed(committed, console_event)
         return
-    publish_committed(
-        [{"kind": "charges", "tenant_id": e.tenant_id, "row": selectors.charge_row(e, "")} for e in charges]
-    )
-
-
-def _on_alerts_raised(sender, alerts: list, **kwargs) -> None:
-    publish_committed([{"kind": "alerts", "tenant_id": a.tenant_id, "row": selectors.alert_row(a)} for a in alerts])
+    rows = [row for row in map(console_event, committed) if row is not None]
+    if rows:
+        publish_committed(rows)
 
 
 def connect() -> None:
-    charges_booked.connect(_on_charges_booked, dispatch_uid="console-ledger-charge")
-    alerts_raised.connect(_on_alerts_raised, dispatch_uid="console-budget-alert")
+    events.subscribe(SUBSCRIBER, on_committed)

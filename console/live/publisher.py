@@ -9,9 +9,8 @@ changed (progress, charges, ETA: batches.service.batch_cards). So a viewer recei
 messages per second however busy the queue is. Every ``ops_ms`` admins get the operations
 figures; every ``sample_ms`` a timeline point is kept (a ring buffer of one hour).
 
-Database events arrive from ``console.live.hooks`` after their transaction commits (charges
-and alerts through ``notify_threadsafe``); downgrade events are bulk-written by the gateway
-(no per-row signal), so the publisher reads committed rows after a cursor once a second.
+Database events (charges, alerts, downgrades) arrive from ``console.live.hooks`` after their
+transaction commits: ``add_committed`` on the publisher's loop, ``notify_threadsafe`` from others.
 The task ends by itself once the dispatcher it served has stopped. A tenant nobody watches costs
 nothing per tick: no snapshot, no hold or budget read, its events dropped (a page that opens
 reads its charges from the database and gets its first snapshot on connect).
@@ -29,7 +28,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from billing.news import Charges
+import events
 from console.live import db
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
 from console.live.jobs import JobMoney, job_cards, job_tallies
@@ -41,8 +40,12 @@ log = logging.getLogger(__name__)
 HOLD_CACHE_MAX = 200_000
 BUDGET_EVERY_MS = 2_000
 BATCHES_EVERY_MS = 1_000
-DOWNGRADE_POLL_MS = 1_000
 EVENT_KINDS = ("charges", "downgrades", "alerts")
+MONEY_EVENTS = ("charge", "alert")  # live event kinds finance hears of
+# Rare events sent to their tenant's group whether or not a socket of this process watches it: a
+# viewer served by another gateway process hears of them too (charges go only where watched).
+WIDE_EVENTS = frozenset({"alert", "downgrade"})
+WIDE_ROWS = frozenset({"alerts", "downgrades"})
 
 
 def wall_ms() -> int:
@@ -75,8 +78,7 @@ class Publisher:
         self.ops = OpsView()
         self.ops_text: str | None = None
         self._hist: list[int] | None = None
-        self._next_ops_ms = self._next_sample_ms = self._next_downgrades_ms = 0
-        self._downgrade_cursor: int | None = None
+        self._next_ops_ms = self._next_sample_ms = 0
         self.sent = 0
         self.tick_cost_ms = 0.0  # the last tick's duration (shown to admins; a tick awaits the database)
 
@@ -97,21 +99,23 @@ class Publisher:
             self.batch_signatures.pop(tenant_id, None)
             self.job_signatures.pop(tenant_id, None)
 
-    def notify_threadsafe(self, events: list[dict]) -> None:
-        """From any thread (after a commit): ``[{"kind": "charges"|"alerts", "tenant_id", "row"}, ...]``."""
-        if events and self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.add_events, events)
+    def notify_threadsafe(self, rows: list[dict]) -> None:
+        """From any thread (after a commit): ``[{"kind": "charges"|"alerts"|"downgrades", "tenant_id", "row"}]``."""
+        if rows and self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.add_events, rows)
 
-    def add_charges(self, charges: list | Charges, row) -> None:
-        """On the publisher's own loop (a gateway announcing what its billing worker booked): each
-        charge's ``row(entry)`` is made only for the tenants watched here; finance hears of every one."""
-        if not isinstance(charges, Charges):  # (the billing worker sends them so: a tenant's unpickled only if watched)
-            charges = Charges.of(charges)
-        for tenant_id in charges.tenant_ids:
-            self.finance_pending.add(tenant_id)
-            if tenant_id in self.watched:
-                for entry in charges.of_tenant(tenant_id):
-                    self.add_event({"kind": "charges", "tenant_id": tenant_id, "row": row(entry)})
+    def add_committed(self, committed: events.Committed, as_console_event) -> None:
+        """On the publisher's own loop (a gateway sending what its billing worker committed): the
+        events are unpacked and ``as_console_event(event)`` made only for the tenants watched here;
+        finance hears of every tenant whose money moved."""
+        for tenant_id, kind in committed.keys():
+            if kind in MONEY_EVENTS:
+                self.finance_pending.add(tenant_id)
+            if tenant_id in self.watched or kind in WIDE_EVENTS:
+                for event in committed.of((tenant_id, kind)):
+                    console_event = as_console_event(event)
+                    if console_event is not None:
+                        self.add_event(console_event)
 
     def on_its_loop(self) -> bool:
         try:
@@ -119,18 +123,19 @@ class Publisher:
         except RuntimeError:
             return False
 
-    def add_events(self, events: list[dict]) -> None:
-        for event in events:
-            self.add_event(event)
+    def add_events(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.add_event(row)
 
     def add_event(self, event: dict) -> None:
         tenant_id, money_moved = event["tenant_id"], event["kind"] in ("charges", "alerts")
         if money_moved:
             self.finance_pending.add(tenant_id)
-        if tenant_id not in self.watched:
+        watched = tenant_id in self.watched
+        if not watched and event["kind"] not in WIDE_ROWS:
             return
         self.pending.setdefault(tenant_id, {}).setdefault(event["kind"], []).append(event["row"])
-        if money_moved:
+        if money_moved and watched:
             self.budget_due.add(tenant_id)
 
     # --- the loop ------------------------------------------------------------------------
@@ -153,9 +158,6 @@ class Publisher:
                 log_failure(log, "console publisher tick failed")
 
     async def tick(self, d, now_wall_ms: int) -> None:
-        if now_wall_ms >= self._next_downgrades_ms:
-            self._next_downgrades_ms = now_wall_ms + DOWNGRADE_POLL_MS
-            await self._poll_downgrades()
         slugs = set(self.signatures) | (set(d.live) if d is not None else set())
         await self._learn(slugs)
         slugs = {s for s in slugs if self.tenant_ids.get(s) in self.watched}
@@ -277,15 +279,6 @@ class Publisher:
             if self.job_signatures.get(tenant_id, "[]") != signature:
                 self.job_signatures[tenant_id] = signature
                 messages.setdefault(tenant_id, {"type": "update"})["jobs"] = cards
-
-    async def _poll_downgrades(self) -> None:
-        cursor, rows = await sync_to_async(db.downgrades_after)(self._downgrade_cursor)
-        first = self._downgrade_cursor is None
-        self._downgrade_cursor = cursor
-        if first:
-            return
-        for tenant_id, row in rows:
-            self.add_event({"kind": "downgrades", "tenant_id": tenant_id, "row": row})
 
     # --- operations ----------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ def fake_serve_none(conn, gateway_pid: int, owner: str = "") -> None:
     django.setup()
     conn.send_bytes(billing_worker.READY)
     while (asks := _next_batch(conn)) is not None:
-        conn.send_bytes(pickle.dumps(([None] * len(asks), ([], []), None), pickle.HIGHEST_PROTOCOL))
+        conn.send_bytes(pickle.dumps(([None] * len(asks), {}, None), pickle.HIGHEST_PROTOCOL))
 
 
 def _next_batch(conn) -> list | None:

@@ -1,16 +1,18 @@
-"""Billing's news after commit: the charges a booking appended and the alerts it raised, sent to
-receivers where they were booked, or kept for the gateway inside its billing worker (which sends
-them back with its answer, for the gateway to announce where the console watches)."""
+"""Billing's live events after commit (events.publish_on_commit): the charges a booking appended
+and the alerts it raised, sent to subscribers where they were booked, or relayed inside the
+gateway's billing worker (which sends them back with its answer, for the gateway to send where
+the console watches). Replaces the tests of the removed signals and news buffer."""
 
 from __future__ import annotations
 
 from decimal import Decimal as D
 
 import pytest
+from django.db import transaction
 
-from billing import news
-from billing.news import AlertRaised, alerts_raised, charges_booked
+import events
 from billing.services import ledger_adjust
+from events import bus
 from tests.integration.billing.helpers import hold, settle
 
 pytestmark = pytest.mark.django_db
@@ -18,51 +20,63 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def heard():
-    got: dict[str, list] = {"charges": [], "alerts": []}
+    got: dict[str, list] = {"charge": [], "alert": []}
 
-    def on_charges(sender, charges, **kwargs):
-        got["charges"] += charges
+    def on_committed(committed):
+        for event in committed:
+            got[event.kind].append(event)
 
-    def on_alerts(sender, alerts, **kwargs):
-        got["alerts"] += alerts
-
-    charges_booked.connect(on_charges, dispatch_uid="test-news-charges")
-    alerts_raised.connect(on_alerts, dispatch_uid="test-news-alerts")
+    events.subscribe("test-news", on_committed)
     yield got
-    charges_booked.disconnect(dispatch_uid="test-news-charges")
-    alerts_raised.disconnect(dispatch_uid="test-news-alerts")
+    events.unsubscribe("test-news")
 
 
 def _book_a_charge_that_crosses_80_percent(world, capture):
-    with capture(execute=False) as callbacks:  # not committed yet: nothing announced
+    with capture(execute=False) as callbacks:  # not committed yet: nothing sent
         ledger_adjust(tenant_slug="alpha", amount=D("799.99"), reason="seed", author="t")
         hold("n1")
         settle("n1", prompt=10_000)
     return callbacks
 
 
-def test_charges_and_alerts_are_announced_once_committed(world, heard, django_capture_on_commit_callbacks):
+def test_charges_and_alerts_are_sent_once_committed(world, heard, django_capture_on_commit_callbacks):
     callbacks = _book_a_charge_that_crosses_80_percent(world, django_capture_on_commit_callbacks)
-    assert heard == {"charges": [], "alerts": []}
+    assert heard == {"charge": [], "alert": []}
     for callback in callbacks:
         callback()
-    [charge] = heard["charges"]
-    assert charge.kind == "charge" and charge.request_id.endswith("n1") and charge.tenant_id == world["alpha"].pk
-    [alert] = heard["alerts"]
-    assert isinstance(alert, AlertRaised) and alert.tenant_id == world["alpha"].pk and alert.threshold_pct == 80
+    [charge] = heard["charge"]
+    assert charge.payload["request_id"].endswith("n1") and charge.tenant_id == world["alpha"].pk
+    [alert] = heard["alert"]
+    assert alert.tenant_id == world["alpha"].pk and alert.payload["threshold_pct"] == 80
 
 
-def test_in_the_billing_worker_news_is_kept_for_the_gateway_not_sent(
+def test_in_the_billing_worker_events_are_relayed_to_the_gateway_not_sent(
     world, heard, django_capture_on_commit_callbacks, monkeypatch
 ):
-    monkeypatch.setattr(news, "_kept", None)
-    news.keep_for_the_gateway()
+    monkeypatch.setattr(bus, "_relayed", None)
+    events.relay()
     for callback in _book_a_charge_that_crosses_80_percent(world, django_capture_on_commit_callbacks):
         callback()
-    assert heard == {"charges": [], "alerts": []}  # the console's receivers in the worker hear nothing
-    charges, alerts = news.taken()
-    assert [c.request_id[-2:] for c in charges] == ["n1"] and [a.threshold_pct for a in alerts] == [80]
-    assert news.taken() == ([], [])  # taken once
-    monkeypatch.setattr(news, "_kept", None)
-    news.announce(charges=charges, alerts=alerts)  # the gateway, with the worker's answer
-    assert heard["charges"] == list(charges) and heard["alerts"] == alerts
+    assert heard == {"charge": [], "alert": []}  # the console's subscriber in the worker hears nothing
+    relayed = events.relayed()
+    committed = events.Committed(relayed)
+    assert [e.payload["request_id"][-2:] for e in committed if e.kind == "charge"] == ["n1"]
+    assert [e.payload["threshold_pct"] for e in committed if e.kind == "alert"] == [80]
+    assert events.relayed() == {}  # taken once
+    monkeypatch.setattr(bus, "_relayed", None)
+    events.send(relayed)  # the gateway, with the worker's answer
+    assert heard["charge"] == [e for e in committed if e.kind == "charge"]
+    assert heard["alert"] == [e for e in committed if e.kind == "alert"]
+
+
+def test_an_event_of_a_rolled_back_transaction_is_never_sent(world, heard, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():
+            events.publish_on_commit("charge", world["alpha"].pk, {"request_id": "kept"})
+            try:
+                with transaction.atomic():
+                    events.publish_on_commit("charge", world["alpha"].pk, {"request_id": "gone"})
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+    assert [e.payload["request_id"] for e in heard["charge"]] == ["kept"]

@@ -108,7 +108,7 @@ def test_events_ride_with_the_snapshot_and_bring_the_budget(world):
         d = _dispatcher(config)
         publisher, chan_a, chan_b = await _publisher_for_a_and_b(layer, world, watched=(A,))
         chan_f = await _listen(layer, FINANCE_GROUP)
-        await publisher.tick(d, 1_000)  # learn nothing yet; the downgrade cursor starts at the newest row
+        await publisher.tick(d, 1_000)  # learn nothing yet
         publisher.tenant_ids[A], publisher.slugs[world[A].pk] = world[A].pk, A
         publisher.add_event(
             {"kind": "charges", "tenant_id": world[A].pk, "row": {"request_id": f"{A}/paid-1", "amount": "0.1"}}

@@ -42,7 +42,7 @@ class HeldBackWorker:
         """Answers the oldest batch out; ``then`` runs right after, in the same callback."""
         asks, on_answer = self._answers.pop(0)
         results = [self._result(ask) for ask in asks]
-        on_answer(pickle.dumps((results, ([], []), None)))
+        on_answer(pickle.dumps((results, {}, None)))
         if then is not None:
             then()
 

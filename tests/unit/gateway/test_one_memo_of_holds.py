@@ -27,7 +27,7 @@ class FakeWorker:
     def send(self, asks: list, on_answer) -> None:
         self.batches.append(asks)
         results = [self._result(ask) for ask in asks]
-        answer = pickle.dumps((results, ([], []), None))
+        answer = pickle.dumps((results, {}, None))
         asyncio.get_running_loop().call_soon(on_answer, answer)
 
     @staticmethod
