@@ -24,7 +24,7 @@ freed slot may stay free briefly for the top class's forecast arrivals (``headro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 
 from . import admission as adm
@@ -50,26 +50,6 @@ def _live(ticket: Ticket) -> Live:
 
 
 class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
-    # Attributes added since an engine was first pickled (the shared scheduler's snapshot, read by
-    # a dispatcher of a newer version during a rolling deploy): their values for an older engine.
-    ADDED_SINCE: dict[str, Callable[[], object]] = {
-        "_backlog_done": dict,
-        "_prior_weight": int,
-        "_margin_after_ms": int,
-        "_hold_idle_on": bool,
-        "_free_rate": float,
-        "_free_rate_ms": int,
-        "_rescue_ms": int,
-        "_rescue": dict,
-        "rescued": int,
-    }
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        for name, default in self.ADDED_SINCE.items():
-            if name not in state:
-                state[name] = default()
-        self.__dict__.update(state)
-
     def __init__(
         self,
         config: SchedulerConfig,

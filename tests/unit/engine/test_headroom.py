@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from scheduling.engine import apply_policy
@@ -12,6 +12,7 @@ from scheduling.engine.forecast import DAY_MS, ArrivalForecast
 from scheduling.engine.headroom import turnover_bound
 from scheduling.engine.model import HeadroomPolicy
 from scheduling.engine.schema import ConfigError, config_from_dict, config_from_yaml, config_to_dict, config_to_yaml
+from scheduling.engine.snapshot import from_record, to_record
 from tests.unit.engine.engine_helpers import config, req, scheduler, submit
 
 MINUTE = 60_000
@@ -168,7 +169,7 @@ def test_with_hold_idle_a_hold_that_ends_is_not_renewed():
 def test_holds_and_forecast_survive_a_snapshot():
     sched = busy_pool()
     sched.complete("b0", now_ms=NOW, prompt_tokens=1, output_tokens=1)
-    copy = pickle.loads(pickle.dumps(sched))
+    copy = from_record(msgpack.unpackb(msgpack.packb(to_record(sched))))
     assert copy.headroom_holds() == sched.headroom_holds()
     assert copy.headroom_need(now_ms=NOW) == sched.headroom_need(now_ms=NOW)
 
