@@ -18,13 +18,11 @@ from .capacity import BackendState
 from .config_record import backend_from_record, config_from_record, from_plain, tenant_from_record, to_plain
 from .counters import Tally
 from .fairness import Lane, TenantQueue
-from .forecast import ArrivalForecast
 from .model import ClassSpec, FairnessMode, Request, RequestId
 from .scheduler import Scheduler
 from .store import DONE, MemoryStore, Ticket, _Sample, _Window
 
 SNAPSHOT_VERSION = 1
-FORECAST_FIELDS = ("profile", "bucket", "count", "counting_whole", "rate", "rate_ms")
 SCALARS = (  # the scheduler's own plain fields (numbers and dicts of numbers by class)
     "rescued",
     "_promote_due_ms",
@@ -39,11 +37,6 @@ SCALARS = (  # the scheduler's own plain fields (numbers and dicts of numbers by
     "_fast_fail_due_ms",
     "_next_seq",
     "_next_front",
-    "held_slot_ms",
-    "_released_ms",
-    "_released",
-    "_free_rate",
-    "_free_rate_ms",
 )
 
 
@@ -145,7 +138,6 @@ def to_record(sched: Scheduler) -> dict[str, Any]:
     deadlines = [[deadline_ms, rid, refs.of(ticket)] for deadline_ms, rid, ticket in sched._deadlines]
     rescue = [[*key, [[*entry[:3], refs.of(entry[3])] for entry in heap]] for key, heap in sched._rescue.items()]
     in_store = set(stored)
-    forecast = sched._forecast
     capacity = sched._capacity
     return {
         "version": SNAPSHOT_VERSION,
@@ -173,8 +165,7 @@ def to_record(sched: Scheduler) -> dict[str, Any]:
         "model_rate": {name: w.as_record() for name, w in sched._model_rate.items()},
         "cls_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._cls_service.items()},
         "model_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._model_service.items()},
-        "holds": list(sched._holds),
-        "forecast": None if forecast is None else [getattr(forecast, name) for name in FORECAST_FIELDS],
+        "headroom": sched.headroom.as_record(),
         "store": {
             "fair": [[*key, value] for key, value in store._fair.items()],
             "windows": {
@@ -296,15 +287,7 @@ def from_record(record: object) -> Scheduler:
         state.enabled, state.removed = enabled, removed
         capacity.states[state.name] = state
     capacity._index()
-    sched._holds = list(record["holds"])
-    if record["forecast"] is not None:
-        headroom = config.headroom
-        forecast = ArrivalForecast(
-            bucket_ms=headroom.bucket_ms, alpha=headroom.profile_alpha, recent_ms=headroom.recent_ms
-        )
-        for name, value in zip(FORECAST_FIELDS, record["forecast"], strict=True):
-            setattr(forecast, name, value)
-        sched._forecast = forecast
+    sched.headroom.restore(record["headroom"])
     _restore_indexes(sched, record, tickets)
     return sched
 

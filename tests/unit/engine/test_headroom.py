@@ -259,7 +259,7 @@ def test_a_pool_that_turns_over_fast_holds_no_more_than_its_turnover_needs():
     sched = turning_pool(policy)
     now = 10_000
     assert plain.headroom_need(now_ms=now) == 4  # about 2/s x 2 s expected: 4 (the forecast alone)
-    turnover = sched.free_rate(now) * policy.horizon_ms / sched._forecast.expected(now, policy.horizon_ms, 0.5)
+    turnover = sched.free_rate(now) * policy.horizon_ms / sched.headroom.forecast.expected(now, policy.horizon_ms, 0.5)
     assert turnover == pytest.approx(4.0)
     assert sched.headroom_need(now_ms=now) == turnover_bound(turnover, 0.05) == 2  # 3/63 = 4.8% missed with 2 held
 
