@@ -153,3 +153,30 @@ def test_circuits_read_back_with_their_token_windows():
         and back.is_open("g1", 100)
         and back.of("g2").tpm_used(10) == 40
     )
+
+
+def test_a_retired_class_a_draining_backend_and_token_windows_are_restored():
+    """A class removed from the configuration with requests still waiting, a backend removed with
+    requests still running, and a backend's token window: the restored engine serves them alike."""
+    cfg = short_sla_config()
+    backends = [BackendSpec("g1", ("m",), 1, tpm=5000), BackendSpec("g2", ("m",), 1)]
+    engines = [scheduler(cfg, backends=backends)]
+    submit(engines[0], *(req(f"r{n}", tenant="ab"[n % 2], cls="RETRY", at=0, prompt=900) for n in range(6)))
+    engines[0].dispatch(now_ms=0)
+    engines[0].reconfigure(
+        now_ms=10,
+        config=replace(cfg, classes=tuple(c for c in cfg.classes if c.name != "RETRY")),
+        backends=[BackendSpec("g1", ("m",), 2, tpm=5000)],
+    )
+    engines.append(from_record(packed(to_record(engines[0]))))
+    for sched in engines:
+        assert sched.waiting() == engines[0].waiting() and "RETRY" in sched._retired
+    logs: list[list] = [[], []]
+    for now in range(20, 4000, 100):
+        for sched, log in zip(engines, logs, strict=True):
+            for request in sched.running():
+                sched.complete(request.id, now_ms=now, prompt_tokens=request.prompt_tokens, output_tokens=10)
+            log.append([(g.request.id, g.backend) for g in sched.dispatch(now_ms=now)])
+            log.append([r.id for r in sched.expire(now_ms=now)])
+    assert logs[0] == logs[1] and any(logs[0])
+    assert packed(to_record(engines[1])) == packed(to_record(engines[0]))
