@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 WINDOW_MS = 60_000
 RATE_ENTRY_MS = 250  # a RateWindow's resolution: events this close to an entry's first one share it
@@ -59,17 +60,15 @@ class RateWindow:
         self.counts: deque[int] = deque()  # each entry's events
         self.total = 0
 
-    def __setstate__(self, state: tuple[None, dict[str, deque[int]]]) -> None:
-        """Unpickled (an engine's snapshot): one taken when the window kept every event's time
-        (``times`` alone) is counted into entries, event by event, as if they had come now."""
-        slots = state[1]
-        if "counts" in slots:
-            for name, value in slots.items():
-                setattr(self, name, value)
-            return
-        self.times, self.counts, self.total = deque(), deque(), 0
-        for at_ms in slots.get("times", ()):
-            self.add(at_ms)
+    def as_record(self) -> list[object]:
+        """Plain data (a snapshot's): the entries' times, their counts, the total."""
+        return [list(self.times), list(self.counts), self.total]
+
+    @classmethod
+    def from_record(cls, record: list[Any]) -> RateWindow:
+        window = cls()
+        window.times, window.counts, window.total = deque(record[0]), deque(record[1]), record[2]
+        return window
 
     def add(self, now_ms: int, amount: int = 1) -> None:
         """One event (``amount``: a weight, such as a completion's tokens; the window then sums them)."""
@@ -101,12 +100,6 @@ class ServiceMean:
         self.mean_ms = 0.0
         self.samples = 0
         self.var_ms2 = 0.0  # exponentially weighted variance, with the same weights as the mean
-
-    def __setstate__(self, state: tuple[None, dict[str, float]]) -> None:
-        """Unpickled (an engine's snapshot): one taken before ``var_ms2`` was kept reads as 0."""
-        self.var_ms2 = 0.0
-        for name, value in state[1].items():
-            setattr(self, name, value)
 
     def add(self, service_ms: int) -> None:
         self.samples += 1

@@ -29,19 +29,6 @@ class BackendHealth:
     # when read, grew without end in a gateway whose /metrics nobody scraped).
     tokens: RateWindow = field(default_factory=RateWindow)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickled (a shared dispatcher's snapshot): one from before the window kept
-        ``(at_ms, tokens)`` per completion, and their sum; those are counted into the window."""
-        old = state.pop("tokens", None)
-        state.pop("tokens_sum", None)
-        self.__dict__.update(state)
-        if isinstance(old, RateWindow):
-            self.tokens = old
-        else:
-            self.tokens = RateWindow()
-            for at_ms, tokens in old or ():
-                self.tokens.add(at_ms, tokens)
-
     def tpm_used(self, now_ms: int) -> int:
         return self.tokens.count(now_ms)
 
@@ -51,6 +38,23 @@ class Circuits:
     threshold: int
     cooldown_ms: int
     health: dict[str, BackendHealth] = field(default_factory=dict)
+
+    def as_record(self) -> dict[str, Any]:
+        """Plain data (the shared dispatcher's snapshot)."""
+        health = {
+            name: [h.failures, h.open_until_ms, h.half_open, h.in_use, h.tokens.as_record()]
+            for name, h in self.health.items()
+        }
+        return {"threshold": self.threshold, "cooldown_ms": self.cooldown_ms, "health": health}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Circuits:
+        circuits = cls(threshold=record["threshold"], cooldown_ms=record["cooldown_ms"])
+        for name, (failures, open_until_ms, half_open, in_use, tokens) in record["health"].items():
+            circuits.health[name] = BackendHealth(
+                failures, open_until_ms, half_open, in_use, RateWindow.from_record(tokens)
+            )
+        return circuits
 
     def of(self, name: str) -> BackendHealth:
         health = self.health.get(name)

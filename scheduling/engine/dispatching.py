@@ -62,6 +62,7 @@ from .capacity import Capacity
 from .class_plans import ClassPlan
 from .counters import Counters, Tally, TenantInClass, wait_bucket
 from .fairness import Lane, Rank
+from .headroom import Headroom
 from .outcomes import Grant
 from .store import RUNNING, WAITING, SchedulerStore, Ticket
 
@@ -96,12 +97,7 @@ class DispatchMixin:
     _started_sum: dict[str, int]
     _model_rate: dict[str, RateWindow]
     _unqueue: Callable[[Ticket], None]
-    _holds: list[int]
-    _refresh_holds: Callable[[int], None]
-    _held_back: Callable[[str, int], bool]
-    _hold_idle_on: bool
-    _hold_idle_slot: Callable[[str, int], None]
-    _hold_used: Callable[[str, int], None]
+    headroom: Headroom
     _rescue_ms: int
     _rescue: dict[tuple[str, str], list[RescueEntry]]
     rescued: int
@@ -109,8 +105,9 @@ class DispatchMixin:
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
         capacity = self._capacity
-        if self._holds:  # headroom: ended holds go, those beyond the need or the free slots go (``headroom``)
-            self._refresh_holds(now_ms)
+        headroom = self.headroom
+        if headroom.holds:  # ended holds go, those beyond the need or the free slots go (``headroom``)
+            headroom.refresh(now_ms)
         if not self._waiting or not capacity.any_free(now_ms):
             return grants
         if self._aging.preempt_ratio is not None and self._promote_due_ms <= now_ms:
@@ -306,9 +303,10 @@ class DispatchMixin:
     ) -> bool:
         plan = self._plans[ticket.cls]
         capacity = self._capacity
-        if self._hold_idle_on and not preempt and not plan.privileged:
-            self._hold_idle_slot(ticket.model, now_ms)  # an idle slot may become a hold first (``headroom``)
-        if self._holds and not preempt and not plan.privileged and self._held_back(ticket.model, now_ms):
+        headroom = self.headroom
+        if headroom.hold_idle and not preempt and not plan.privileged:
+            headroom.hold_idle_slot(ticket.model, now_ms)  # an idle slot may become a hold first (``headroom``)
+        if headroom.holds and not preempt and not plan.privileged and headroom.held_back(ticket.model, now_ms):
             return False  # the free slots are held for the top class's forecast arrivals
         backend = capacity.place(ticket.model, ticket.vip or plan.privileged, ticket.vip, ticket.est_tokens, now_ms)
         if backend is None:
@@ -325,8 +323,8 @@ class DispatchMixin:
         ticket.window_handle = capacity.occupy(backend, ticket.est_tokens, now_ms)
         self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
         self._started_sum[ticket.cls] = self._started_sum.get(ticket.cls, 0) + now_ms
-        if self._holds and plan.privileged:
-            self._hold_used(ticket.model, now_ms)
+        if headroom.holds and plan.privileged:
+            headroom.used(ticket.model, now_ms)
         plan.dispatch_rate.add(now_ms)
         self._model_rate[ticket.model].add(now_ms)  # created with the model's first lane
         if not self._store_holds_live_tickets:

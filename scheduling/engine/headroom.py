@@ -49,51 +49,52 @@ from __future__ import annotations
 
 import math
 from bisect import insort
+from collections.abc import Callable
+from typing import Any
 
 from .capacity import Capacity
-from .class_plans import ClassPlan
 from .forecast import ArrivalForecast
 from .model import HeadroomPolicy
 
+FORECAST_STATE = ("profile", "bucket", "count", "counting_whole", "rate", "rate_ms")  # what it learned
 
-class HeadroomMixin:
-    """Needs ``_capacity`` and calls ``_apply_headroom`` from the scheduler's configuration."""
 
-    _capacity: Capacity
-    _plans: dict[str, ClassPlan]
-    _depth_by_cls: dict[str, int]
-    _headroom: HeadroomPolicy
-    _headroom_on: bool
-    _forecast: ArrivalForecast | None
-    _holds: list[int]  # hold ends, ascending
-    _hold_idle_on: bool
-    _released_ms: int  # the instant of the last hold that ended or was released (not used)
-    _released: int  # how many ended or were released at that instant
-    held_slot_ms: int  # slot-ms left idle by holds so far (what headroom cost the lower classes)
-    _free_rate: float  # recent slot frees per ms, as of _free_rate_ms (``miss_share``'s turnover)
-    _free_rate_ms: int
+class Headroom:
+    """The engine's part that holds slots for the top class: its policy, the arrival forecast, the
+    holds and what they cost. The scheduler calls it on a top-class arrival, a freed slot, a
+    dispatch round and each grant; its state outlives a reconfiguration that turns it off."""
 
-    def _apply_headroom(self, policy: HeadroomPolicy, *, single_queue: bool) -> None:
-        self._headroom = policy
-        self.held_slot_ms = getattr(self, "held_slot_ms", 0)
-        self._headroom_on = policy.enabled and not single_queue
-        self._hold_idle_on = self._headroom_on and policy.hold_idle
-        self._released_ms, self._released = getattr(self, "_released_ms", -1), getattr(self, "_released", 0)
-        self._free_rate, self._free_rate_ms = getattr(self, "_free_rate", 0.0), getattr(self, "_free_rate_ms", 0)
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self.policy = HeadroomPolicy()
+        self.on = False
+        self.hold_idle = False  # also hold free slots that did not just free
+        self.forecast: ArrivalForecast | None = None  # None: headroom off
+        self.holds: list[int] = []  # hold ends, ascending
+        self.held_slot_ms = 0  # slot-ms left idle by holds so far (what headroom cost the lower classes)
+        self.released_ms = -1  # the instant of the last hold that ended or was released (not used)
+        self.released = 0  # how many ended or were released at that instant
+        self.slot_free_rate = 0.0  # recent slot frees per ms, as of slot_free_rate_ms (``miss_share``'s turnover)
+        self.slot_free_rate_ms = 0
+
+    def apply(self, policy: HeadroomPolicy, *, single_queue: bool) -> None:
+        """A new configuration: the forecast is kept while its settings are the same."""
+        self.policy = policy
+        self.on = policy.enabled and not single_queue
+        self.hold_idle = self.on and policy.hold_idle
         bucket_ms, alpha, recent_ms = policy.bucket_ms, policy.profile_alpha, policy.recent_ms
-        forecast = getattr(self, "_forecast", None)
-        if not self._headroom_on:
-            self._forecast, self._holds = None, []
+        forecast = self.forecast
+        if not self.on:
+            self.forecast, self.holds = None, []
         elif forecast is None or not forecast.compatible(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms):
-            self._forecast = ArrivalForecast(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms)
-            self._holds = getattr(self, "_holds", [])
+            self.forecast = ArrivalForecast(bucket_ms=bucket_ms, alpha=alpha, recent_ms=recent_ms)
 
-    def headroom_need(self, *, now_ms: int) -> int:
+    def need(self, now_ms: int) -> int:
         """Slots the forecast wants free for the top class at ``now_ms`` (0: headroom off or no need)."""
-        forecast = self._forecast
+        forecast = self.forecast
         if forecast is None:
             return 0
-        policy = self._headroom
+        policy = self.policy
         expected = forecast.expected(now_ms, policy.horizon_ms, policy.profile_weight)
         if expected < policy.min_expected:
             return 0
@@ -105,79 +106,97 @@ class HeadroomMixin:
 
     def free_rate(self, now_ms: int) -> float:
         """Slots freed per ms recently (decayed to ``now_ms`` with the forecast's ``recent_ms``)."""
-        if not self._free_rate:
+        if not self.slot_free_rate:
             return 0.0
-        return self._free_rate * math.exp(-max(0, now_ms - self._free_rate_ms) / self._headroom.recent_ms)
+        return self.slot_free_rate * math.exp(-max(0, now_ms - self.slot_free_rate_ms) / self.policy.recent_ms)
 
-    def headroom_holds(self) -> tuple[int, ...]:
-        """The ends of the current holds (ms, ascending)."""
-        return tuple(self._holds)
-
-    def _top_arrival(self, now_ms: int) -> None:
-        forecast = self._forecast
+    def top_arrival(self, now_ms: int) -> None:
+        forecast = self.forecast
         if forecast is not None:
             forecast.observe(now_ms)
 
-    def _slot_freed(self, now_ms: int) -> None:
-        """A running request left its slot at ``now_ms``: hold the slot if the need is not met."""
-        if self._forecast is None:
+    def slot_freed(self, now_ms: int, lower_waiting: Callable[[], bool]) -> None:
+        """A running request left its slot at ``now_ms``: hold the slot if the need is not met
+        (``lower_waiting``: whether a request of a class below the top waits)."""
+        if self.forecast is None:
             return
-        self._free_rate = self.free_rate(now_ms) + 1.0 / self._headroom.recent_ms
-        self._free_rate_ms = now_ms
-        holds = self._holds
+        self.slot_free_rate = self.free_rate(now_ms) + 1.0 / self.policy.recent_ms
+        self.slot_free_rate_ms = now_ms
+        holds = self.holds
         while holds and holds[0] <= now_ms:
-            self._hold_release(holds.pop(0), now_ms)
-        if self._lower_waiting() and len(holds) < self.headroom_need(now_ms=now_ms):
-            insort(holds, now_ms + self._headroom.hold_ms)
+            self._release(holds.pop(0), now_ms)
+        if lower_waiting() and len(holds) < self.need(now_ms):
+            insort(holds, now_ms + self.policy.hold_ms)
 
-    def _lower_waiting(self) -> bool:
-        """Whether a request of a class below the top waits (else a free slot stays free anyway)."""
-        plans = self._plans
-        return any(depth and not plans[cls].privileged for cls, depth in self._depth_by_cls.items())
-
-    def _refresh_holds(self, now_ms: int) -> None:
+    def refresh(self, now_ms: int) -> None:
         """Before a dispatch round: drop ended holds, release those beyond the need or the free slots."""
-        holds = self._holds
+        holds = self.holds
         while holds and holds[0] <= now_ms:
-            self._hold_release(holds.pop(0), now_ms)
+            self._release(holds.pop(0), now_ms)
         if holds:
-            capacity = self._capacity
-            keep = min(self.headroom_need(now_ms=now_ms), capacity.total_slots)
+            capacity = self.capacity
+            keep = min(self.need(now_ms), capacity.total_slots)
             free = sum(max(0, s.slots - s.busy) for s in capacity.states.values() if s.enabled)
             excess = len(holds) - min(keep, free)
             for _ in range(max(0, excess)):
-                self._hold_release(holds.pop(0), now_ms)
+                self._release(holds.pop(0), now_ms)
 
-    def _held_back(self, model: str, now_ms: int) -> bool:
+    def held_back(self, model: str, now_ms: int) -> bool:
         """Whether a lower-class request of ``model`` must leave the free slots to the holds."""
-        return self._capacity.free_slots(model, now_ms) <= len(self._holds)
+        return self.capacity.free_slots(model, now_ms) <= len(self.holds)
 
-    def _hold_idle_slot(self, model: str, now_ms: int) -> None:
+    def hold_idle_slot(self, model: str, now_ms: int) -> None:
         """``hold_idle``: a lower-class request of ``model`` is about to take a free slot; hold one more
         if fewer are held than the need and a free slot is left that no hold just left."""
-        holds = self._holds
-        released = self._released if self._released_ms == now_ms else 0
-        if self._capacity.free_slots(model, now_ms) - len(holds) - released <= 0:
+        holds = self.holds
+        released = self.released if self.released_ms == now_ms else 0
+        if self.capacity.free_slots(model, now_ms) - len(holds) - released <= 0:
             return
-        if len(holds) < self.headroom_need(now_ms=now_ms):
-            insort(holds, now_ms + self._headroom.hold_ms)
+        if len(holds) < self.need(now_ms):
+            insort(holds, now_ms + self.policy.hold_ms)
 
-    def _hold_used(self, model: str, now_ms: int) -> None:
+    def used(self, model: str, now_ms: int) -> None:
         """A top-class request took a slot: it used a hold if fewer slots than holds are free now."""
-        holds = self._holds
-        if holds and self._capacity.free_slots(model, now_ms) < len(holds):
-            self._hold_end(holds.pop(0), now_ms)
+        holds = self.holds
+        if holds and self.capacity.free_slots(model, now_ms) < len(holds):
+            self._end(holds.pop(0), now_ms)
 
-    def _hold_release(self, end_ms: int, now_ms: int) -> None:
+    def _release(self, end_ms: int, now_ms: int) -> None:
         """A hold ended or was released (not used): its slot goes to the dispatch order, not to a new hold."""
-        if self._released_ms != now_ms:
-            self._released_ms, self._released = now_ms, 0
-        self._released += 1
-        self._hold_end(end_ms, now_ms)
+        if self.released_ms != now_ms:
+            self.released_ms, self.released = now_ms, 0
+        self.released += 1
+        self._end(end_ms, now_ms)
 
-    def _hold_end(self, end_ms: int, now_ms: int) -> None:
+    def _end(self, end_ms: int, now_ms: int) -> None:
         """A hold is over (ended, released or used): count the time its slot stood idle."""
-        self.held_slot_ms += max(0, min(end_ms, now_ms) - (end_ms - self._headroom.hold_ms))
+        self.held_slot_ms += max(0, min(end_ms, now_ms) - (end_ms - self.policy.hold_ms))
+
+    def as_record(self) -> dict[str, Any]:
+        """The state beside the policy, as plain data (the engine's snapshot)."""
+        forecast = self.forecast
+        return {
+            "holds": list(self.holds),
+            "held_slot_ms": self.held_slot_ms,
+            "released": [self.released_ms, self.released],
+            "slot_free_rate": [self.slot_free_rate, self.slot_free_rate_ms],
+            "forecast": None if forecast is None else [getattr(forecast, name) for name in FORECAST_STATE],
+        }
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Takes the state of ``record`` (from `as_record`); the policy is applied already."""
+        self.holds = list(record["holds"])
+        self.held_slot_ms = record["held_slot_ms"]
+        self.released_ms, self.released = record["released"]
+        self.slot_free_rate, self.slot_free_rate_ms = record["slot_free_rate"]
+        if record["forecast"] is not None:
+            policy = self.policy
+            forecast = ArrivalForecast(
+                bucket_ms=policy.bucket_ms, alpha=policy.profile_alpha, recent_ms=policy.recent_ms
+            )
+            for name, value in zip(FORECAST_STATE, record["forecast"], strict=True):
+                setattr(forecast, name, value)
+            self.forecast = forecast
 
 
 def turnover_bound(turnover: float, miss_share: float) -> int | None:

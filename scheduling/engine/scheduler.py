@@ -24,7 +24,7 @@ freed slot may stay free briefly for the top class's forecast arrivals (``headro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 
 from . import admission as adm
@@ -34,7 +34,7 @@ from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
 from .dispatching import DispatchMixin, PreemptEntry, RescueEntry
 from .fairness import Lane, tenant_weights
-from .headroom import HeadroomMixin
+from .headroom import Headroom
 from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, Live, QueuePosition
 from .position import eta_ms, requests_ahead
@@ -49,27 +49,7 @@ def _live(ticket: Ticket) -> Live:
     return Live(ticket.request, STATE_NAMES[ticket.state], ticket.backend, ticket.dispatched_ms)
 
 
-class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
-    # Attributes added since an engine was first pickled (the shared scheduler's snapshot, read by
-    # a dispatcher of a newer version during a rolling deploy): their values for an older engine.
-    ADDED_SINCE: dict[str, Callable[[], object]] = {
-        "_backlog_done": dict,
-        "_prior_weight": int,
-        "_margin_after_ms": int,
-        "_hold_idle_on": bool,
-        "_free_rate": float,
-        "_free_rate_ms": int,
-        "_rescue_ms": int,
-        "_rescue": dict,
-        "rescued": int,
-    }
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        for name, default in self.ADDED_SINCE.items():
-            if name not in state:
-                state[name] = default()
-        self.__dict__.update(state)
-
+class Scheduler(DispatchMixin, PredictMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -83,6 +63,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._books: dict[tuple[str, str], TenantInClass] = {}  # by (class, tenant)
         self._store_holds_live_tickets = getattr(self._store, "holds_live_tickets", False)
         self._capacity = Capacity(backends, self._store)
+        self.headroom = Headroom(self._capacity)  # slots held for the top class (``headroom``)
         self._tenant_specs: dict[str, TenantSpec] = {t.slug: t for t in tenants}
         self._retired: dict[str, ClassSpec] = {}
         self._lanes: dict[tuple[str, str], Lane] = {}
@@ -152,7 +133,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._prior_weight = queue.prior_weight if self._predicted else 0
         self._margin_after_ms = queue.margin_after_ms if self._predicted else 0
         self._depth_cap = queue.depth_cap
-        self._apply_headroom(config.headroom, single_queue=self._single_queue)
+        self.headroom.apply(config.headroom, single_queue=self._single_queue)
         # the deadline rescue needs deadlines (expiry) and a fair order to step out of
         self._rescue_ms = config.headroom.rescue_ms if queue.enforce_deadline and not self._single_queue else 0
         self._weights()
@@ -272,8 +253,8 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
             raise ValueError(f"unknown class {request.cls!r}")
         if self._store.ticket_get(request.id) is not None:
             raise ValueError(f"request {request.id!r} is already in the scheduler")
-        if self._forecast is not None and self._plans[request.cls].privileged:
-            self._top_arrival(now_ms)
+        if self.headroom.forecast is not None and self._plans[request.cls].privileged:
+            self.headroom.top_arrival(now_ms)
         tenant = self._tenant_specs.get(request.tenant)
         vip = request.vip or (tenant is not None and tenant.vip)
         book = self._book(request.cls, request.tenant)
@@ -420,7 +401,7 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         self._capacity.release(ticket.backend, ticket.window_handle, token_delta)
         self._running_by_cls[ticket.cls] -= 1
         self._started_sum[ticket.cls] -= ticket.dispatched_ms or 0
-        self._slot_freed(now_ms)
+        self.headroom.slot_freed(now_ms, self._lower_waiting)
         if fair_delta and ticket.charge_lane is not None:
             lane = self._lanes.get(ticket.charge_lane)
             if lane is not None and not lane.fifo:
@@ -530,6 +511,28 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
             del self._retired[ticket.cls]
 
     # ----------------------------------------------------------------- queries
+    def headroom_need(self, *, now_ms: int) -> int:
+        """Slots the forecast wants free for the top class at ``now_ms`` (0: headroom off or no need)."""
+        return self.headroom.need(now_ms)
+
+    def headroom_holds(self) -> tuple[int, ...]:
+        """The ends of the current holds (ms, ascending)."""
+        return tuple(self.headroom.holds)
+
+    def free_rate(self, now_ms: int) -> float:
+        """Slots freed per ms recently (headroom's turnover)."""
+        return self.headroom.free_rate(now_ms)
+
+    @property
+    def held_slot_ms(self) -> int:
+        """Slot-ms left idle by headroom's holds so far (what it cost the lower classes)."""
+        return self.headroom.held_slot_ms
+
+    def _lower_waiting(self) -> bool:
+        """Whether a request of a class below the top waits (else a free slot stays free anyway)."""
+        plans = self._plans
+        return any(depth and not plans[cls].privileged for cls, depth in self._depth_by_cls.items())
+
     def state_of(self, request_id: RequestId) -> str | None:
         ticket = self._store.ticket_get(request_id)
         return None if ticket is None else STATE_NAMES.get(ticket.state)
@@ -584,8 +587,9 @@ class Scheduler(DispatchMixin, PredictMixin, HeadroomMixin):
         reopen = self._capacity.next_reopen_ms(now_ms)
         if reopen is not None:
             times.append(reopen)
-        if self._holds:  # a held slot goes to a lower class at its hold's end
-            times.append(self._holds[0])
+        holds = self.headroom.holds
+        if holds:  # a held slot goes to a lower class at its hold's end
+            times.append(holds[0])
         future = [t for t in times if t > now_ms]
         return min(future) if future else None
 

@@ -142,14 +142,6 @@ class _Sample:
         self.first_ms = at_ms
         self.count = 1
 
-    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
-        """Unpickled (an engine's snapshot): one taken when every sample was an entry of its own."""
-        self.count = 1
-        for name, value in state[1].items():
-            setattr(self, name, value)
-        if "first_ms" not in state[1]:
-            self.first_ms = self.at_ms
-
 
 class _Window:
     """A sliding window (TPM/RPM of a backend) in entries of at most `WINDOW_ENTRY_MS`.
@@ -158,7 +150,7 @@ class _Window:
     added to that entry, and the entry stays in the window until its newest sample leaves. So a
     window holds at most ``span_ms / WINDOW_ENTRY_MS + 1`` entries whatever the request rate (the
     shared dispatcher's snapshot carries it: one object per request made it grow to millions at
-    high rates, and take seconds to pickle), and it never counts less than the exact window: an
+    high rates, and take seconds to record), and it never counts less than the exact window: an
     upstream limit is never exceeded, and a sample may be counted up to `WINDOW_ENTRY_MS` longer
     than exactly (samples at one instant, or further apart, are counted exactly). A correction
     (`MemoryStore.window_adjust`) goes to the sample's entry while that entry is in the window."""
@@ -170,13 +162,6 @@ class _Window:
         self.total = 0.0
         self.by_handle: dict[int, _Sample] = {}
         self.requests = 0  # samples counted (the entries' counts)
-
-    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
-        """Unpickled (an engine's snapshot): one taken before the entries counted their samples."""
-        for name, value in state[1].items():
-            setattr(self, name, value)
-        if "requests" not in state[1]:
-            self.requests = len(self.samples)
 
 
 class MemoryStore:

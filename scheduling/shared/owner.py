@@ -7,8 +7,8 @@ Keys (under ``prefix``, ``fairgate:sched`` unless configured):
   (``last``), the id of the step before it in the stream (``prev``: a replica knows it missed none),
   and a new configuration when one took effect (``cfg``);
 * ``out:<gateway>``: a list per gateway of the answers for its requests (one element per commit);
-* ``snap``: the engine (and the routes of its requests) as of one step, pickled, with that
-  step's id and its last command's id;
+* ``snap``: the engine (and the routes of its requests) as of one step, a versioned record
+  (scheduling.shared.state), with that step's id and its last command's id;
 * ``lease``: the owner's token (``<epoch>:<owner id>``, epoch from ``epoch``, an INCR), with a
   time to live the owner renews; ``gw:<gateway>``: each gateway's heartbeat, with one too.
 
@@ -42,7 +42,6 @@ import asyncio
 import gc
 import logging
 import os
-import pickle
 import secrets
 import socket
 import time
@@ -52,6 +51,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from scheduling.engine.model import SchedulerConfig
 from scheduling.shared.protocol import Answer, Command, Step, entry_commands, pack
 from scheduling.shared.replica import Keys, Replica, id_key, stream_read
+from scheduling.shared.state import pack_config, pack_state
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -71,7 +71,7 @@ GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop be
 GATEWAY_CHECK_S = 0.5
 OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
 QUIET_COMMIT_MS = 50  # a step that answered nobody is logged with the next one, or after this long
-SNAPSHOT_MS_PER_REQUEST = 0.1  # what pickling the engine is assumed to cost per live request, until measured
+SNAPSHOT_MS_PER_REQUEST = 0.1  # what recording the engine is assumed to cost per live request, until measured
 SNAPSHOT_REQUESTS_FLOOR = 1000  # the cost measured with fewer live requests is spread over this many
 SNAPSHOT_STRETCH_MAX_MS = 30_000  # the longest a snapshot may stretch the lease (see `Owner.commit`)
 
@@ -210,7 +210,7 @@ class Owner(Replica):
         self._renew = redis.register_script(_RENEW)
         self._snapshot = redis.register_script(_SNAPSHOT)
         self._stretch = redis.register_script(_STRETCH)
-        self.snapshot_ms_per_request = SNAPSHOT_MS_PER_REQUEST  # measured at each snapshot (`_pickle_state`)
+        self.snapshot_ms_per_request = SNAPSHOT_MS_PER_REQUEST  # measured at each snapshot (`_pack_state`)
         self.snapshot_bytes = 0  # the last snapshot's size
         self._release = redis.register_script(_RELEASE)
         # The gateway of this process, when a serve process holds the role (`attach`): while this
@@ -358,7 +358,7 @@ class Owner(Replica):
         """Applies ``taken`` (from `commands`), then the attached gateway's commands in process,
         at the clock's now, and pumps; the step waits for its commit (`commit`)."""
         now_ms = self.now_ms()
-        cfg = pickle.dumps(self._config, pickle.HIGHEST_PROTOCOL) if self._config_due else b""
+        cfg = pack_config(self._config) if self._config_due else b""
         local, self._local = self._local, []
         step = self.replay(now_ms, [*(command for _, commands in taken for command in commands), *local], cfg)
         if taken:
@@ -391,7 +391,7 @@ class Owner(Replica):
         in one script; then hands the attached gateway its answers. ``snapshot``: the engine as
         of those steps is stored too (taken before the script is sent, so it is exactly theirs).
 
-        Pickling the engine holds the event loop, so nothing renews the lease meanwhile: with
+        Recording the engine holds the event loop, so nothing renews the lease meanwhile: with
         tens of thousands of requests waiting it takes longer than the lease, which expired under
         it (and a standby took over, to lose the lease the same way at its own first snapshot).
         So the lease is first stretched to cover it (`_stretch_for_snapshot`); renewals never
@@ -402,7 +402,7 @@ class Owner(Replica):
             await self._stretch_for_snapshot()
         batch, self._unlogged, self._loud = self._unlogged, [], False
         cursor, step_ms = self.cursor, self.step_ms
-        state = self._pickle_state() if snapshot else None
+        state = self._pack_state() if snapshot else None
         self._inflight = batch
         try:
             if batch:
@@ -438,7 +438,7 @@ class Owner(Replica):
     async def _stretch_for_snapshot(self) -> None:
         """Sets the lease's time to the usual one plus twice what the snapshot should take (its
         cost per live request as last measured, times the requests live now), so that the event
-        loop held by the pickling cannot cost the lease. Should this owner die meanwhile, a
+        loop held by the recording cannot cost the lease. Should this owner die meanwhile, a
         standby waits that much longer to take over (`SNAPSHOT_STRETCH_MAX_MS` at most)."""
         expected_ms = self.snapshot_ms_per_request * max(len(self.routes.of), SNAPSHOT_REQUESTS_FLOOR)
         stretch_ms = min(LEASE_MS + int(2 * expected_ms), SNAPSHOT_STRETCH_MAX_MS)
@@ -448,16 +448,16 @@ class Owner(Replica):
             raise LostLease(f"dispatcher {self.name} lost its lease")
         self._renewed_s = time.monotonic()
 
-    def _pickle_state(self) -> bytes:
-        """The engine, its routes and its configuration, pickled; measures the cost per live request
-        (spread over `SNAPSHOT_REQUESTS_FLOOR` at least: an engine with few has a cost of its own).
-        The collector is paused meanwhile: the engine's many objects made its full collections,
-        set off by the pickler's own allocations, a large share of the time."""
+    def _pack_state(self) -> bytes:
+        """The engine, its routes and its configuration, packed (scheduling.shared.state); measures
+        the cost per live request (spread over `SNAPSHOT_REQUESTS_FLOOR` at least: an engine with
+        few has a cost of its own). The collector is paused meanwhile: the engine's many objects
+        made its full collections, set off by the packer's own allocations, a large share of the time."""
         started_s = time.monotonic()
         paused = gc.isenabled()
         gc.disable()
         try:
-            state = pickle.dumps((self.sched, self.routes, self.logged), pickle.HIGHEST_PROTOCOL)
+            state = pack_state(self.sched, self.routes, self.logged)
         finally:
             if paused:
                 gc.enable()

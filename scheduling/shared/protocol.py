@@ -163,10 +163,15 @@ class Routes:
     leased: dict[str, int] = field(default_factory=dict)  # running request id -> its lease's end (ms)
     check_ms: int = 0  # the next step at or after this instant looks for ended leases
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """A snapshot from before the shared circuits or the leases: fresh circuits; its running
-        requests are leased from their gateway's next renewal."""
-        self.__dict__.update({"circuits": _circuits(), "leased": {}, "check_ms": 0, **state})
+    def as_record(self) -> dict[str, Any]:
+        """Plain data (the shared dispatcher's snapshot)."""
+        return {"of": self.of, "circuits": self.circuits.as_record(), "leased": self.leased, "check_ms": self.check_ms}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Routes:
+        return cls(
+            dict(record["of"]), Circuits.from_record(record["circuits"]), dict(record["leased"]), record["check_ms"]
+        )
 
     def live_of(self, gateway: str) -> list[str]:
         return [rid for rid, gw in self.of.items() if gw == gateway]

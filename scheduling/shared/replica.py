@@ -13,13 +13,13 @@ Keys: see scheduling.shared.owner (``cmds``, ``steps``, ``snap``).
 from __future__ import annotations
 
 import logging
-import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from scheduling.engine import Scheduler, apply_policy
 from scheduling.engine.model import SchedulerConfig
 from scheduling.shared.protocol import Command, Routes, Step, decode_json_list, entry_commands, unpack
+from scheduling.shared.state import unpack_config, unpack_state
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -128,7 +128,7 @@ class Replica:
         """From the snapshot (if any), then every step after it."""
         snap = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.snap) or {})
         if snap:
-            self.sched, self.routes, self.logged = pickle.loads(snap[b"state"])  # older Routes: Routes.__setstate__
+            self.sched, self.routes, self.logged = unpack_state(snap[b"state"])
             self.logged_version += 1
             self.last_step, self.cursor = snap[b"step"], snap[b"cmd"]
             self.step_ms = int(snap.get(b"now", b"0"))
@@ -238,7 +238,7 @@ class Replica:
     def replay(self, now_ms: int, commands: list[Command | None], cfg: bytes | None) -> Step:
         """One step, as the owner made it: its configuration, its commands, the pump."""
         if cfg:
-            self.logged = pickle.loads(cfg)
+            self.logged = unpack_config(cfg)
             self.logged_version += 1
             self.configure_engine(self.logged, now_ms)
         step = Step(self.engine(), self.routes, now_ms, self.logged.backends or () if self.logged else ())

@@ -1,33 +1,32 @@
-"""A snapshot does not cost the dispatcher its lease (issue 13): pickling the engine holds the
+"""A snapshot does not cost the dispatcher its lease (issue 13): recording the engine holds the
 event loop, so nothing renews the lease meanwhile; the owner stretches the lease first to cover
 what the last snapshot cost per live request, renewals never shorten it, and the snapshot's
 script gives it back its usual time. On real Redis."""
 
 from __future__ import annotations
 
-import pickle
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from scheduling.shared import owner as owner_module
 from scheduling.shared.owner import LEASE_MS, Owner
 from scheduling.shared.protocol import submit
+from scheduling.shared.state import pack_state as owner_pack_state
 from tests.integration.scheduling.test_shared_differential import _config, _in_world
 
 pytestmark = pytest.mark.redis
 
 
-def _slow_pickle(hold_s: list[float]) -> SimpleNamespace:
-    """The pickle module as the owner uses it, its ``dumps`` holding the thread (so the event loop)
-    ``hold_s[0]`` seconds longer, as a large engine does."""
+def _slow_pack_state(hold_s: list[float]):
+    """The owner's ``pack_state``, holding the thread (so the event loop) ``hold_s[0]`` seconds
+    longer, as a large engine does."""
 
-    def dumps(obj, protocol=None):
+    def pack_state(*state):
         time.sleep(hold_s[0])
-        return pickle.dumps(obj, protocol)
+        return owner_pack_state(*state)
 
-    return SimpleNamespace(dumps=dumps, HIGHEST_PROTOCOL=pickle.HIGHEST_PROTOCOL)
+    return pack_state
 
 
 async def _owner_with_requests(redis_client, keys) -> Owner:
@@ -51,11 +50,11 @@ def test_a_snapshot_that_takes_longer_than_the_lease_keeps_it(monkeypatch):
     async def body(redis_client, keys) -> None:
         owner = await _owner_with_requests(redis_client, keys)
         hold_s = [0.5 * LEASE_MS / 1000]
-        monkeypatch.setattr(owner_module, "pickle", _slow_pickle(hold_s))
+        monkeypatch.setattr(owner_module, "pack_state", _slow_pack_state(hold_s))
         await owner.snapshot()
         assert owner.snapshot_ms_per_request * owner_module.SNAPSHOT_REQUESTS_FLOOR >= 0.5 * LEASE_MS
         hold_s[0] = 1.25 * LEASE_MS / 1000
-        await owner.snapshot()  # before the stretch: the lease expired under the pickling, LostLease
+        await owner.snapshot()  # before the stretch: the lease expired under the recording, LostLease
         assert owner.owns and await redis_client.get(keys.lease) == owner.token.encode()
         assert 0 < await redis_client.pttl(keys.lease) <= LEASE_MS  # back to its usual time
         assert await redis_client.hget(keys.snap, "step") == owner.last_step

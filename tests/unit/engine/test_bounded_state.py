@@ -1,4 +1,4 @@
-"""The engine's state stays bounded whatever the request rate: the shared dispatcher pickles it
+"""The engine's state stays bounded whatever the request rate: the shared dispatcher records it
 as its snapshot every few seconds, and one entry kept per event made that snapshot grow to
 megabytes at high rates (issue 13). Rate windows count in entries of a fixed resolution, never
 more than exactly where admission reads them and never less where upstream limits do; stale
@@ -6,16 +6,13 @@ heap entries are compacted."""
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
-from collections import deque
-
+import msgpack
 import pytest
 
 from scheduling.engine import TenantSpec
 from scheduling.engine import admission as adm
-from scheduling.engine.store import WINDOW_ENTRY_MS, MemoryStore, _Sample, _Window
+from scheduling.engine.snapshot import to_record
+from scheduling.engine.store import WINDOW_ENTRY_MS, MemoryStore
 from tests.unit.engine.engine_helpers import backend, config, req, scheduler
 
 EVENTS = 200_000
@@ -36,11 +33,11 @@ def _flood(sched, *, events: int = EVENTS, per_ms: int = PER_MS, tenant: str = "
 
 
 def _size(sched) -> int:
-    return len(pickle.dumps(sched, pickle.HIGHEST_PROTOCOL))
+    return len(msgpack.packb(to_record(sched)))
 
 
 @pytest.mark.parametrize("limits", [{}, {"tpm": 10**9, "rpm": 10**8}], ids=["slots only", "with TPM and RPM windows"])
-def test_the_engine_pickles_small_after_many_events_at_a_high_rate(limits):
+def test_the_engine_records_small_after_many_events_at_a_high_rate(limits):
     sched = scheduler(config(enforce_depth=True), backends=[backend(slots=10_000, **limits)])
     _flood(sched)
     assert sched.counters.total("completed") >= EVENTS - 2 * PER_MS
@@ -110,40 +107,10 @@ def test_a_sliding_window_never_counts_less_than_exactly():
     assert store.window_usage("b", 79_999, 60_000)[1] == 60_000  # every one of them (none had left)
 
 
-def _old_pickle(cls: type, slots: dict) -> bytes:
-    """What the engine before the entries pickled for an object of ``cls`` with ``slots``: a new
-    object, then its slots as state (``copyreg``'s protocol for objects with ``__slots__``)."""
-    target = cls.__new__(cls)
-
-    class Pickler(pickle.Pickler):
-        def reducer_override(self, obj):
-            if obj is target:
-                return copyreg.__newobj__, (cls,), (None, slots)
-            return NotImplemented
-
-    buffer = io.BytesIO()
-    Pickler(buffer, pickle.HIGHEST_PROTOCOL).dump(target)
-    return buffer.getvalue()
-
-
-def test_a_snapshot_of_the_engine_before_the_entries_still_loads():
-    window = pickle.loads(_old_pickle(adm.RateWindow, {"times": deque([0, 100, 400, 30_000])}))
-    assert list(window.times) == [0, 400, 30_000] and window.count(30_000) == 4
-    assert window.count(60_050) == 2  # counted into entries: the one at 100 left with the one at 0
-    sample = pickle.loads(_old_pickle(_Sample, {"at_ms": 5, "amount": 7.0, "handle": 3}))
-    assert (sample.first_ms, sample.count) == (5, 1)
-    old = _Window.__new__(_Window)
-    old.__setstate__((None, {"samples": deque([sample]), "total": 7.0, "by_handle": {3: sample}}))
-    store = MemoryStore()
-    store._windows["b"] = old
-    assert store.window_usage("b", 10, 60_000) == (7.0, 1, 5)
-    assert store.window_add("b", 10, 1.0) == 3  # within the entry's resolution: it joins it
-
-
 def test_a_backends_token_window_stays_bounded_unread_and_sums_the_last_minute():
     """A gateway's circuits count each backend's completed tokens (its TPM on /metrics): one entry
     per completion, dropped only when read, grew without end where nobody scraped /metrics."""
-    from scheduling.engine.circuits import BackendHealth, Circuits
+    from scheduling.engine.circuits import Circuits
 
     circuits = Circuits(threshold=3, cooldown_ms=1000)
     for at in range(180_000):  # a completion of 10 tokens every ms for three minutes, never read
@@ -157,10 +124,4 @@ def test_a_backends_token_window_stays_bounded_unread_and_sums_the_last_minute()
     assert sparse.of("b").tpm_used(30_000) == 23
     assert sparse.of("b").tpm_used(60_000) == 18  # the one at 0 left at 60 000, exactly
     assert sparse.of("b").tpm_used(61_000) == 11
-
-    old = BackendHealth()  # as a snapshot from before the window held it: each completion and their sum
-    state = {**old.__dict__, "tokens": deque([(0, 5), (30_000, 11)]), "tokens_sum": 16}
-    restored = BackendHealth.__new__(BackendHealth)
-    restored.__setstate__(state)
-    assert restored.tpm_used(30_000) == 16 and restored.tpm_used(60_000) == 11
-    assert pickle.loads(pickle.dumps(sparse)).of("b").tpm_used(61_000) == 11
+    assert Circuits.from_record(sparse.as_record()).of("b").tpm_used(61_000) == 11

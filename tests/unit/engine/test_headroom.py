@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from scheduling.engine import apply_policy
@@ -12,6 +12,7 @@ from scheduling.engine.forecast import DAY_MS, ArrivalForecast
 from scheduling.engine.headroom import turnover_bound
 from scheduling.engine.model import HeadroomPolicy
 from scheduling.engine.schema import ConfigError, config_from_dict, config_from_yaml, config_to_dict, config_to_yaml
+from scheduling.engine.snapshot import from_record, to_record
 from tests.unit.engine.engine_helpers import config, req, scheduler, submit
 
 MINUTE = 60_000
@@ -168,7 +169,7 @@ def test_with_hold_idle_a_hold_that_ends_is_not_renewed():
 def test_holds_and_forecast_survive_a_snapshot():
     sched = busy_pool()
     sched.complete("b0", now_ms=NOW, prompt_tokens=1, output_tokens=1)
-    copy = pickle.loads(pickle.dumps(sched))
+    copy = from_record(msgpack.unpackb(msgpack.packb(to_record(sched))))
     assert copy.headroom_holds() == sched.headroom_holds()
     assert copy.headroom_need(now_ms=NOW) == sched.headroom_need(now_ms=NOW)
 
@@ -258,7 +259,7 @@ def test_a_pool_that_turns_over_fast_holds_no_more_than_its_turnover_needs():
     sched = turning_pool(policy)
     now = 10_000
     assert plain.headroom_need(now_ms=now) == 4  # about 2/s x 2 s expected: 4 (the forecast alone)
-    turnover = sched.free_rate(now) * policy.horizon_ms / sched._forecast.expected(now, policy.horizon_ms, 0.5)
+    turnover = sched.free_rate(now) * policy.horizon_ms / sched.headroom.forecast.expected(now, policy.horizon_ms, 0.5)
     assert turnover == pytest.approx(4.0)
     assert sched.headroom_need(now_ms=now) == turnover_bound(turnover, 0.05) == 2  # 3/63 = 4.8% missed with 2 held
 

@@ -96,7 +96,7 @@ class HeadroomHarness(Harness):
         assert len(holds) <= need  # held only while the forecast says the top class needs them
         if sched._config.policy.value != "fairgate":  # the other presets turn headroom off
             assert not holds and not need
-        hold_ms = sched._headroom.hold_ms
+        hold_ms = sched.headroom.policy.hold_ms
         assert all(now < end <= now + hold_ms for end in holds)  # none past its end, none longer than hold_ms
         if state.hold_until_ms > now:
             return  # an upstream 429 holds the whole backend: nothing is placed, for another reason
@@ -153,7 +153,7 @@ class TurnoverHarness(IdleHoldHarness):
     def check_holds(self):
         super().check_holds()
         sched, now = self.sched, self.now
-        forecast, policy = sched._forecast, sched._headroom
+        forecast, policy = sched.headroom.forecast, sched.headroom.policy
         if forecast is None or not policy.miss_share:  # (a reconfigure may have set another headroom)
             return
         expected = forecast.expected(now, policy.horizon_ms, policy.profile_weight)

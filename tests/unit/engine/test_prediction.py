@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.engine import AgingPolicy, FairnessMode, Policy, Scheduler, apply_policy
+from scheduling.engine import AgingPolicy, FairnessMode, Policy, apply_policy
 from scheduling.engine.admission import poisson_at_least
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.prediction import FAST_FAIL_EVERY_MS, MISS_RISK
@@ -414,34 +414,3 @@ def test_a_measured_dispersion_replaces_poisson_only_after_enough_completions():
     assert turnovers_at_least(140, 150.0, 1.0) == poisson_at_least(140, 150.0)
     assert turnovers_at_least(140, 150.0, 0.05) > poisson_at_least(140, 150.0)  # regular turnovers
     assert turnovers_at_least(160, 150.0, 0.05) < poisson_at_least(160, 150.0)
-
-
-def test_an_engine_pickled_before_the_evidence_keys_reads_back_and_goes_on():
-    """The shared scheduler's snapshot is a pickled engine: a dispatcher of this version must read
-    one a dispatcher of the version before wrote (a rolling deploy), where the attributes added
-    since are missing, and go on exactly as a fresh engine with those keys off would."""
-    import pickle
-
-    from scheduling.engine.admission import ServiceMean
-
-    sched = scheduler(predicting(), slots=2, tenant_specs=tenants(("a", 1.0)))
-    running: dict[str, int] = {}
-    admitted(sched, *burst("b", 6))
-    for now_ms in range(0, 45_000, 1_000):
-        serve(sched, now_ms, {"BATCH": 10_000}, running)
-    old_state = dict(sched.__dict__)
-    for name in Scheduler.ADDED_SINCE:
-        del old_state[name]
-    old = Scheduler.__new__(Scheduler)
-    old.__dict__.update(old_state)
-    data = pickle.dumps(old)
-    means = [m for m in sched._cls_service.values() if isinstance(m, ServiceMean)]
-    assert means and means[0].samples  # the snapshot carries measured service means
-    back = pickle.loads(data)
-    assert back._prior_weight == 0 and back._backlog_done == {} and back._hold_idle_on is False
-    assert (back._free_rate, back._free_rate_ms) == (0.0, 0)  # headroom's turnover: none measured yet
-    mean = ServiceMean.__new__(ServiceMean)
-    mean.__setstate__((None, {"mean_ms": 10_000.0, "samples": 6}))  # pickled before the variance was kept
-    assert (mean.var_ms2, mean.value(20_000), mean.dispersion()) == (0.0, 10_000.0, 1.0)
-    assert admitted(back, *burst("c", 2, at=45_000)) == [True, True]
-    serve(back, 46_000, {"BATCH": 10_000}, running)

@@ -9,7 +9,6 @@ decisions are those of the fair order; determinism across presets (which turn it
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import replace
 
 import pytest
@@ -90,17 +89,6 @@ def test_rescue_ms_is_in_the_yaml_checked_and_off_in_the_presets():
     assert any(issue.field == "scheduler.headroom.rescue_ms" for issue in caught.value.issues)
     for policy in ("fifo", "strict", "linear"):
         assert apply_policy(cfg, policy).headroom.rescue_ms == 0
-
-
-def test_an_engine_pickled_before_the_rescue_reads_back_with_it_off():
-    sched = scheduler(rescue_config(0), slots=1)
-    state = pickle.loads(pickle.dumps(sched)).__dict__
-    for name in ("_rescue_ms", "_rescue", "rescued"):
-        del state[name]
-    old = type(sched).__new__(type(sched))
-    old.__setstate__(state)
-    submit(old, req("a1", tenant="a", cls="INTERACTIVE", at=0))
-    assert [g.request.id for g in old.dispatch(now_ms=0)] == ["a1"] and old.rescued == 0
 
 
 # --- properties ------------------------------------------------------------------------------

@@ -238,21 +238,6 @@ def test_the_shared_submit_command_carries_the_job_and_old_commands_still_apply(
     assert jobs == {"t/x": "j", "t/y": None}
 
 
-def test_routes_of_a_snapshot_from_before_the_circuits_and_the_leases_get_both_empty():
-    import pickle
-
-    from scheduling.shared.protocol import Routes
-
-    old = Routes(of={"t/x": "gw"})
-    for name in ("circuits", "leased", "check_ms"):  # what such a snapshot's Routes held: only ``of``
-        del old.__dict__[name]
-    routes = pickle.loads(pickle.dumps(old))
-    assert routes.of == {"t/x": "gw"} and routes.leased == {} and routes.check_ms == 0
-    assert not routes.circuits.is_open("g1", 0)
-    fresh = pickle.loads(pickle.dumps(Routes(of={"t/y": "gw"}, leased={"t/y": 5}, check_ms=7)))
-    assert (fresh.of, fresh.leased, fresh.check_ms) == ({"t/y": "gw"}, {"t/y": 5}, 7)
-
-
 def test_terminal_log_re_adding_an_id_makes_it_newest():
     log = TerminalLog(keep_ms=1000, max_entries=2)
     log.add("t", "a", {"state": "completed"}, now_ms=0)
