@@ -20,7 +20,7 @@ from batches import leases
 from batches.files import FileRefused
 from batches.forecast import Pool
 from batches.models import Batch, BatchLine
-from gateway.lifecycle import ordered_id
+from gateway.api import ordered_id
 
 WINDOWS = {"24h": timedelta(hours=24)}
 State = BatchLine.State

@@ -21,7 +21,7 @@ from django.db import transaction
 
 from billing.errors import BillingError
 from billing.services import price_change
-from gateway.services import tenant_update
+from gateway.api import tenant_update
 from scheduling.engine.schema import ConfigError, config_from_dict, config_to_dict
 from scheduling.models import PriceVersion
 from scheduling.selectors import config_live

@@ -12,7 +12,7 @@ from django.db import transaction
 
 from batches.models import Batch
 from batches.service import batch_cancel
-from gateway.services import apikey_create, apikey_revoke
+from gateway.api import apikey_create, apikey_revoke
 from scheduling.models import PriorityClass
 from scheduling.selectors import tenant_spec
 from scheduling.services import audit_record

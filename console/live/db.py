@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batches.service import batch_cards
 from console import selectors
-from gateway.models import DowngradeEvent
+from gateway.api import DowngradeEvent
 from tenants.models import Tenant
 
 DOWNGRADE_BATCH = 500
