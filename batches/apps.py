@@ -11,8 +11,8 @@ class BatchesConfig(AppConfig):
             feeder,
             prices,
         )
-        from gateway import live
+        from gateway.api import live_register
         from scheduling.prices import impact_source_add
 
-        live.register(on_serving=feeder.start, on_stopping=feeder.stop)  # every serving process feeds lines
+        live_register(on_serving=feeder.start, on_stopping=feeder.stop)  # every serving process feeds lines
         impact_source_add(prices.batches_open_of_class)  # what a price change touches, shown before it is confirmed

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from gateway.db import db_call
+from gateway.api import db_call
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -33,16 +33,24 @@ from batches.lines import line_payload
 from batches.models import BatchLine
 from batches.prices import batch_priced_at, line_hold_cap
 from billing.client import process_owner
-from gateway import admission, charging
-from gateway.auth import caller_of
-from gateway.db import log_failure
-from gateway.errors import ErrorCode, GatewayError
-from gateway.exchange import spawn
-from gateway.intake import Asked, classify
-from gateway.lifecycle import Outcome, PublicId
-from gateway.limits import output_tokens_held
-from gateway.payload import EMBED, payload_estimate
-from gateway.runtime import dispatcher_get
+from gateway.api import (
+    EMBED,
+    Asked,
+    Bill,
+    ErrorCode,
+    GatewayError,
+    Hold,
+    Outcome,
+    PublicId,
+    admit_with_hold,
+    caller_of,
+    classify,
+    dispatcher_get,
+    log_failure,
+    output_tokens_held,
+    payload_estimate,
+    spawn,
+)
 
 log = logging.getLogger(__name__)
 FEED_S = 0.2
@@ -212,7 +220,7 @@ class Feeder:
     async def _line(self, line: BatchLine) -> None:
         try:
             asked = await self._asked(line)
-            admitted = await admission.admit(asked, early=False)
+            admitted = await admit_with_hold(asked, early=False)
         except GatewayError as refused:
             if refused.status in (429, 503):  # no room in the engine, or no backend, now: fed later
                 self.paused_until_s = time.monotonic() + FULL_PAUSE_S
@@ -251,8 +259,8 @@ class Feeder:
         # Granted: from here on nothing may stop half-way (a cancel now is too late for this line).
         await asyncio.shield(spawn(self._granted(line.pk, d, entry, bill, grant.backend)))
 
-    async def _granted(self, pk: int, d, entry, bill: admission.Bill, backend: str) -> None:
-        assert isinstance(bill.held, charging.Hold)  # admitted with early=False: booked
+    async def _granted(self, pk: int, d, entry, bill: Bill, backend: str) -> None:
+        assert isinstance(bill.held, Hold)  # admitted with early=False: booked
         send = await batch_db_call(leases.line_sent)(pk, backend, bill.held.request_id)
         if not send:  # its batch was cancelled
             d.end(entry, Outcome.CANCELLED)

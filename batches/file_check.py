@@ -21,8 +21,7 @@ from django.utils import timezone
 from batches.files import file_chunks
 from batches.lines import URLS, Line, LineRefused, lines_read
 from batches.models import BatchFile, FileLine
-from gateway.limits import output_tokens_held, prompt_bound
-from gateway.payload import estimate
+from gateway.api import estimate, output_tokens_held, prompt_bound
 
 PART_ROWS = 200  # lines written per transaction (~3 MB at the surge's 17 KB a line)
 

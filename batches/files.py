@@ -23,8 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from batches.models import BatchFile
-from gateway.errors import ErrorCode, GatewayError
-from gateway.lifecycle import ordered_id
+from gateway.api import ErrorCode, GatewayError, ordered_id
 
 STORAGE_ALIAS = "batch_files"
 UPLOAD_PURPOSES = (BatchFile.Purpose.BATCH,)

@@ -21,9 +21,17 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from batches.client_json import JsonRefused, json_checked
-from gateway.errors import GatewayError
-from gateway.limits import output_limit, output_tokens_held, prompt_bound
-from gateway.payload import CHAT, EMBED, TEXT, Payload, payload_parse
+from gateway.api import (
+    CHAT,
+    EMBED,
+    TEXT,
+    GatewayError,
+    Payload,
+    output_limit,
+    output_tokens_held,
+    payload_parse,
+    prompt_bound,
+)
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT, "/v1/embeddings": EMBED}
 URLS = {kind: url for url, kind in ENDPOINTS.items()}

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from batches import service
 from batches.models import Batch, BatchLine
-from gateway.metrics import LIVE, REGISTRY
+from gateway.api import LIVE, REGISTRY
 
 TALLY_S = 5.0
 RESENT = Counter(

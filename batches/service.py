@@ -21,7 +21,7 @@ from batches.files import FileRefused
 from batches.forecast import Pool
 from batches.models import Batch, BatchLine
 from billing.client import owners_released
-from gateway.lifecycle import ordered_id
+from gateway.api import ordered_id
 
 WINDOWS = {"24h": timedelta(hours=24)}
 State = BatchLine.State

@@ -28,8 +28,7 @@ from batches.leases import line_start, renewer
 from batches.lines import line_payload
 from batches.models import BatchLine
 from billing.client import charge_settle, hold_release
-from gateway.lifecycle import PublicId, engine_id
-from gateway.payload import estimate, upstream_body
+from gateway.api import PublicId, engine_id, estimate, upstream_body
 from scheduling.models import Backend
 from scheduling.selectors import backend_spec_of
 from scheduling.upstreams import CredentialMissing, upstream_headers, upstream_path

@@ -18,11 +18,7 @@ from batches.client_json import JsonRefused, json_checked, text_checked
 from batches.db import batch_db_call
 from batches.forecast import Pool
 from batches.models import BatchFile
-from gateway.auth import authenticate
-from gateway.db import db_call
-from gateway.errors import invalid_request
-from gateway.runtime import dispatcher_get
-from gateway.views import api_view, json_response
+from gateway.api import api_view, authenticate, db_call, dispatcher_get, invalid_request, json_response
 
 
 async def _upload(request: HttpRequest) -> HttpResponse:
@@ -146,7 +142,7 @@ def _priority_class(d, caller, metadata: dict | None) -> str:
     """The class a batch's lines declare: BATCH, or ``metadata.priority_class`` if the key may
     declare it and it is no higher than BATCH."""
     asked = (metadata or {}).get("priority_class", BATCH_CLASS)
-    levels = d.rules.levels
+    levels = d.queue_view().class_levels()
     if not isinstance(asked, str) or asked not in levels or BATCH_CLASS not in levels:
         raise invalid_request(f"'metadata.priority_class' must name a class; got {str(asked)[:64]!r}.")
     if levels[asked] < levels[BATCH_CLASS]:
@@ -194,13 +190,14 @@ async def _batch_create(request: HttpRequest) -> HttpResponse:
         if not isinstance(body.get(name), str):
             raise invalid_request(f"'{name}' is required (a string).")
     d = await dispatcher_get()
-    served = {m: m in b.embedding_models for b in d.backend_specs.values() for m in b.models}
+    view = d.queue_view()
+    served = {m: m in b.embedding_models for b in view.backends().values() for m in b.models}
     priority_class = _priority_class(d, caller, metadata)
     pool = Pool(
         backends=tuple(
-            (frozenset(b.models), max(0, b.slots - b.reserved_slots)) for b in d.backend_specs.values() if b.enabled
+            (frozenset(b.models), max(0, b.slots - b.reserved_slots)) for b in view.backends().values() if b.enabled
         ),
-        service_ms=d.sched.service_ms(priority_class),
+        service_ms=view.service_ms(priority_class),
     )
     asked = service.Asked(
         tenant_id=caller.tenant_id,

@@ -7,7 +7,7 @@ class ConsoleConfig(AppConfig):
     def ready(self) -> None:
         from console.live import hooks
         from console.live.publisher import console_live_start
-        from gateway import live
+        from gateway.api import live_register
 
         hooks.connect()
-        live.register(on_serving=console_live_start)
+        live_register(on_serving=console_live_start)

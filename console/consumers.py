@@ -131,7 +131,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         publisher = publisher_current()
         if publisher is None:
             return
-        from gateway.runtime import current
+        from gateway.api import current
 
         d = current()
         if self.tenant is not None and d is not None:
@@ -156,7 +156,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         await self._send_card(force=True)
 
     async def _send_card(self, *, force: bool = False) -> None:
-        from gateway.runtime import current
+        from gateway.api import current
 
         assert self.tenant is not None and self.watch_id is not None  # a card is of a watched request
         card = request_card(current(), self.tenant.slug, self.watch_id)

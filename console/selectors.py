@@ -14,7 +14,7 @@ from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
 from billing.news import alert_news, charge_news
 from billing.reports import budget_burn
-from gateway.models import DowngradeEvent
+from gateway.api import DowngradeEvent
 from tenants.models import ApiKey, Tenant
 
 RECENT = 20

@@ -147,7 +147,7 @@ async def api_queue(request: HttpRequest) -> HttpResponse:
     page = _page(request)
     if page is None:
         return JsonResponse({"error": f"offset: an integer from 0; limit: an integer from 1 to {MAX_PAGE}"}, status=400)
-    from gateway.runtime import current
+    from gateway.api import current
 
     d = current()
     offset, limit = page
@@ -168,7 +168,7 @@ async def api_waits(request: HttpRequest) -> HttpResponse:
     tenant, refused = await _api_tenant(request)
     if refused:
         return refused
-    from gateway.runtime import current
+    from gateway.api import current
 
     d = current()
     rows = waits_by_minute(d, tenant.slug, d.now_ms()) if d is not None else []
@@ -179,7 +179,7 @@ async def api_request(request: HttpRequest, request_id: str) -> HttpResponse:
     tenant, refused = await _api_tenant(request)
     if refused:
         return refused
-    from gateway.runtime import current
+    from gateway.api import current
 
     card = request_card(current(), tenant.slug, request_id)
     charge = await sync_to_async(selectors.charge_of)(tenant=tenant, request_id=request_id)

@@ -26,10 +26,11 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
 from gateway import charging, metrics
-from gateway.dispatcher import Dispatcher, Entry
+from gateway.dispatch_core import Entry
 from gateway.errors import GatewayError
 from gateway.lifecycle import Outcome, job_of
 from gateway.limits import output_tokens_held
+from gateway.port import SchedulerPort
 from scheduling.engine.model import Request
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class Bill:
 class Admitted:
     """A request in the engine's queue, with its bill and the headers every answer carries."""
 
-    d: Dispatcher
+    d: SchedulerPort
     entry: Entry
     bill: Bill
     headers: dict[str, str]  # Fairgate's: id, class, downgrade

@@ -19,13 +19,13 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gateway import access, admission, charging
 from gateway.auth import Caller, authenticate
 from gateway.clientip import client_ip
-from gateway.dispatcher import Dispatcher
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.exchange import Exchange
 from gateway.lanes import UNIDENTIFIED, UNIDENTIFIED_LEVEL, Turn, lanes
 from gateway.lifecycle import PublicId, engine_id, ordered_id
 from gateway.limits import output_limit, prompt_bound
 from gateway.payload import EMBED, Payload, payload_estimate, payload_parse
+from gateway.port import SchedulerPort
 from gateway.runtime import dispatcher_get
 from scheduling.engine.model import RequestId
 from scheduling.engine.rules import Facts
@@ -82,7 +82,7 @@ def _timeout_ms(request: HttpRequest) -> int | None:
     return value
 
 
-def _declared(request: HttpRequest, caller: Caller, d: Dispatcher) -> str:
+def _declared(request: HttpRequest, caller: Caller, d: SchedulerPort) -> str:
     declared = (request.headers.get("X-Priority-Class") or caller.default_class).strip()
     if declared not in d.rules.levels:
         known = ", ".join(c.name for c in sorted(d.config.classes, key=lambda c: c.level))
@@ -91,7 +91,7 @@ def _declared(request: HttpRequest, caller: Caller, d: Dispatcher) -> str:
 
 
 def classify(
-    d: Dispatcher, caller: Caller, declared: str, payload: Payload, src_ip: str | None
+    d: SchedulerPort, caller: Caller, declared: str, payload: Payload, src_ip: str | None
 ) -> tuple[str, str | None]:
     facts = Facts(
         declared_class=declared,
@@ -182,7 +182,7 @@ class Asked:
     """A request authenticated, parsed, estimated and classified: what admitting it needs (once
     more, if its early hold is refused)."""
 
-    d: Dispatcher
+    d: SchedulerPort
     caller: Caller
     public_id: PublicId
     payload: Payload
@@ -205,7 +205,7 @@ async def intake(request: HttpRequest, kind: str) -> Asked:
     named first (``request.fairgate_request_id``): gateway.views answers every refusal with it.
     What costs nothing to read (the key, the declared class) comes first; the costly steps run in
     the declared class's intake lane (gateway.lanes), in the turn `intake_gate` took if it did.
-    The id is claimed (`Dispatcher.claim`) before the first await that follows its check: `serve`
+    The id is claimed (`SchedulerPort.claim`) before the first await that follows its check: `serve`
     gives it back once the request is admitted or refused."""
     gated: Gated | None = getattr(request, "scope", {}).get(GATE_SCOPE_KEY)
     public_id = _public_id(request)

@@ -5,39 +5,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from django.conf import settings
 
 from gateway import metrics, proxy
 from gateway.dispatcher import Dispatcher
+from gateway.port import SchedulerPort
 
 log = logging.getLogger(__name__)
-_current: Dispatcher | None = None
+_current: SchedulerPort | None = None
 _starting: asyncio.Task | None = None
 
 
-def _kind() -> type[Dispatcher]:
-    """The embedded dispatcher, or the shared scheduler's (``FAIRGATE_SCHEDULER=shared``)."""
+def _kind() -> Callable[[], Coroutine[Any, Any, SchedulerPort]]:
+    """How to start the embedded dispatcher, or the shared scheduler's (``FAIRGATE_SCHEDULER=shared``)."""
     if settings.FAIRGATE_SCHEDULER == "shared":
         from gateway.shared import SharedDispatcher
 
-        return SharedDispatcher
-    return Dispatcher
+        return SharedDispatcher.create
+    return Dispatcher.create
 
 
-def current() -> Dispatcher | None:
+def current() -> SchedulerPort | None:
     """The running dispatcher, if any (for reads such as /metrics and /readyz)."""
     return _current
 
 
-async def dispatcher_get() -> Dispatcher:
+async def dispatcher_get() -> SchedulerPort:
     global _current, _starting
     loop = asyncio.get_running_loop()
     if _current is not None and _current.loop is loop:
         return _current
     if _starting is None or _starting.get_loop() is not loop:
-        _starting = loop.create_task(_kind().create(), name="fairgate-dispatcher-start")
+        _starting = loop.create_task(_kind()(), name="fairgate-dispatcher-start")
     try:
         dispatcher = await asyncio.shield(_starting)
     except Exception:
@@ -59,22 +61,22 @@ def snapshot() -> dict | None:
     dispatcher = _current
     if dispatcher is None:
         return None
-    sched = dispatcher.sched
+    view = dispatcher.queue_view()
     now_ms = dispatcher.now_ms()
-    counters = sched.counters
+    tallies = view.class_tallies()
     classes = {}
-    for spec in dispatcher.config.classes:
-        tally = counters.classes.get(spec.name)
+    for spec in view.classes():
+        tally = tallies.get(spec.name)
         classes[spec.name] = {
-            "depth": sched.depth(spec.name),
-            "depth_limit": sched.depth_limit(spec.name, now_ms=now_ms),
+            "depth": view.depth(spec.name),
+            "depth_limit": view.depth_limit(spec.name, now_ms=now_ms),
             "boosted": tally.boosted if tally else 0,
             "preempted": tally.preempted if tally else 0,
         }
-    running = Counter(sched.backend_of(request.id) for request in sched.running())  # every process's (shared)
+    running = view.running_by_backend()  # every process's (shared)
     backends = {}
-    for name, backend in dispatcher.backend_specs.items():
-        health = dispatcher.circuits.of(name)
+    for name, backend in view.backends().items():
+        health = view.backend_health(name)
         backends[name] = {
             "in_use": running[name],
             "slots": backend.slots,

@@ -3,8 +3,8 @@
 Every gateway process on one Redis shares one engine (scheduling.shared): this process sends its
 requests' submits and ends as commands, and the one dispatcher that holds the lease decides for
 all of them and answers each gateway on its own list. Everything the embedded dispatcher does
-around the engine stays the same here (entries, futures, the terminal log, downgrades, circuits,
-the configuration poll); only the engine calls become commands, and the reads (positions, depths,
+around the engine is the same `DispatchCore` here (entries, futures, the terminal log, downgrades,
+circuits, the configuration poll); only the engine calls become commands, and the reads (positions, depths,
 counters) come from this process's replica of the shared engine — so every process shows the
 same queue. This process also bids for the dispatcher's role (``FAIRGATE_DISPATCHER=auto``, the
 default; ``never``: a gateway only, the role runs elsewhere, e.g. ``manage.py dispatcher``).
@@ -33,13 +33,23 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from gateway.dispatcher import Dispatcher, Entry, admission_refused, id_in_use, queue_timeout_error
+from gateway.dispatch_core import (
+    DispatchCore,
+    Entry,
+    admission_refused,
+    id_in_use,
+    live_view,
+    queue_timeout_error,
+    startup,
+)
 from gateway.ended_shared import EndedStream
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, PublicId, State, engine_id, public_id_of
+from gateway.port import QueueView
 from scheduling.engine import Grant, Scheduler, apply_policy
-from scheduling.engine.model import Request, RequestId, SchedulerConfig
+from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
 from scheduling.engine.outcomes import Live
+from scheduling.engine.rules import CompiledRules
 from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import Owner, owner_id, sleep_or
 from scheduling.shared.protocol import RENEW_MAX, RUN_LEASE_MS, Answer, Command, submit
@@ -65,14 +75,25 @@ def _no_answer(answer: asyncio.Future[Answer]) -> None:
         answer.set_exception(TimeoutError())
 
 
-class SharedDispatcher(Dispatcher):
+class SharedDispatcher:
+    """The scheduler's port (gateway.port) on the engine every gateway process shares."""
+
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
-        self._placeholder: Scheduler | None = None
-        super().__init__(config, audit_pk=audit_pk, loop=loop)
+        self.core = core = DispatchCore(config, audit_pk=audit_pk, loop=loop)
+        self.loop = loop
+        self.circuits = core.circuits
+        self.downgrades = core.downgrades
+        self.terminal = core.terminal
+        self.live = core.live
+        # Read until the first step is replayed; changed only by this process's configuration.
+        self._placeholder = Scheduler(
+            apply_policy(config, config.policy), tenants=config.tenants or (), backends=self._effective_backends()
+        )
         self.redis = _redis()
         keys = Keys(settings.FAIRGATE_SHARED_PREFIX)
         self.gateway_id = owner_id()  # host:pid:nonce, as the dispatcher's role is named
         self.owner = Owner(self.redis, config, keys=keys, name=self.gateway_id)
+        core.also_open = self._circuit_open_at_dispatcher
         self.client = Client(self.redis, self.gateway_id, keys=keys)
         self.client.on_answer = self._answer
         self.client.on_beat = self._renew_running
@@ -93,10 +114,23 @@ class SharedDispatcher(Dispatcher):
         )
         self._ended_follower: asyncio.Task[None] | None = None
 
+    @property
+    def config(self) -> SchedulerConfig:
+        return self.core.config
+
+    @property
+    def rules(self) -> CompiledRules:
+        return self.core.rules
+
+    @property
+    def backend_specs(self) -> dict[str, BackendSpec]:
+        return self.core.backend_specs
+
     @classmethod
-    async def create(cls) -> Dispatcher:
-        dispatcher = await super().create()
-        assert isinstance(dispatcher, SharedDispatcher)
+    async def create(cls) -> SharedDispatcher:
+        audit_pk, config = await startup()
+        dispatcher = cls(config, audit_pk=audit_pk, loop=asyncio.get_running_loop())
+        dispatcher.core.poll_start(dispatcher.apply_config, dispatcher.pump)
         await dispatcher.owner.load()
         dispatcher._start()
         return dispatcher
@@ -134,14 +168,14 @@ class SharedDispatcher(Dispatcher):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.ended.close()
-        await super().close()
+        await self.core.close()
         await self.redis.aclose()
 
     # --- finished requests: every process's, in each one's terminal log ------------------------
 
-    def _ended(self, tenant: str, public_id: str, record: dict, now_ms: int) -> None:
-        super()._ended(tenant, public_id, record, now_ms)
-        self.ended.publish(tenant, public_id, record)
+    def _finish(self, entry: Entry, outcome: str, now_ms: int) -> None:
+        record = self.core.finish(entry, outcome, now_ms)
+        self.ended.publish(entry.tenant, entry.public_id, record)
 
     def _ended_elsewhere(self, tenant: str, public_id: str, record: dict, ended_ms: int) -> None:
         """Another process's finished request (gateway.ended_shared)."""
@@ -153,43 +187,56 @@ class SharedDispatcher(Dispatcher):
     def sched(self) -> Scheduler:
         """The shared engine as of the last step this process replayed (before any: an empty one)."""
         replica = self.owner.sched
-        if replica is not None:
-            return replica
-        assert self._placeholder is not None
-        return self._placeholder
-
-    @sched.setter
-    def sched(self, engine: Scheduler) -> None:  # the base's own engine: read only until the first step
-        self._placeholder = engine
+        return self._placeholder if replica is None else replica
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)  # the shared engine's clock (scheduling.shared.owner)
 
     def apply_config(self, config: SchedulerConfig) -> None:
-        super().apply_config(config)
+        self.core.take(config)
+        self._reconfigure_placeholder(
+            config=apply_policy(config, config.policy),
+            tenants=config.tenants or (),
+            backends=self._effective_backends(),
+        )
         self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
         self.owner.configure(config)  # the dispatcher logs it with its next step, for every replica
 
+    def _effective_backends(self) -> tuple[BackendSpec, ...]:
+        return self.core.effective_backends(self.now_ms())
+
+    def _reconfigure_placeholder(self, **changes) -> None:
+        """Only this process's placeholder engine (read before the first step): the shared engine
+        and its replicas change by the dispatcher's logged steps alone, or they would drift apart."""
+        self._placeholder.reconfigure(now_ms=self.now_ms(), **changes)
+
+    def pump(self) -> None:
+        """The dispatcher pumps (scheduling.shared.owner); nothing to do here."""
+
+    # --- circuits ----------------------------------------------------------------------------
+
+    def check_model(self, model: str, *, embeddings: bool = False) -> None:
+        self.core.check_model(model, embeddings=embeddings, now_ms=self.now_ms())
+
+    def serves_now(self, model: str) -> bool:
+        return self.core.serves_now(model, self.now_ms())
+
+    def circuit_open(self, backend: str, now_ms: int) -> bool:
+        return self.core.circuit_open(backend, now_ms)
+
+    def _circuit_open_at_dispatcher(self, backend: str, now_ms: int) -> bool:
+        return self.owner.routes.circuits.is_open(backend, now_ms)
+
     def upstream_result(self, backend: str, *, ok: bool) -> None:
-        super().upstream_result(backend, ok=ok)
+        if self.core.upstream_result(backend, ok=ok, now_ms=self.now_ms()):
+            self._reconfigure_placeholder(backends=self._effective_backends())
         if not ok:  # successes reach the dispatcher as completions
             self._send(["upstream", backend, False, self.circuits.threshold, self.circuits.cooldown_ms])
 
     def credential_refused(self, backend: str, detail: str) -> None:
-        super().credential_refused(backend, detail)
+        if self.core.credential_refused(backend, detail, self.now_ms()):
+            self._reconfigure_placeholder(backends=self._effective_backends())
         self._send(["upstream", backend, False, 1, self.circuits.cooldown_ms])  # threshold 1: open at once
-
-    def circuit_open(self, backend: str, now_ms: int) -> bool:
-        return super().circuit_open(backend, now_ms) or self.owner.routes.circuits.is_open(backend, now_ms)
-
-    def _reconfigure_engine(self, **changes) -> None:
-        """Only this process's placeholder engine (read before the first step): the shared engine
-        and its replicas change by the dispatcher's logged steps alone, or they would drift apart."""
-        if self._placeholder is not None:
-            self._placeholder.reconfigure(now_ms=self.now_ms(), **changes)
-
-    def pump(self) -> None:
-        """The dispatcher pumps (scheduling.shared.owner); nothing to do here."""
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -203,10 +250,17 @@ class SharedDispatcher(Dispatcher):
         for at in range(0, len(running), RENEW_MAX):
             self._send(["renew", self.gateway_id, running[at : at + RENEW_MAX]])
 
+    def claim(self, key: RequestId, *, tenant: str, public_id: str) -> None:
+        self.core.claim(key, tenant=tenant, public_id=public_id)
+
+    def unclaim(self, key: RequestId) -> None:
+        self.core.unclaim(key)
+
     async def admit(self, request: Request, *, public_id: str, declared_class: str, rule: str | None) -> Entry:
-        if self.is_live(request.tenant, public_id):
+        """Submit to the shared engine; answered asynchronously by the dispatcher."""
+        if self.core.is_live(request.tenant, public_id):
             raise id_in_use(public_id)
-        entry = self._entry_new(request, public_id, declared_class, rule, self.now_ms())  # before any answer
+        entry = self.core.entry_new(request, public_id, declared_class, rule, self.now_ms())  # before any answer
         self._requests[request.id] = request
         answer: asyncio.Future[Answer] = self.loop.create_future()
         self._admissions[request.id] = answer
@@ -242,31 +296,31 @@ class SharedDispatcher(Dispatcher):
             limit.cancel()
         if kind == "admitted":
             return entry
-        self._entry_drop(entry)  # a refused request leaves no trace (as the embedded one never had an entry)
+        self.core.entry_drop(entry)  # a refused request leaves no trace (as the embedded one never had an entry)
         self._requests.pop(request.id, None)
         reason, retry_after_ms = rest
         if reason == "id_in_use":
             raise id_in_use(public_id)
         raise admission_refused(request, reason, retry_after_ms)
 
+    async def wait_for_grant(self, entry: Entry) -> Grant:
+        """The next grant of ``entry`` (see `gateway.dispatcher.Dispatcher.wait_for_grant`)."""
+        return await entry.future
+
     def requeue(self, entry: Entry, *, retry_after_ms: int) -> None:
-        self._leave_backend(entry)
-        entry.state = State.QUEUED
-        entry.queued_since_ms = self.now_ms()
-        entry.future = self.loop.create_future()
+        self.core.requeued(entry, self.now_ms())
         self._send(["requeue", entry.key, max(0, retry_after_ms)])
 
     def end(
         self, entry: Entry, outcome: str, *, prompt_tokens: int = 0, output_tokens: int = 0, served: bool = False
     ) -> bool:
+        """Final state of a request (idempotent; see `gateway.dispatcher.Dispatcher.end`)."""
         if entry.state not in (State.QUEUED, State.RUNNING):
             return True
         now_ms = self.now_ms()
         if entry.state == State.QUEUED:
             if not self._honour_cancel:  # the policy serves it anyway (fifo): for nobody, when granted
-                entry.orphan = True
-                if entry.future.done():
-                    entry.future = self.loop.create_future()
+                self.core.orphaned(entry)
                 return False
             self._send(["cancel", entry.key])
         elif served:
@@ -276,7 +330,7 @@ class SharedDispatcher(Dispatcher):
             self._send(["fail", entry.key, str(outcome)])
         if entry.orphan:
             outcome = Outcome.CANCELLED
-        self._leave_backend(entry)
+        self.core.leave_backend(entry)
         self._finish(entry, outcome, now_ms)
         self._requests.pop(entry.key, None)
         return True
@@ -292,7 +346,7 @@ class SharedDispatcher(Dispatcher):
             elif kind == "admitted":  # nobody waits any more (gave up): it goes
                 self._send(["cancel", rid])
             return
-        entry = self._entry(rid)
+        entry = self.core.entry(RequestId(rid))
         if kind == "granted":
             _, _, backend, waited_ms, preempt, boosted = answer
             self._granted_shared(rid, entry, backend, waited_ms, preempt, boosted)
@@ -313,24 +367,23 @@ class SharedDispatcher(Dispatcher):
         if entry is None or request is None or entry.state != State.QUEUED or entry.future.done():
             self._send(["fail", rid, str(Outcome.CANCELLED)])  # nobody waits for it: the slot goes back
             return
-        entry.state = State.RUNNING
-        entry.backend = backend
-        entry.preempt = preempt
-        entry.boosted = boosted
         entry.waited_ms = waited_ms
-        self.circuits.of(backend).in_use += 1
+        self.core.granted(entry, backend, preempt=preempt, boosted=boosted)
         entry.future.set_result(Grant(request, backend, waited_ms, preempt, boosted))
 
-    def _entry(self, key: str) -> Entry | None:
-        return super()._entry(RequestId(key))
-
     # --- reads: every process's requests -------------------------------------------------------
+
+    def queue_view(self) -> QueueView:
+        return QueueView(self.sched, self.core)
+
+    def live_view(self, entry: Entry, now_ms: int) -> dict:
+        return live_view(self.sched, entry, now_ms)
 
     def entries_of(self, tenant: str) -> list[Entry]:
         """``tenant``'s live requests through every gateway process: this one's entries, and, from
         the shared engine's replica, those of the others (with what the engine knows of them: no
         declared class or downgrade rule of their own)."""
-        own = super().entries_of(tenant)
+        own = self.core.entries_of(tenant)
         replica = self.owner.sched
         if replica is None:
             return own
@@ -353,7 +406,7 @@ class SharedDispatcher(Dispatcher):
             await asyncio.sleep(0.005)
 
     def entry_of(self, tenant: str, public_id: str) -> Entry | None:
-        entry = super().entry_of(tenant, public_id)
+        entry = self.core.entry_of(tenant, public_id)
         replica = self.owner.sched
         if entry is not None or replica is None:
             return entry

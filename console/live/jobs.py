@@ -14,8 +14,7 @@ from decimal import Decimal
 
 from billing.models import LedgerEntry
 from billing.money import ZERO, money
-from gateway.dispatcher import Entry
-from gateway.lifecycle import UNTAGGED_JOB, Outcome, State
+from gateway.api import UNTAGGED_JOB, Entry, Outcome, State
 
 SAMPLE_HOLDS = 200  # live requests whose holds price a job's remainder before any of it has ended
 MEMO_MAX = 200_000
@@ -60,10 +59,11 @@ def _count_live(d, slug: str, tallies: dict[str, JobTally], levels: dict[str, in
 
 def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
     """Per job of ``slug``: its live and finished requests (read on the dispatcher's loop)."""
-    levels = {c.name: c.level for c in d.config.classes}
+    view = d.queue_view()
+    levels = {c.name: c.level for c in view.classes()}
     tallies: dict[str, JobTally] = {}
     _count_live(d, slug, tallies, levels)
-    for job, records in d.terminal.jobs_of(slug, now_ms=now_ms).items():
+    for job, records in view.ended_jobs(slug, now_ms=now_ms).items():
         tally = tallies.setdefault(job, JobTally(job))
         for record in records:
             tally.classes.add(record["class"])
@@ -159,7 +159,7 @@ def waits_by_minute(d, slug: str, now_ms: int) -> list[dict]:
     """The tenant's finished requests of the last hour (this process's terminal log), by minute
     of their end and class: how many, their mean and their longest wait in the queue."""
     cells: dict[tuple[str, str], list[int]] = {}
-    for records in d.terminal.jobs_of(slug, now_ms=now_ms).values():
+    for records in d.queue_view().ended_jobs(slug, now_ms=now_ms).values():
         for record in records:
             minute = str(record.get("finished_at", ""))[:16]
             cells.setdefault((minute, record["class"]), []).append(int(record.get("waited_ms") or 0))

@@ -1,5 +1,6 @@
-"""What the console shows of the running dispatcher, read on its event loop (never from a thread:
-the engine is not locked). Tenant snapshots for the queue page, counters for operations."""
+"""What the console shows of the running dispatcher, read through its port and queue view on its
+event loop (never from a thread: the engine is not locked). Tenant snapshots for the queue page,
+counters for operations."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import heapq
 from collections import deque
 
 from console.live.timeline import Sample, p95_ms
-from gateway import metrics
-from gateway.dispatcher import Dispatcher, Entry
+from gateway.api import REJECTS, UPSTREAM_ERRORS, Entry, SchedulerPort
 from scheduling.engine.counters import WAIT_BUCKETS_MS
 
 MAX_ROWS = 50  # rows of one tenant's table (nearest to service); counts per class cover all
 
 
-def entry_view(d: Dispatcher, entry: Entry, now_ms: int, holds=None) -> dict:
+def entry_view(d: SchedulerPort, entry: Entry, now_ms: int, holds=None) -> dict:
     """The queue API's view of one live request, with its waited time so far and held charge
     (``holds``: anything with ``get(public_id)``)."""
     row = d.live_view(entry, now_ms)
@@ -23,14 +23,16 @@ def entry_view(d: Dispatcher, entry: Entry, now_ms: int, holds=None) -> dict:
     return row
 
 
-def _order(d: Dispatcher):
+def _order(d: SchedulerPort):
     """Running first, then waiting by class level and age: the ones nearest to service first
     (within one tenant and class, the engine serves in this order too)."""
-    levels = {c.name: c.level for c in d.config.classes}
+    levels = {c.name: c.level for c in d.queue_view().classes()}
     return lambda e: (e.state != "running", levels.get(e.cls, 99), e.queued_since_ms)
 
 
-def _shown(d: Dispatcher, entries: list[Entry], *, offset: int = 0, limit: int = MAX_ROWS) -> list[tuple[Entry, int]]:
+def _shown(
+    d: SchedulerPort, entries: list[Entry], *, offset: int = 0, limit: int = MAX_ROWS
+) -> list[tuple[Entry, int]]:
     """One page of the tenant's requests in `_order`, each with its rank among the tenant's waiting
     requests of its class (0 for a running one): "3rd of yours"."""
     ordered = heapq.nsmallest(offset + limit, entries, key=_order(d))
@@ -47,7 +49,9 @@ def _shown(d: Dispatcher, entries: list[Entry], *, offset: int = 0, limit: int =
     return out
 
 
-def tenant_queue(d: Dispatcher, slug: str, now_ms: int, holds=None, *, offset: int = 0, limit: int = MAX_ROWS) -> dict:
+def tenant_queue(
+    d: SchedulerPort, slug: str, now_ms: int, holds=None, *, offset: int = 0, limit: int = MAX_ROWS
+) -> dict:
     entries = d.entries_of(slug)
     counts: dict[str, dict[str, int]] = {}
     for entry in entries:
@@ -81,11 +85,11 @@ def queue_signature(queue: dict) -> tuple:
     )
 
 
-def shown_ids(d: Dispatcher, slug: str) -> list[str]:
+def shown_ids(d: SchedulerPort, slug: str) -> list[str]:
     return [e.public_id for e, _ in _shown(d, d.entries_of(slug))]
 
 
-def request_card(d: Dispatcher | None, slug: str, public_id: str) -> dict | None:
+def request_card(d: SchedulerPort | None, slug: str, public_id: str) -> dict | None:
     """One request of ``slug`` (live, or finished within the terminal log's hour); None if unknown."""
     if d is None:
         return None
@@ -93,7 +97,7 @@ def request_card(d: Dispatcher | None, slug: str, public_id: str) -> dict | None
     entry = d.entry_of(slug, public_id)
     if entry is not None:
         return entry_view(d, entry, now_ms)
-    return d.terminal.get(slug, public_id, now_ms=now_ms)
+    return d.queue_view().ended(slug, public_id, now_ms=now_ms)
 
 
 # --- operations ---------------------------------------------------------------------------
@@ -110,7 +114,7 @@ def _counter_samples(counter, label: str) -> dict[str, float]:
 
 def _backend_errors() -> dict[str, int]:
     out: dict[str, int] = {}
-    for family in metrics.UPSTREAM_ERRORS.collect():
+    for family in UPSTREAM_ERRORS.collect():
         for sample in family.samples:
             if sample.name.endswith("_total"):
                 name = sample.labels.get("backend", "")
@@ -124,10 +128,10 @@ class OpsView:
     def __init__(self) -> None:
         self._completed: deque[tuple[int, dict[str, int]]] = deque()
 
-    def build(self, d: Dispatcher, *, wall_ms: int) -> dict:
+    def build(self, d: SchedulerPort, *, wall_ms: int) -> dict:
         now_ms = d.now_ms()
-        sched = d.sched
-        tallies = sched.counters.classes
+        view = d.queue_view()
+        tallies = view.class_tallies()
         completed = {name: t.completed for name, t in tallies.items()}
         self._completed.append((wall_ms, completed))
         while len(self._completed) > 1 and wall_ms - self._completed[0][0] > 60_000:
@@ -135,13 +139,13 @@ class OpsView:
         then_ms, then = self._completed[0]
         minutes = max((wall_ms - then_ms) / 60_000, 1e-9)
         classes = []
-        for spec in sorted(d.config.classes, key=lambda c: c.level):
+        for spec in sorted(view.classes(), key=lambda c: c.level):
             tally = tallies.get(spec.name)
             classes.append(
                 {
                     "class": spec.name,
-                    "depth": sched.depth(spec.name),
-                    "depth_limit": sched.depth_limit(spec.name, now_ms=now_ms),
+                    "depth": view.depth(spec.name),
+                    "depth_limit": view.depth_limit(spec.name, now_ms=now_ms),
                     "wait_p95_ms": p95_ms(tally.wait_hist, WAIT_BUCKETS_MS) if tally else None,
                     "throughput_per_min": None
                     if wall_ms == then_ms
@@ -154,8 +158,8 @@ class OpsView:
             )
         errors = _backend_errors()
         backends = []
-        for name, backend in sorted(d.backend_specs.items()):
-            health = d.circuits.of(name)
+        for name, backend in sorted(view.backends().items()):
+            health = view.backend_health(name)
             backends.append(
                 {
                     "backend": name,
@@ -165,23 +169,25 @@ class OpsView:
                     "tpm_used": health.tpm_used(now_ms),
                     "tpm": backend.tpm,
                     "errors": errors.get(name, 0),
-                    "circuit_open": d.circuits.is_open(name, now_ms),
+                    "circuit_open": view.circuit_open_here(name, now_ms),
                 }
             )
-        rejects = {code: int(v) for code, v in sorted(_counter_samples(metrics.REJECTS, "code").items())}
-        return {"classes": classes, "backends": backends, "rejects": rejects, "in_queue": sched.waiting_count}
+        rejects = {code: int(v) for code, v in sorted(_counter_samples(REJECTS, "code").items())}
+        return {"classes": classes, "backends": backends, "rejects": rejects, "in_queue": view.waiting_count}
 
 
-def timeline_sample(d: Dispatcher, *, wall_ms: int, previous_hist: list[int] | None) -> tuple[Sample, list[int]]:
+def timeline_sample(d: SchedulerPort, *, wall_ms: int, previous_hist: list[int] | None) -> tuple[Sample, list[int]]:
     """A timeline point; the top class's histogram is returned to diff against next time."""
-    tallies = d.sched.counters.classes
-    top = min(d.config.classes, key=lambda c: c.level).name if d.config.classes else None
+    view = d.queue_view()
+    tallies = view.class_tallies()
+    classes = view.classes()
+    top = min(classes, key=lambda c: c.level).name if classes else None
     hist = list(tallies[top].wait_hist) if top is not None and top in tallies else [0] * (len(WAIT_BUCKETS_MS) + 1)
     window = hist if previous_hist is None else [max(0, a - b) for a, b in zip(hist, previous_hist)]
     batch = tallies.get("BATCH")
     sample = Sample(
         at_ms=wall_ms,
-        in_queue=d.sched.waiting_count,
+        in_queue=view.waiting_count,
         interactive_p95_ms=p95_ms(window, WAIT_BUCKETS_MS),
         batch_completed=batch.completed if batch else 0,
         aging_preempts=sum(t.preempted for t in tallies.values()),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from gateway.dispatcher import Entry, describe
+from gateway.dispatch_core import Entry, describe
 from gateway.lifecycle import Outcome
 from gateway.terminal import TerminalLog
 
