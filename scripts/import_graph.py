@@ -12,7 +12,7 @@ import importlib.util
 
 import grimp
 
-PACKAGES = ("tenants", "gateway", "billing", "console", "scheduling", "config", "bench", "simbackend")
+PACKAGES = ("tenants", "gateway", "billing", "console", "scheduling", "config", "bench", "sim", "simbackend")
 
 
 def edges(packages: tuple[str, ...]) -> set[tuple[str, str]]:
