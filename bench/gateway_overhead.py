@@ -51,18 +51,22 @@ from statistics import mean
 
 from bench import gateway_overhead_postgres as pg
 from bench import gateway_overhead_postgres_report as pg_report
+from bench import gateway_overhead_report as sqlite_report
 from bench.canary import Canary
+from bench.gateway_overhead_results import (
+    BACKEND_LATENCY_MS,
+    STEP_RATES,
+    Phase,
+    Saturated,
+    sustained,
+)
 from bench.launch import Server, start_gateway, start_sim
-from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
+from bench.loadgen import Result, Target, closed_loop, open_loop
 from bench.report_gateway import section_write
 from bench.surge.traffic import run_sync
 
-BACKEND_LATENCY_MS = 50
 LATENCY_RATES = (100, 400)
 POSTGRES_LATENCY_RATES = (200,)  # the production issue's rate
-STEP_RATES = (100, 200, 400, 600, 800, 1000, 1200, 1400, 1600, 2000)
-SUSTAIN_ADDED_P99_MS = 50.0
-GENERATOR_LAG_LIMIT_MS = 10.0  # p99 of how late the generator started requests: above it, it is the bottleneck
 SATURATION_CONNECTIONS = (128, 256, 512)
 REQUEST_TIMEOUT_S = 10.0
 WARM_UP_S = 5.0  # PostgreSQL: the closed loop through each gateway before anything is measured
@@ -153,37 +157,6 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class Phase:
-    """One open-loop run summarised (ms)."""
-
-    target: str
-    rate_per_s: float
-    sent_per_s: float
-    ok_share: float
-    p50_ms: float | None
-    p99_ms: float | None
-    lag_p99_ms: float | None
-    failures: dict[str, int]
-    gateway_cpu_ms_per_request: float | None = None
-    stalls_ms: tuple[float, ...] = ()  # the machine's own stalls during the run (bench.canary)
-
-    @classmethod
-    def of(cls, target: str, result: Result, cpu_s: float | None = None, stalls_ms=()) -> Phase:
-        return cls(
-            target,
-            result.offered_per_s,
-            result.sent_per_s,
-            result.ok / result.sent if result.sent else 0.0,
-            percentile(result.latencies_ms, 0.50),
-            percentile(result.latencies_ms, 0.99),
-            percentile(result.send_lag_ms, 0.99),
-            dict(result.errors),
-            None if cpu_s is None or not result.ok else 1000.0 * cpu_s / result.ok,
-            tuple(stalls_ms),
-        )
-
-
 async def settle_database(stack: Stack, name: str) -> None:
     """PostgreSQL: ANALYZE the database ``name`` is about to be measured on (see pg.Meter.analyze)."""
     meter = (stack.meters or {}).get(name)
@@ -221,19 +194,6 @@ async def phase(stack: Stack, name: str, rate_per_s: float, duration_s: float, s
     return summary
 
 
-def added(gateway: Phase, direct: Phase, attr: str) -> float | None:
-    a, b = getattr(gateway, attr), getattr(direct, attr)
-    return None if a is None or b is None else a - b
-
-
-def sustained(gateway: Phase, direct: Phase) -> bool:
-    extra_p99 = added(gateway, direct, "p99_ms")
-    generator_kept_up = gateway.lag_p99_ms is not None and gateway.lag_p99_ms < GENERATOR_LAG_LIMIT_MS
-    return (
-        extra_p99 is not None and extra_p99 < SUSTAIN_ADDED_P99_MS and gateway.ok_share >= 0.999 and generator_kept_up
-    )
-
-
 async def latency_phases(stack: Stack, phase_s: float, rates=LATENCY_RATES) -> list[tuple[Phase, Phase, Phase]]:
     rows = []
     for index, rate in enumerate(rates):
@@ -259,18 +219,6 @@ async def step_up(stack: Stack, name: str, step_s: float, rates=STEP_RATES) -> l
         if not sustained(gateway, direct):
             break
     return steps
-
-
-@dataclass(frozen=True)
-class Saturated:
-    """One closed-loop run: requests answered per second, and the share of one core the gateway's
-    own process (its event loop; not the billing worker) used meanwhile."""
-
-    connections: int
-    ok_per_s: float
-    busy: float
-    usage: pg.Usage | None = None  # PostgreSQL mode: every process of the gateway, its batches
-    waits: dict | None = None  # PostgreSQL mode: pg_stat_activity samples of its connections
 
 
 async def saturation(
@@ -456,9 +404,7 @@ def _ms(value: float | None) -> str:
 def render(found: dict) -> str:
     if "pg_latency" in found:
         return pg_report.render(found)
-    from bench.gateway_overhead_report import render as render_report
-
-    return render_report(found)
+    return sqlite_report.render(found)
 
 
 def _rates(text: str) -> tuple[int, ...]:

@@ -6,7 +6,7 @@
 Four gateways on one simulated backend (bench.gateway_overhead's world): this checkout's and the
 baseline's, each with billing on and off; this checkout's with its access log on
 (``FAIRGATE_ACCESS_LOG=1``, or ``--access-log 0``). Each round measures the backend directly, then every gateway, at the
-same Poisson rate; added = gateway percentile - direct percentile (bench.gateway_overhead.added).
+same Poisson rate; added = gateway percentile - direct percentile (bench.gateway_overhead_results.added).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from statistics import mean
 
 from bench import gateway_overhead as overhead
+from bench import gateway_overhead_results as results
 from bench import launch
 from bench.surge.traffic import run_sync
 
@@ -55,7 +56,7 @@ async def _measure(stack: overhead.Stack, rate: int, phase_s: float, rounds: int
         for name in order:
             got = await overhead.phase(stack, name, rate, phase_s, seed=index)
             added[name].append(
-                (overhead.added(got, direct, "p50_ms"), overhead.added(got, direct, "p99_ms"), got.failures)
+                (results.added(got, direct, "p50_ms"), results.added(got, direct, "p99_ms"), got.failures)
             )
     return added
 

@@ -11,6 +11,8 @@ from statistics import mean
 
 from bench.canary import STALL_MS
 from bench.gateway_overhead_postgres import SAMPLE_INTERVAL_MS, Usage
+from bench.gateway_overhead_results import BILLING_RATIO_TARGET, SUSTAINED_TARGET, step_table
+from bench.report_gateway import section_write
 
 REPORT_PATH = Path(__file__).resolve().parent / "REPORT-gateway-postgres.md"
 
@@ -73,8 +75,6 @@ USAGE_HEADER = (
 
 
 def render(found: dict) -> str:
-    from bench.gateway_overhead_report import BILLING_RATIO_TARGET, SUSTAINED_TARGET, step_table
-
     settings = found.get("postgres", {})
     load = found.get("load_avg")
     load_text = "" if not load else f" (1-minute load average {load[0]:.1f} before the run, {load[1]:.1f} after)"
@@ -351,8 +351,6 @@ def _mean_usage(usages: list[Usage]) -> Usage | None:
 
 
 def report_write(markdown: str, path: Path = REPORT_PATH) -> Path:
-    from bench.report_gateway import section_write
-
     if not path.exists():
         path.write_text(
             "# Fairgate live benchmarks on PostgreSQL\n\nMeasured against the real gateway "

@@ -5,32 +5,23 @@ from __future__ import annotations
 import os
 from statistics import mean
 
-from bench.gateway_overhead import (
+from bench.gateway_overhead_results import (
     BACKEND_LATENCY_MS,
+    BILLING_RATIO_TARGET,
     GENERATOR_LAG_LIMIT_MS,
+    P50_TARGET_MS,
+    P99_TARGET_MS,
     STEP_RATES,
     SUSTAIN_ADDED_P99_MS,
+    SUSTAINED_TARGET,
     Phase,
     Saturated,
     added,
-    sustained,
+    cpu_cell,
+    mark_cell,
+    ms_cell,
+    step_table,
 )
-
-P50_TARGET_MS, P99_TARGET_MS, SUSTAINED_TARGET = 2.0, 10.0, 500
-BILLING_RATIO_TARGET = 0.80
-
-
-def _ms(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1f} ms"
-
-
-def _mark(ok: bool) -> str:
-    return "yes" if ok else "**no**"
-
-
-def _cpu(phase: Phase) -> str:
-    value = phase.gateway_cpu_ms_per_request
-    return "–" if value is None else f"{value:.2f} ms"
 
 
 def _failed(phase: Phase) -> str:
@@ -65,33 +56,14 @@ def latency_table(rows: list[tuple[Phase, Phase, Phase]]) -> list[str]:
                     and extra99 <= P99_TARGET_MS
                     and gateway.ok_share >= 0.999
                 )
-                verdict = _mark(ok)
+                verdict = mark_cell(ok)
             lines.append(
-                f"| {direct.rate_per_s:.0f}/s | {gateway.sent_per_s:.0f}/s | {_ms(direct.p50_ms)} / "
-                f"{_ms(direct.p99_ms)} | {gateway.target} | {_ms(gateway.p50_ms)} / {_ms(gateway.p99_ms)} | "
-                f"{_ms(extra50)} | {_ms(extra99)} | {_cpu(gateway)} | {_failed(gateway)} | {verdict} |"
+                f"| {direct.rate_per_s:.0f}/s | {gateway.sent_per_s:.0f}/s | {ms_cell(direct.p50_ms)} / "
+                f"{ms_cell(direct.p99_ms)} | {gateway.target} | {ms_cell(gateway.p50_ms)} / "
+                f"{ms_cell(gateway.p99_ms)} | "
+                f"{ms_cell(extra50)} | {ms_cell(extra99)} | {cpu_cell(gateway)} | {_failed(gateway)} | {verdict} |"
             )
     return lines
-
-
-def step_table(name: str, steps: list[tuple[Phase, Phase]]) -> tuple[list[str], int | None]:
-    lines = [
-        f"| {name}: rate | generator sent | generator lag p99 | direct p99 | gateway p99 | added p99 | answered | "
-        "gateway CPU per request | sustained |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    best = None
-    for direct, gateway in steps:
-        ok = sustained(gateway, direct)
-        if ok:
-            best = int(gateway.rate_per_s)
-        lines.append(
-            f"| {gateway.rate_per_s:.0f}/s | {gateway.sent_per_s:.0f}/s | {_ms(gateway.lag_p99_ms)} | "
-            f"{_ms(direct.p99_ms)} | "
-            f"{_ms(gateway.p99_ms)} | {_ms(added(gateway, direct, 'p99_ms'))} | {gateway.ok_share:.1%} | "
-            f"{_cpu(gateway)} | {_mark(ok)} |"
-        )
-    return lines, best
 
 
 def render(found: dict) -> str:
@@ -125,7 +97,7 @@ def render(found: dict) -> str:
         shown = f"{best}/s" if best else f"below {rates_stepped[0]}/s"
         parts.append(
             f"- {name}: sustains {shown} (target >= {SUSTAINED_TARGET}/s: "
-            f"{_mark(bool(best) and best >= SUSTAINED_TARGET)})"
+            f"{mark_cell(bool(best) and best >= SUSTAINED_TARGET)})"
         )
     parts += [""] + saturation_table(found["saturation"])
     return "\n".join(parts) + "\n"
@@ -162,7 +134,7 @@ def saturation_table(runs: dict[str, list[Saturated]]) -> list[str]:
         "",
         f"- throughput, the peak over the concurrencies: billing on {peak_on[1][0]:.0f}/s "
         f"({peak_on[0]} connections), billing off {peak_off[1][0]:.0f}/s ({peak_off[0]} connections): "
-        f"**{ratio:.0%}** (target >= {BILLING_RATIO_TARGET:.0%}: {_mark(ratio >= BILLING_RATIO_TARGET)})",
+        f"**{ratio:.0%}** (target >= {BILLING_RATIO_TARGET:.0%}: {mark_cell(ratio >= BILLING_RATIO_TARGET)})",
         '- "its process busy": the share of one core the gateway\'s own process used (its event loop, '
         "not the billing worker). Near 100% the gateway is saturated; well below, the clients are too few "
         "to keep it busy: each waits for its requests, and with billing on every request also waits for "

@@ -15,14 +15,14 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-from bench import engine_speed
 from bench.findings import findings
-from bench.simulate import run_file
 from bench.surge.plan import FIELD_TIMELINE
-from bench.targets import surge_checks
+from sim import engine_speed
+from sim.simulate import run_file
 
-SCENARIO_DIR = Path(__file__).parent / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "sim" / "scenarios"
 POLICIES = ("fairgate", "fifo", "strict", "linear")
 FIELD = {
     "surge": {
@@ -131,6 +131,165 @@ def surge_timeline(out: dict, origin: str) -> str:
     return "\n".join(lines)
 
 
+# --- issue 3's targets on `surge`: each check is (label, ours, goal, met, why); why is empty when met
+
+Results = dict[str, dict]  # policy -> simulate JSON
+
+
+class Check(NamedTuple):
+    label: str
+    ours: str
+    goal: str
+    met: bool
+    why: str
+
+
+def _p95(out: dict, cls: str) -> float:
+    return out["classes"][cls]["wait_ms"]["p95"]
+
+
+def _batch_within_sla(out: dict) -> float:
+    batch = out["classes"]["BATCH"]
+    return batch["completed_within_sla"] / batch["admitted"] if batch["admitted"] else 1.0
+
+
+def interactive_checks(runs: Results) -> list[Check]:
+    ours, strict, fifo = (_p95(runs[p], "INTERACTIVE") for p in ("fairgate", "strict", "fifo"))
+    why_strict = (
+        ""
+        if ours <= 1.1 * strict
+        else (
+            "aging lets aged NEAR_RT (and BATCH past wait_ratio 0.8) compete with fresh chat requests; "
+            f"{runs['fairgate']['aging']['preempted']} requests were dispatched at preempt"
+        )
+    )
+    return [
+        Check(
+            "interactive p95 <= 1.1x strict",
+            f"{ours / 1000:.2f} s",
+            f"<= {1.1 * strict / 1000:.2f} s",
+            ours <= 1.1 * strict,
+            why_strict,
+        ),
+        Check(
+            "interactive p95 < 1/20 of fifo",
+            f"{ours / 1000:.2f} s",
+            f"< {fifo / 20000:.2f} s",
+            ours < fifo / 20,
+            "" if ours < fifo / 20 else "fifo's backlog is shorter than the gap needs",
+        ),
+    ]
+
+
+def batch_checks(runs: Results) -> list[Check]:
+    out = runs["fairgate"]
+    within = _batch_within_sla(out)
+    full = out["totals"]["queue_full_ratio"]
+    return [
+        Check(
+            "BATCH completed within SLA >= 99.5% of admitted",
+            f"{within:.2%}",
+            ">= 99.50%",
+            within >= 0.995,
+            ""
+            if within >= 0.995
+            else f"{out['classes']['BATCH']['queue_timeout']} BATCH requests timed out: "
+            "the capacity left by the higher classes could not serve them within the SLA",
+        ),
+        Check(
+            "queue_full <= 0.3% of arrivals",
+            f"{full:.2%}",
+            "<= 0.30%",
+            full <= 0.003,
+            "" if full <= 0.003 else "the depth limit refused part of the burst",
+        ),
+    ]
+
+
+def fairness_checks(runs: Results) -> list[Check]:
+    ours, fifo = (runs[p]["small_tenants"]["wait_ms"]["mean"] for p in ("fairgate", "fifo"))
+    jain, samples = runs["fairgate"]["jain_index"], runs["fairgate"]["jain_samples"]
+    jain_met = jain is not None and jain >= 0.95
+    why_jain = (
+        ""
+        if jain_met
+        else (
+            "no window had two tenants backlogged in one class"
+            if jain is None
+            else "requests at preempt are served earliest-deadline-first, bypassing tenant fairness"
+        )
+    )
+    return [
+        Check(
+            "small tenants' mean wait <= 1/12 of fifo",
+            f"{ours / 1000:.2f} s",
+            f"<= {fifo / 12000:.2f} s",
+            ours <= fifo / 12,
+            "" if ours <= fifo / 12 else "see the small-tenant scenario's findings",
+        ),
+        Check("Jain index >= 0.95", f"{jain} ({samples} windows)", ">= 0.95", jain_met, why_jain),
+    ]
+
+
+def efficiency_checks(runs: Results) -> list[Check]:
+    wasted = runs["fairgate"]["wasted_service_ratio"]
+    ours, fifo = (runs[p]["goodput_per_s"] for p in ("fairgate", "fifo"))
+    return [
+        Check(
+            "wasted service < 1%",
+            f"{wasted:.2%}",
+            "< 1.00%",
+            wasted < 0.01,
+            "" if wasted < 0.01 else "requests were served after their client gave up",
+        ),
+        Check(
+            "goodput >= fifo's",
+            f"{ours}/s",
+            f">= {fifo}/s",
+            ours >= fifo,
+            "" if ours >= fifo else "more requests timed out or were refused than fifo wasted",
+        ),
+    ]
+
+
+def speed_checks(speed: list[dict] | None) -> list[Check]:
+    if not speed:
+        return []
+    row = next((r for r in speed if r["waiting"] == 20_000), None)
+    if row is None:
+        return []
+    p99, ratio = row["decision_p99_us"], row["ratio"]
+    return [
+        Check(
+            "decision p99 <= 20 us at 20,000 waiting",
+            f"{p99:.1f} us",
+            "<= 20 us",
+            p99 <= 20,
+            "" if p99 <= 20 else "see engine_speed: the dispatch path at this depth",
+        ),
+        Check(
+            "ratio to heapq push+pop <= 10x",
+            f"{ratio:.1f}x",
+            "<= 10x",
+            ratio <= 10,
+            ""
+            if ratio <= 10
+            else "a dispatch does far more than a heap pop: aging rank over classes, "
+            "fair-share heap per lane, capacity and window checks, counters, store writes",
+        ),
+    ]
+
+
+def surge_checks(runs: Results, speed: list[dict] | None) -> list[Check]:
+    return (
+        interactive_checks(runs)
+        + batch_checks(runs)
+        + fairness_checks(runs)
+        + efficiency_checks(runs)
+        + speed_checks(speed)
+    )
+
+
 def targets_table(runs: dict[str, dict], speed: list[dict] | None) -> str:
     lines = ["| target | ours (fairgate) | goal | met | why missed |", "|---|---|---|---|---|"]
     for c in surge_checks(runs, speed):
@@ -142,10 +301,10 @@ def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None)
     parts = [
         "# Fairgate benchmark report",
         "",
-        "Generated by `python -m bench.report` (do not edit by hand). Every scenario of `bench/scenarios/` runs "
+        "Generated by `python -m bench.report` (do not edit by hand). Every scenario of `sim/scenarios/` runs "
         "through the real engine (`scheduling.engine.Scheduler`) on a virtual clock, once per preset, with the "
         f"same trace for every preset (seed {seed if seed is not None else 'of each scenario'}). Metric "
-        "definitions: `bench/metrics.py`; simulator rules: `bench/sim.py`.",
+        "definitions: `sim/metrics.py`; simulator rules: `sim/simulation.py`.",
         "",
         "The live benchmarks against the real gateway over HTTP (added latency, sustained rate, billing's "
         "throughput cost with billing on against billing off, the surge replayed live) are in "
@@ -168,7 +327,7 @@ def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None)
             ]
     if speed:
         parts += [
-            "## Engine speed (`python -m bench.engine_speed`)",
+            "## Engine speed (`python -m sim.engine_speed`)",
             "",
             " ".join(engine_speed.__doc__.split("\n\n")[2:]).strip(),
             "",
@@ -179,12 +338,12 @@ def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None)
     return "\n".join(parts)
 
 
-MARKED = re.compile(r"<!-- (bench\.[a-z_]+): start -->.*?<!-- \1: end -->", re.DOTALL)
+MARKED = re.compile(r"<!-- (sim\.[a-z_.]+): start -->.*?<!-- \1: end -->", re.DOTALL)
 
 
 def keep_sections(old: str, new: str) -> str:
     """``new`` with the sections other commands wrote into ``old`` between their markers
-    (``bench.sim_sweep``, ``bench.sim_headroom``) carried over, in their order, before the
+    (``python -m sim.sweep``'s parts) carried over, in their order, before the
     engine-speed section (or at the end): regenerating the report does not drop them."""
     kept = [m.group(0) for m in MARKED.finditer(old)]
     if not kept:

@@ -43,7 +43,8 @@ from decimal import Decimal
 from pathlib import Path
 from statistics import mean
 
-from bench.gateway_overhead import BACKEND_LATENCY_MS, GATEWAY_YAML
+from bench.gateway_overhead import GATEWAY_YAML
+from bench.gateway_overhead_results import BACKEND_LATENCY_MS
 from bench.launch import Server, start_gateway, start_sim
 from bench.loadgen import closed_loop
 from bench.shared_gateway import _target

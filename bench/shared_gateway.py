@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
-from bench.gateway_overhead import BACKEND_LATENCY_MS, BODY, GATEWAY_YAML
+from bench.gateway_overhead import BODY, GATEWAY_YAML
+from bench.gateway_overhead_results import BACKEND_LATENCY_MS
 from bench.launch import Server, _cpu_s, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop, percentile
 

@@ -50,7 +50,7 @@ from bench.surge.report import P95, p95_of, ratio, ratio_text
 from bench.surge.traffic import run_sync
 from scheduling.engine.forecast import DAY_MS
 
-SCENARIO = Path(__file__).resolve().parent / "scenarios" / "surge.json"
+SCENARIO = Path(__file__).resolve().parent.parent / "sim" / "scenarios" / "surge.json"
 DEFAULT_BATCH_COUNT = FIELD_BATCH_COUNT  # the field event (48 slots): ~12 min per policy at time scale 20
 DEFAULT_TIME_SCALE = 20.0  # at 60 the first real seconds' ~2,000 batch requests saturate one process's intake
 BATCH_TENANT = "finance"

@@ -1,6 +1,6 @@
 """The field report's surge as a time-compressed live replay: what is sent, when, and how big.
 
-The event (bench/scenarios/surge.json, where the parameters are argued): from 08:30 twenty
+The event (sim/scenarios/surge.json, where the parameters are argued): from 08:30 twenty
 departments keep up chat (INTERACTIVE, ~2.8/s) and near-real-time traffic (NEAR_RT, ~1.2/s);
 at 09:00 finance submits 12,400 BATCH requests at once. The GPU pool has 48 slots; chat holds a
 slot ~4.3 s, near-RT ~7 s, batch ~20 s, so the batch drains in about three hours.

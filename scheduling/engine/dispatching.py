@@ -12,7 +12,7 @@ Order of a dispatch round at ``now_ms`` (one round fills every slot it can):
    "who inside the class". This departs from a per-request EDF on purpose: when one class is
    overloaded (admission lets about one SLA of work in, so most of its requests reach ``a3``),
    a per-request EDF turns the class into one FIFO and a flooding tenant buries the small ones
-   (measured on ``bench/scenarios/small-tenant.json``: small tenants' mean wait 8.9 s with
+   (measured on ``sim/scenarios/small-tenant.json``: small tenants' mean wait 8.9 s with
    per-request EDF, 0.8 s with the fair pick; Jain index on ``on-off`` 0.80 → 0.9997). The
    promoted request is its tenant's FIFO head, so it goes as soon as fairness reaches its
    tenant; an over-share tenant's requests may then time out, which is where overload belongs.

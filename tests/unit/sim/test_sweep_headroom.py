@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import report, sim_headroom, sim_sweep
-from bench.generators import DAY_MS, generate
+from bench import report
+from sim.generators import DAY_MS, generate
+from sim.sweep import headroom as sim_headroom
+from sim.sweep import report as sweep_report
 
 RAW = {
     "config": {"headroom": {"enabled": True, "max_slots": 6}},
@@ -52,8 +54,8 @@ def test_verdict_and_render():
 def test_regenerating_the_report_keeps_the_sweeps_sections(tmp_path: Path):
     path = tmp_path / "REPORT.md"
     path.write_text("# Report\n\n## Engine speed\n\nrows\n", encoding="utf-8")
-    sim_sweep.write_report(f"{sim_sweep.START}\nsweep\n{sim_sweep.END}", path)
-    sim_sweep.write_report(f"{sim_headroom.START}\nheadroom\n{sim_headroom.END}", path, markers=sim_headroom.MARKERS)
+    sweep_report.write_report(f"{sweep_report.START}\nsweep\n{sweep_report.END}", path)
+    sweep_report.write_report(f"{sim_headroom.START}\nheadroom\n{sim_headroom.END}", path, markers=sim_headroom.MARKERS)
     fresh = "# Report (new)\n\n## `surge`\n\n## Engine speed\n\nnew rows\n"
     text = report.keep_sections(path.read_text(encoding="utf-8"), fresh)
     assert text.index("## `surge`") < text.index("sweep") < text.index("headroom") < text.index("## Engine speed")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import sim_sweep
+from sim.sweep import admission
+from sim.sweep import report as sweep_report
 
 RAW = {
     "backends": [{"name": "gpu", "models": ["m"], "slots": 32}],
@@ -17,20 +18,20 @@ RAW = {
 
 
 def test_changes_scale_slots_and_service_times_and_reshape_tenants():
-    assert sim_sweep.slots(0.75)(RAW)["backends"][0]["slots"] == 24
-    faster = sim_sweep.service(0.5)(RAW)["generators"]
+    assert admission.slots(0.75)(RAW)["backends"][0]["slots"] == 24
+    faster = admission.service(0.5)(RAW)["generators"]
     assert faster[0]["service_ms"] == {"base_ms": 2000} and faster[1]["service_ms"] == [300, 700]
-    split = sim_sweep.split_bursts(RAW)["generators"]
+    split = admission.split_bursts(RAW)["generators"]
     assert split[0]["tenant"] == ["b", "c", "a"] and split[0]["count"] == 100 and split[1] == RAW["generators"][1]
-    assert {t["quota_share"] for t in sim_sweep.equal_shares(RAW)["tenants"]} == {0.3333}
+    assert {t["quota_share"] for t in admission.equal_shares(RAW)["tenants"]} == {0.3333}
     assert RAW["backends"][0]["slots"] == 32  # the original is left alone
 
 
 def test_the_report_section_goes_before_engine_speed_and_is_replaced_in_place(tmp_path: Path):
     report = tmp_path / "REPORT.md"
     report.write_text("# Report\n\n## `surge`\n\n## Engine speed\n\nrows\n", encoding="utf-8")
-    sim_sweep.write_report(f"{sim_sweep.START}\nfirst\n{sim_sweep.END}", report)
-    sim_sweep.write_report(f"{sim_sweep.START}\nsecond\n{sim_sweep.END}", report)
+    sweep_report.write_report(f"{sweep_report.START}\nfirst\n{sweep_report.END}", report)
+    sweep_report.write_report(f"{sweep_report.START}\nsecond\n{sweep_report.END}", report)
     text = report.read_text(encoding="utf-8")
-    assert "first" not in text and text.count(sim_sweep.START) == 1
+    assert "first" not in text and text.count(sweep_report.START) == 1
     assert text.index("second") < text.index("## Engine speed") and text.endswith("rows\n")

@@ -29,12 +29,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench.generators import TraceRequest
-from bench.metrics import ClassStats, JainTracker, TenantStats, Timeline
-from bench.scenario import Scenario
 from scheduling.engine import Scheduler
 from scheduling.engine.model import Request
 from scheduling.engine.presets import apply_policy
+from sim.generators import TraceRequest
+from sim.metrics import ClassStats, JainTracker, TenantStats, Timeline
+from sim.scenario import Scenario
 
 try:  # the downgrade-rule language; without it requests keep their declared class
     from scheduling.engine.rules import Facts, compile_rules

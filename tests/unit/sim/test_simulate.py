@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.scenario import load_scenario
-from bench.simulate import run_file
 from scheduling.engine import apply_policy
 from scheduling.engine.schema import ConfigError
-from tests.unit.bench.conftest import CONFIG, tiny_surge, write
+from sim.scenario import load_scenario
+from sim.simulate import run_file
+from tests.unit.sim.conftest import CONFIG, tiny_surge, write
 
 REPO = Path(__file__).resolve().parents[3]
 POLICIES = ("fairgate", "fifo", "strict", "linear")
@@ -158,7 +158,7 @@ def test_fifo_serves_the_given_up_request_later_and_counts_its_slot_time_as_wast
 
 
 def test_shipped_idle_burst_is_never_refused() -> None:
-    out = run_file(REPO / "bench" / "scenarios" / "idle-burst.json", policy="fairgate")
+    out = run_file(REPO / "sim" / "scenarios" / "idle-burst.json", policy="fairgate")
     assert out["totals"]["arrived"] > 3000
     assert out["totals"]["rejected_queue_full"] == 0
     assert out["conservation"]["ok"]
@@ -170,7 +170,7 @@ def test_cli_runs_a_scenario_and_writes_json(surge_path: Path, tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "bench.simulate",
+            "sim.simulate",
             str(surge_path),
             "--policy",
             "strict",
@@ -195,7 +195,7 @@ def test_cli_runs_a_scenario_and_writes_json(surge_path: Path, tmp_path: Path) -
 
 def test_cli_refuses_an_unknown_policy(surge_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.simulate", str(surge_path), "--policy", "lifo"],
+        [sys.executable, "-m", "sim.simulate", str(surge_path), "--policy", "lifo"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -233,7 +233,7 @@ def test_queue_overrides_are_checked_like_the_yaml(surge_path: Path) -> None:
     with pytest.raises(ConfigError):
         run_file(surge_path, queue={"admission": "sometimes"})
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.simulate", str(surge_path), "--queue", "predict_margin=2", "--quiet"],
+        [sys.executable, "-m", "sim.simulate", str(surge_path), "--queue", "predict_margin=2", "--quiet"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -276,7 +276,7 @@ def test_early_fast_fail_ends_the_hopeless_before_their_deadline(tmp_path: Path)
 
 def test_shipped_idle_burst_is_never_refused_with_prediction_either() -> None:
     out = run_file(
-        REPO / "bench" / "scenarios" / "idle-burst.json",
+        REPO / "sim" / "scenarios" / "idle-burst.json",
         policy="fairgate",
         queue={"admission": "predicted", "fast_fail": True},
     )
@@ -286,7 +286,7 @@ def test_shipped_idle_burst_is_never_refused_with_prediction_either() -> None:
 
 def test_the_new_scenarios_turn_prediction_on_for_fairgate_only() -> None:
     for name in ("surge-30min", "quiet-burst", "higher-surge"):
-        scenario = load_scenario(REPO / "bench" / "scenarios" / f"{name}.json")
+        scenario = load_scenario(REPO / "sim" / "scenarios" / f"{name}.json")
         assert (scenario.config.queue.admission, scenario.config.queue.fast_fail) == ("predicted", True)
         assert scenario.notes and scenario.seed == 1
         for policy in ("fifo", "strict", "linear"):

@@ -1,13 +1,13 @@
 """Run a scenario through the engine on a virtual clock and print (or save) its metrics.
 
-    python -m bench.simulate SCENARIO.json [--policy NAME] [--seed N] [--json OUT]
+    python -m sim.simulate SCENARIO.json [--policy NAME] [--seed N] [--json OUT]
                              [--timeline-step-ms N] [--queue KEY=VALUE ...] [--quiet]
 
 ``--policy`` is one of the engine's presets (fairgate, fifo, strict, linear) and overrides the
 scenario config's ``policy``. ``--queue`` overrides one key of the config's ``queue`` section
 (a YAML value, checked as the YAML file's are), e.g. ``--queue fast_fail=false`` to compare
 early fast-fail with expiry at the deadline; the preset is applied after it. The JSON's keys are
-described in :mod:`bench.metrics` (and ``queue_timeouts``: per class, the 504s, how many came
+described in :mod:`sim.metrics` (and ``queue_timeouts``: per class, the 504s, how many came
 early, and the client-seconds spent waiting on them); apart from ``decision_us`` (wall-clock
 cost) the output is a pure function of scenario, policy and seed.
 """
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import yaml
 
-from bench.metrics import mean, percentile
-from bench.scenario import Scenario, load_scenario
-from bench.sim import Simulation, progress_bar, simulate
 from scheduling.engine.model import Policy
 from scheduling.engine.schema import config_from_dict, config_to_dict
+from sim.metrics import mean, percentile
+from sim.scenario import Scenario, load_scenario
+from sim.simulation import Simulation, progress_bar, simulate
 
 PROGRESS_MIN_REQUESTS = 20_000
 
@@ -188,7 +188,7 @@ def _summary(out: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sim.simulate", description=__doc__.split("\n")[0])
     parser.add_argument("scenario")
     parser.add_argument("--policy", choices=[p.value for p in Policy])
     parser.add_argument("--seed", type=int)

@@ -1,6 +1,6 @@
 """Scenario files: JSON describing configuration, backends, tenants and a request trace.
 
-Top-level keys (see ``bench/scenarios/`` for examples)::
+Top-level keys (see ``sim/scenarios/`` for examples)::
 
     name              scenario name
     notes             free text: the parameters chosen and why
@@ -8,10 +8,10 @@ Top-level keys (see ``bench/scenarios/`` for examples)::
                       ``scheduler:``, or an inline object with the schema under ``scheduler:``
     backends          [{"name", "models", "slots", "tpm", "rpm", "reserved_slots"}]
     tenants           [{"slug", "quota_share", "vip"?, "classes"?}]
-    requests          explicit requests (fields of :class:`bench.generators.TraceRequest`,
+    requests          explicit requests (fields of :class:`sim.generators.TraceRequest`,
                       with ``class`` for the declared class)
     requests_file     JSON lines of the same shape, relative to the scenario file
-    generators        seeded streams, see :mod:`bench.generators`
+    generators        seeded streams, see :mod:`sim.generators`
     seed              default seed (``--seed`` overrides)
     timeline_step_ms  default step of the timeline (``--timeline-step-ms`` overrides)
     clock_origin      optional "HH:MM" label of t = 0 (the report prints wall-clock rows)
@@ -30,9 +30,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from bench.generators import TraceRequest, generate
 from scheduling.engine.model import BackendSpec, SchedulerConfig, TenantSpec
 from scheduling.engine.schema import config_from_dict, config_from_yaml
+from sim.generators import TraceRequest, generate
 
 DEFAULT_TIMELINE_STEP_MS = 300_000
 DEFAULT_JAIN_WINDOW_MS = 60_000

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine_speed import run as speed_run
-from bench.generators import generate
-from bench.metrics import JainTracker, percentile, wait_summary
+from sim.engine_speed import run as speed_run
+from sim.generators import generate
+from sim.metrics import JainTracker, percentile, wait_summary
 
 
 def test_percentile_is_nearest_rank() -> None:

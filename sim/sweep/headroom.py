@@ -1,48 +1,32 @@
-"""Predictive headroom (issue 15 item 3) on ``morning-ramp``, beyond the case it was tuned on.
+"""The headroom part of the sweep: predictive headroom's cost against strict on ``morning-ramp``.
 
-    python -m bench.sim_headroom [--quick] [--jobs N] [--write-report] [--json OUT] [--from-json IN]
-
-Every row runs the same trace three ways: ``strict`` (the baseline of the targets), ``fairgate``
-with headroom off, and ``fairgate`` as configured (headroom on). Targets, on the headroom run:
-interactive p95 wait <= 300 ms, p99 <= 1 s, no interactive ``queue_timeout``; BATCH median wait at
-most 10 % above strict's on the same trace; every admitted BATCH request dispatched within its SLA.
-
-1. **Spread.** As shipped at seeds 1-5, then one change at a time at seeds 1-3 (``--quick``: 1):
-   slots x0.75 and x1.5, every service time x0.8 and x1.25, the batch burst split over three
-   tenants, every tenant at the same quota share, one morning only (no day of history: the
-   profile is empty, the recent rate alone), the recent rate alone (``profile_weight: 0``), the
-   profile alone (``profile_weight: 1``), and the batch burst an hour later (08:20, onto a pool
-   chat uses at ~1.2/s and BATCH leaves idle) as shipped, with ``hold_idle`` off, and with
-   ``miss_share`` off (the need from the forecast arrivals alone, not bounded by the turnover); and
-   the deadline rescue off (``rescue_ms: 0``), with the shipped ``miss_share`` and with 0.01 (the
-   setting before the rescue), as shipped and on the 08:20 burst.
-2. **Trade-off.** As shipped at seeds 1-2, the headroom setting varied (``max_slots`` and
-   ``hold_ms``, then ``horizon_ms``, then ``miss_share``, then ``rescue_ms``): interactive p95/p99 against the batch
-   cost (median wait against strict's, and the slot-time left idle by holds, as slot-seconds per
-   batch request).
-
-``--write-report`` puts the tables in ``bench/REPORT.md`` between this command's markers (before
-the engine-speed section); ``python -m bench.report`` keeps them when it rewrites the file.
+Every row runs one trace three ways: ``strict``, ``fairgate`` with headroom off, and ``fairgate`` as
+configured (headroom on); ``spread_rows`` varies the scenario, ``curve_rows`` the headroom setting.
+What each row varies and the targets: docs/simulator.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.metrics import percentile
-from bench.scenario import scenario_from_dict
-from bench.sim import Simulation, simulate
-from bench.sim_sweep import Change, Raw, equal_shares, service, slots, split_bursts, write_report
+from sim.metrics import percentile
+from sim.scenario import scenario_from_dict
+from sim.simulation import Simulation, simulate
+from sim.sweep.admission import Change, Raw, equal_shares, service, slots, split_bursts
 
-SCENARIO = Path(__file__).parent / "scenarios" / "morning-ramp.json"
-START, END = "<!-- bench.sim_headroom: start -->", "<!-- bench.sim_headroom: end -->"
+SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "morning-ramp.json"
+START, END = "<!-- sim.sweep.headroom: start -->", "<!-- sim.sweep.headroom: end -->"
 MARKERS = (START, END)
 P95_MS, P99_MS, BATCH_COST = 300, 1000, 0.10
+THREE_WAYS = (
+    "Every row runs the same trace three ways: ``strict`` (the baseline of the targets), ``fairgate`` "
+    "with headroom off, and ``fairgate`` as configured (headroom on). Targets, on the headroom run: "
+    "interactive p95 wait <= 300 ms, p99 <= 1 s, no interactive ``queue_timeout``; BATCH median wait at "
+    "most 10 % above strict's on the same trace; every admitted BATCH request dispatched within its SLA."
+)
 
 
 def headroom(**values: object) -> Change:
@@ -334,13 +318,12 @@ WHY = (
 
 
 def render(data: dict) -> str:
-    doc = (__doc__ or "").split("\n\n")
     return "\n".join(
         [
             START,
-            "## Predictive headroom on `morning-ramp` (`python -m bench.sim_headroom`)",
+            "## Predictive headroom on `morning-ramp` (`python -m sim.sweep --headroom`)",
             "",
-            " ".join(doc[2].split()),
+            THREE_WAYS,
             "",
             "### Spread (strict / fairgate with headroom off / **on**)",
             "",
@@ -367,35 +350,3 @@ def render(data: dict) -> str:
             END,
         ]
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim_headroom", description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="seed 1 only")
-    parser.add_argument("--jobs", type=int, default=1, help="runs in this many processes (the same figures)")
-    parser.add_argument("--write-report", action="store_true")
-    parser.add_argument("--json", dest="json_out")
-    parser.add_argument("--from-json", dest="json_in")
-    args = parser.parse_args(argv)
-
-    def log(text: str) -> None:
-        sys.stderr.write(text + "\n")
-
-    if args.json_in:
-        data = json.loads(Path(args.json_in).read_text(encoding="utf-8"))
-    else:
-        seeds = (1,) if args.quick else (1, 2, 3, 4, 5)
-        data = {"spread": spread_rows(seeds, log, args.jobs), "curve": curve_rows(seeds[:2], log, args.jobs)}
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    section = render(data)
-    if args.write_report:
-        write_report(section, markers=MARKERS)
-        print("wrote its section of bench/REPORT.md")
-    else:
-        print(section)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Engine cost per enqueue+dispatch pair at a given number of waiting requests, beside heapq.
 
-    python -m bench.engine_speed [--sizes 10,1000,20000,100000] [--pairs 5000] [--json OUT] [--profile]
+    python -m sim.engine_speed [--sizes 10,1000,20000,100000] [--pairs 5000] [--json OUT] [--profile]
 
 For each size N the engine holds N waiting requests (20 tenants, four classes, the field
 report's piecewise aging and weighted fair tokens; depth limits off so N can exceed the cap)
@@ -34,7 +34,6 @@ from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
-from bench.metrics import percentile
 from scheduling.engine import Scheduler
 from scheduling.engine.model import (
     AgingPolicy,
@@ -47,6 +46,7 @@ from scheduling.engine.model import (
     SchedulerConfig,
     TenantSpec,
 )
+from sim.metrics import percentile
 
 SIZES = (10, 1_000, 20_000, 100_000)
 SLOTS = 64
@@ -197,7 +197,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.engine_speed", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sim.engine_speed", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     parser.add_argument("--pairs", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=3)

@@ -1,0 +1,10 @@
+"""The sweep: the engine's tuned settings run beyond the scenarios they were tuned on.
+
+    python -m sim.sweep [--quick] [--no-speed] [--write-report] [--json OUT] [--from-json IN]
+    python -m sim.sweep --headroom [--quick] [--jobs N] [--write-report] [--json OUT] [--from-json IN]
+
+Two parts, each a marked section of bench/REPORT.md (``--write-report``; run it after
+``python -m bench.report``): admission by predicted dispatch and early fast-fail
+(:mod:`sim.sweep.admission`), and predictive headroom's cost against strict
+(:mod:`sim.sweep.headroom`). What each varies and its targets: docs/simulator.md.
+"""

@@ -1,0 +1,75 @@
+"""``python -m sim.sweep``: run one part of the sweep and print (or write) its section."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.sweep import admission, headroom
+from sim.sweep.report import END, REPORT, START, render, write_report
+
+SPEED_SIZES = (1_000, 20_000, 100_000)
+
+
+def log(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def admission_data(args: argparse.Namespace) -> dict:
+    seeds = (1,) if args.quick else (1, 2, 3, 4, 5)
+    if args.json_in:
+        data = json.loads(Path(args.json_in).read_text(encoding="utf-8"))
+        if args.no_speed:
+            data.pop("speed", None)
+            data.pop("checks", None)
+        return data
+    data = {
+        "admission": admission.admission_rows(seeds, args.quick, log),
+        "fast_fail": admission.fast_fail_rows(seeds, log),
+    }
+    if not args.no_speed:
+        data["speed"] = admission.speed_rows(SPEED_SIZES, 5_000, rounds=5)
+        data["checks"] = admission.check_rows(SPEED_SIZES)
+    return data
+
+
+def headroom_data(args: argparse.Namespace) -> dict:
+    if args.json_in:
+        return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
+    seeds = (1,) if args.quick else (1, 2, 3, 4, 5)
+    return {
+        "spread": headroom.spread_rows(seeds, log, args.jobs),
+        "curve": headroom.curve_rows(seeds[:2], log, args.jobs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.sweep", description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--headroom", action="store_true", help="the headroom part (headroom cost against strict)")
+    parser.add_argument("--quick", action="store_true", help="seed 1 only")
+    parser.add_argument("--no-speed", action="store_true", help="admission part: leave the engine-speed rows out")
+    parser.add_argument("--jobs", type=int, default=1, help="headroom part: runs in this many processes")
+    parser.add_argument("--write-report", action="store_true")
+    parser.add_argument("--json", dest="json_out")
+    parser.add_argument("--from-json", dest="json_in", help="render a saved run instead of running")
+    args = parser.parse_args(argv)
+    if args.headroom:
+        data = headroom_data(args)
+        section, markers = headroom.render(data), headroom.MARKERS
+    else:
+        data = admission_data(args)
+        section, markers = render(data), (START, END)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    if args.write_report:
+        write_report(section, markers=markers)
+        print(f"wrote its section of {REPORT}")
+    else:
+        print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
