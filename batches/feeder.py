@@ -11,7 +11,7 @@ the feeder only waits for the worker's end to free the slot with the tokens used
 expired batch's lines that were not sent leave the engine and their holds are released.
 
 A process that dies with lines claimed loses none: once billing has released its holds (its
-heartbeat), they go back to their batch (batches.service.lines_of_the_gone_back) and are fed
+heartbeat), they go back to their batch (batches.service.requeue_lines_of_gone_processes) and are fed
 again under new request ids. A sent line is leased (batches.leases): the feeder keeps its slot
 until the line ends, and sends it again when its worker died (its lease lapsed); a dead
 process's sent lines no worker runs go back to their batch like its claimed ones.
@@ -297,7 +297,7 @@ def start() -> None:
 
 async def stop() -> None:
     """Before the dispatcher stops: no more ticks (lines claimed here go back once billing has
-    released this process's holds: batches.service.lines_of_the_gone_back)."""
+    released this process's holds: batches.service.requeue_lines_of_gone_processes)."""
     global _running
     running, _running = _running, None
     if running is not None:

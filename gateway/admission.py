@@ -152,7 +152,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
     hold may be booked while the request goes on."""
     d, caller, payload = asked.d, asked.caller, asked.payload
     expected_output_tokens = output_tokens_held(payload)
-    what = _HoldArgs(
+    hold_args = _HoldArgs(
         tenant=caller.tenant,
         request_id=asked.engine_id,
         cls=asked.cls,
@@ -162,9 +162,9 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
         priced_at=asked.priced_at,
         hold_cap=asked.hold_cap,
     )
-    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
+    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**hold_args) if early else None
     if held is None:
-        held = await charging.hold(**what)  # a 402 here holds nothing
+        held = await charging.hold(**hold_args)  # a 402 here holds nothing
     bill = Bill(held)
     cls, rule = asked.cls, asked.rule
     if isinstance(held, charging.Hold) and held.fallback:
