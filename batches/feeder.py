@@ -1,20 +1,11 @@
 """Batch lines into the engine: every ``serve`` process feeds lines as its engine takes them.
 
-Each tick (`FEED_S`) the feeder claims pending lines (batches.service.lines_claim: shared out by
-tenant, then batch, in turn; at most ``FAIRGATE_BATCH_LINES_PER_PROCESS`` here at once) and admits
-each as the gateway admits an HTTP request — classified and downgrade-checked in the class its batch
-declares, held on its tenant's budget, queued in the engine with its batch's window end as its
-deadline. The engine's policy decides every grant; a line refused for room (429) goes back to
-pending and the feeder pauses. On its grant the line is marked sent and handed to a Celery worker
-(batches.tasks.run_line), which owns its money from then on (it settles or releases the hold);
-the feeder only waits for the worker's end to free the slot with the tokens used. A cancelled or
-expired batch's lines that were not sent leave the engine and their holds are released.
-
-A process that dies with lines claimed loses none: once billing has released its holds (its
-heartbeat), they go back to their batch (batches.service.lines_of_the_gone_back) and are fed
-again under new request ids. A sent line is leased (batches.leases): the feeder keeps its slot
-until the line ends, and sends it again when its worker died (its lease lapsed); a dead
-process's sent lines no worker runs go back to their batch like its claimed ones.
+Each tick (`FEED_S`) the feeder claims pending lines (batches.service.lines_claim) and admits each
+as the gateway admits an HTTP request, with its batch's window end as its deadline. On its grant
+a line is marked sent and handed to a Celery worker (batches.tasks.run_line), which owns its money
+from then on; the feeder frees the slot when the line ends. Lines of a dead process go back to
+their batch (batches.service.requeue_lines_of_gone_processes; sent ones: batches.leases).
+How lines run: docs/batches.md.
 """
 
 from __future__ import annotations
@@ -297,7 +288,7 @@ def start() -> None:
 
 async def stop() -> None:
     """Before the dispatcher stops: no more ticks (lines claimed here go back once billing has
-    released this process's holds: batches.service.lines_of_the_gone_back)."""
+    released this process's holds: batches.service.requeue_lines_of_gone_processes)."""
     global _running
     running, _running = _running, None
     if running is not None:

@@ -1,16 +1,8 @@
 """A batch input file's lines, checked once, when the file is uploaded: parsed as the gateway would
-parse each request (batches.lines), its prompt estimated with tiktoken and bounded, and the
-results stored a row per line (FileLine), so that creating a batch from the file only reads
-them (batches.service.batch_create) and the feeder never tokenizes a line.
-
-A file whose lines do not check is still stored (as OpenAI's Files API stores it): its first bad
-line is recorded (and the good lines before it), and a batch created from it is refused with a
-400 naming that line, or an earlier one whose model is not served. The models
-are checked at create, against the backends configured then.
-
-The check of a large file is seconds of CPU (a 100 MB file: about 4 s, mostly tiktoken), so the
-API runs it in a process of its own (batches.check_process, at a lower CPU priority), where it
-holds neither the gateway's event loop, nor its GIL, nor its database thread.
+parse each request (batches.lines), its prompt estimated and bounded, the results stored a row per
+line (FileLine), so that a create only reads them and the feeder never tokenizes a line. A file
+that does not check is still stored, with its first bad line recorded. The check runs in a process
+of its own (batches.check_process): docs/batches.md, "Creating a batch".
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from batches.lines import URLS, Line, LineRefused, lines_read
 from batches.models import BatchFile, FileLine
 from gateway.api import estimate, output_tokens_held, prompt_bound
 
-PART_ROWS = 200  # lines written per transaction (~3 MB at the surge's 17 KB a line)
+PART_ROWS = 200  # lines written per transaction (its size at the surge's lines: bench/REPORT-gateway.md)
 
 
 def file_lines_check(*, file_id: str) -> BatchFile:

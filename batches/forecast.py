@@ -1,18 +1,8 @@
 """What a batch can expect, said when it is created: whether its budget can hold any of its lines
-(if not, the create is refused with 402), what it can cost at most, and whether it can finish
-within its completion window.
-
-* Money: each line's hold is computed as the gateway would compute it (the prompt's upper bound,
-  its output limit times its choices, the dearest enabled backend for its model, the class's
-  price factor; the cheapest class the tenant may fall back to, for the 402). The batch's cost
-  bound is the sum of its lines' holds: what it cannot exceed; a budget with less left than that
-  may end lines with ``budget_exhausted``.
-* Time: the batch work still to do (this batch's lines and those of the batches running before
-  it) at the class's mean service time (measured by the engine, else its prior), on every slot
-  the lines' models have outside those reserved for the top class. HTTP traffic of higher classes
-  takes slots too, so this is the earliest the batch can be done: if even that is past the end of
-  the window, the batch cannot fit, and the forecast says so (the batch is still created: its
-  lines run until the window ends, and those left then expire).
+(if not, the create is refused with 402), what it can cost at most (the sum of its lines' holds),
+and whether it can finish within its completion window (the work still to do at the class's mean
+service time on the slots outside the top class's reserve: the earliest it can be done).
+How the forecast reads: docs/batches.md, "Creating a batch".
 """
 
 from __future__ import annotations

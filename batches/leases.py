@@ -1,27 +1,10 @@
 """Leases on sent lines: who runs a granted line again when its worker dies, and when.
 
-The retry of a lost line is the feeder's, not the broker's. A granted line keeps its slot in the
-engine (held by the feeder that was granted it) until the line ends, and the line's row carries a
-lease:
-
-* Handed to the workers (`line_sent`), a line is leased for the hand-off
-  (``FAIRGATE_BATCH_HANDOFF_MS``): the time its task may wait in the broker for a free worker.
-* A worker starts a send of it at most once (`line_start`: a conditional UPDATE on the send
-  number), and then renews its lease every quarter of ``FAIRGATE_BATCH_LEASE_MS`` while it calls
-  the backend and writes the result (`Renewer`: one thread per worker process for all its lines).
-* The feeder watches its sent lines (`lines_watch`). One whose lease lapsed is sent again under a
-  new send number, so the older task, if the broker still delivers it, finds its send stale and
-  does nothing; a line that MAX_RUNS workers started and none finished fails (``worker_lost``,
-  its hold released). A worker SIGKILLed mid-line is so noticed within the lease, and its line is
-  running again on another worker a feeder tick later, in the slot it already had.
-* A line whose feeder's process is gone (`lines_of_the_gone_sent`: its process released by
-  billing, so its holds and its engine's slots are gone with it) and whose lease lapsed goes back
-  to its batch and is fed again, under a new request id and a new hold; the run count carries over.
-
-The broker's own redelivery (``acks_late``, ``reject_on_worker_lost``) only matters for a task no
-worker had started: it runs if its send is still the line's latest. Its visibility timeout (Redis:
-one hour) therefore never decides when a line runs again, and the file broker, which redelivers
-nothing, loses nothing.
+A line handed to the workers (`line_sent`) is leased for the hand-off; a worker starts a send at
+most once (`line_start`) and renews the lease while it runs (`Renewer`); the feeder sends a line
+whose lease lapsed again under a new send number (`lines_watch`), and a line of a gone feeder
+goes back to its batch (`lines_of_the_gone_sent`). Why the retry is the feeder's, not the
+broker's: docs/batches.md, "Lost workers, lost gateways".
 """
 
 from __future__ import annotations

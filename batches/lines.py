@@ -1,14 +1,9 @@
 """A batch input file, line by line, checked as the gateway would check each request on its face.
 
-Each line is one JSON object: ``custom_id`` (unique in the file), ``method`` ``POST``, ``url`` the
-batch's endpoint, and ``body`` the request as the endpoint takes it. The first line that is not —
-malformed JSON or JSON that PostgreSQL cannot store (batches.client_json: a NUL character, NaN),
-a missing or repeated ``custom_id``, another endpoint, a body the gateway would refuse
-(gateway.payload, gateway.limits), a model no backend serves for that endpoint, or more lines than
-``FAIRGATE_BATCH_MAX_LINES`` — refuses the whole file, naming the line: a batch is accepted whole
-or not at all, never in part. Blank lines are skipped. What can only be known when a line runs
-(its budget, a class the key lacks after a downgrade) is not checked here.
-
+Each line is one JSON object (``custom_id``, ``method``, ``url``, ``body``). The first line that
+does not check (malformed or unstorable JSON, a missing or repeated ``custom_id``, another
+endpoint, a body the gateway would refuse, a model not served, too many lines) refuses the whole
+file, naming the line. Blank lines are skipped; what only a run can know is not checked here.
 Pure: no database, no storage; the caller passes the file's bytes and the models served.
 """
 

@@ -256,7 +256,7 @@ def line_drop(pk: int) -> None:
         line_end(pk, State.CANCELLED, CANCELLED_ERROR)
 
 
-def lines_of_the_gone_back() -> int:
+def requeue_lines_of_gone_processes() -> int:
     """Claimed lines of gateway processes that are gone (dead for billing, or stopped) and whose
     holds billing has released go back to pending, to be claimed again by a live process (their
     new holds book under the next attempt's key); so do their sent lines no worker runs
@@ -313,7 +313,7 @@ def batches_ready() -> list[str]:
     """Settles what is left over (lines of gone processes go back to their batch; the pending lines
     of a cancelling batch are cancelled), then the batches with no line left to run, to finalize
     (batches.finalize), and those whose finalizing stopped midway."""
-    lines_of_the_gone_back()
+    requeue_lines_of_gone_processes()
     BatchLine.objects.filter(  # went back to pending (no room in the engine) after the cancel
         batch__status=Status.CANCELLING, state=State.PENDING
     ).update(state=State.CANCELLED, ended_at=timezone.now(), error=CANCELLED_ERROR)

@@ -1,18 +1,9 @@
 """In-process caches of what billing's hot path reads but rarely changes (prices, backends, budget ids).
 
-Each entry lives at most `CACHE_TTL_S` (other processes' changes show up within that time) and
-is dropped at once when this process saves or deletes a row it was built from: the model signals
-(billing.cache_signals) bump a generation counter, and an entry loaded under an older generation is never served
-(also when its load raced with the change). Callers that find a cached value contradicted by the
-database ask again with `refresh=True`.
-
-A process with idle moments (the gateway's billing worker) reloads entries past half their life
-then, one at a time (`caches_refresh_one`), so the requests that would find them expired do not
-wait for the loads.
-
-What must be exact is not trusted to these caches: budget limits and balances are read under the
-budget rows' lock by billing.booking, which also re-checks that the price version picked from
-the cache is still the one in force.
+Each entry lives at most `CACHE_TTL_S` and is dropped at once when this process changes a row it
+was built from (billing.cache_signals bump a generation). `caches_refresh_one` reloads an ageing
+entry in an idle moment. Budgets and the price version in force are never trusted to these caches:
+billing.booking reads them under lock. More: docs/billing-and-console.md, "Caches".
 """
 
 from __future__ import annotations

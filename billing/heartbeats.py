@@ -1,29 +1,10 @@
 """Which gateway processes are alive, for billing: a crash leaves nothing held.
 
-Every gateway process has an owner id (host, pid and a random tag, so a restarted process is a
-new owner) and names it on every hold it books. Its billing worker beats for it: a row in
-``GatewayProcess`` whose ``beat_at`` moves every ``FAIRGATE_HEARTBEAT_S`` seconds (the worker
-ends within a second of its gateway, so a beat means the gateway lives).
-
-A process is **dead for billing** when its last beat is older than
-``FAIRGATE_PROCESS_DEAD_AFTER_S`` (30 s by default), or it stopped cleanly. Whoever sweeps next
-(every live gateway's billing worker, and Celery beat's ``billing.holds_release_orphaned``, each
-every ``FAIRGATE_ORPHAN_SWEEP_S``) releases its open holds, so they are back on the budgets
-within dead-after + sweep interval (+ one booking) of a SIGKILL: 45 s by default, under the 60 s
-promised. A live process never loses its holds to another's sweep:
-
-* its beats are ``FAIRGATE_HEARTBEAT_S`` apart, far inside the bound;
-* a database outage stops every beat at once; the first beat of a process after its beats
-  failed records ``recovered_at``, and nobody is taken for dead until a full bound has passed
-  since any process recovered, so every live process has beaten again by then;
-* a process that wakes up after being taken for dead (paused, partitioned) beats again and is
-  alive from then on; its late settlements are booked against what the budget still has, never
-  past the limit, and the rest is recorded as unbilled (billing.booking).
-
-Age alone never releases the hold of a live owner, however long its request runs. Holds with no
-owner to ask (booked outside a gateway process: ``billing.services.budget_hold`` from a script or
-a shell, or before holds named their owner; or naming an owner that never beat) are released by
-``holds_release_unowned`` once older than ``FAIRGATE_BILLING_STALE_HOLD_S``.
+Every gateway process names its owner id on the holds it books, and its billing worker beats for
+it (``GatewayProcess.beat_at``). A process silent for ``FAIRGATE_PROCESS_DEAD_AFTER_S``, or
+stopped cleanly, is dead for billing: the next sweep releases its open holds. Holds with no owner
+to ask are released once older than ``FAIRGATE_BILLING_STALE_HOLD_S``. Why a live process never
+loses its holds: docs/billing-and-console.md ("a process killed").
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""The settlement journal's syncer: a small process of each gateway's own (billing.journal) that
-``fdatasync``s the journal's files, so that neither the sync's system time nor a thread taking
-the GIL back from the event loop is paid by the gateway's loop.
+"""The settlement journal's syncer: a small process of each gateway's own that ``fdatasync``s the
+journal's files (billing.journal), so the gateway's event loop pays neither the sync nor the GIL.
 
-Standard library only; started as ``python -I billing/journal_sync.py``. Reads one request per
-line on stdin, ``[seq, [path, ...]]`` (JSON), syncs each file (the gateway wrote the lines before
-asking) and, the first time it opens one, its directory (a new segment's name: the gateway does
-not sync that on its event loop), and answers ``[seq, errno]`` on stdout (0: every file is on
-disk). A file that is gone is synced: the gateway removes a segment only once every settlement
-in it is booked. Ends at the end of its input (the gateway stopped or died), not at a signal, so
-it never ends before its gateway.
+Standard library only; started as ``python -I billing/journal_sync.py``. Reads ``[seq, [path, ...]]``
+(JSON, one a line) on stdin, syncs each file (and a new file's directory) and answers ``[seq, errno]``
+(0: on disk). A file that is gone counts as synced. Ends at the end of its input, never before its
+gateway.
 """
 
 from __future__ import annotations

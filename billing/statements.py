@@ -1,24 +1,10 @@
 """The statements of a booking (billing.booking), in the form each database books fastest.
 
-* **PostgreSQL**: every statement has one fixed text whatever the batch's size — a batch's values
-  go in as arrays (``= ANY(%s)``) or JSON (below) — and is bound and prepared on the server, so
-  neither psycopg nor the server parses or plans it again per batch. (Measured: client-side
-  binding of a 32-row, 640-parameter INSERT cost more than the server's work; with one text per
-  statement, prepared, billing on reached 0.90x of billing off's throughput against 0.67x.)
-  Prepared statements need a session, not a transaction-pooling proxy: set
-  ``FAIRGATE_BILLING_PREPARE_THRESHOLD=0`` behind one that cannot keep them (PgBouncer < 1.21).
-  Rows of several columns go in as one JSON parameter (``json_to_recordset`` for the UPDATE and
-  the price check): psycopg's dumping of one array per column cost about 1 ms of the billing
-  worker's CPU per batch (of about 3 ms for a batch of 2 holds and 2 settlements). The ledger's
-  entries are appended by COPY (`_copy_rows`), cheaper per row than any INSERT measured.
-  The statements of a step that need no answer in between go in one round trip (psycopg's
-  pipeline mode: `booking_reads` sends BEGIN, the lock and the reads behind it); the server still
-  runs them one after the other, in order, in the caller's transaction. `booking_writes` takes two
-  (the COPY cannot join a pipeline, the UPDATE follows it). The psycopg cursors are made once per
-  connection and used again.
-* **SQLite and others**: plain statements through Django's cursor, one ``%s`` per value.
-
-Each function is one step inside the caller's transaction; the caller holds the locks.
+On PostgreSQL each statement has one fixed text whatever the batch's size (arrays, or JSON rows
+with ``json_to_recordset``), bound and prepared on the server; ledger entries go in by COPY, and
+the reads of a step go in one round trip (pipeline mode). On SQLite and others, plain statements.
+Each function is one step inside the caller's transaction; the caller holds the locks. Why:
+docs/billing-and-console.md, "How bookings are written".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """A request's admission and its bill: the one place that answers "what happens to the money".
 
-`admit` takes a request that intake accepted (gateway.intake.Asked) through its billing saga:
-
-1. **hold** the most it can cost on its tenant's budget: booked while it goes on (an early hold,
-   billing.client) when the tenant has ample room, else first (a 402 refuses it here);
-2. **fall back** to the cheaper class the hold names, for a tenant set to it (``rule=budget``);
-3. **admit** it to the engine (a queue full or no backend refuses it);
-4. on any refusal after the hold, **release** the hold before the refusal goes out (and when the
-   client leaves while the shared scheduler is answering: nothing was served).
-
-What it returns carries the request's `Bill`: the hold from admission to its one end, which is
-where settle or release is decided, once (gateway.exchange calls `Bill.end` however the request
-ends). An early hold is confirmed (`Bill.confirm`) before the upstream's answer is read; refused
-for the budget, nothing was held: the request is ended uncharged and admitted again, hold first
-(gateway.intake.serve).
+`admit` takes a request that intake accepted through its billing saga: hold (early when the
+tenant has ample room, else first: 402), fall back to the cheaper class the hold names, admit it
+to the engine, and on any refusal after the hold release it. What it returns carries the
+request's `Bill`: settle or release is decided once, at its end (`Bill.end`); an early hold is
+confirmed (`Bill.confirm`) before the upstream's answer is read. Early holds:
+docs/billing-and-console.md.
 """
 
 from __future__ import annotations
@@ -152,7 +144,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
     hold may be booked while the request goes on."""
     d, caller, payload = asked.d, asked.caller, asked.payload
     expected_output_tokens = output_tokens_held(payload)
-    what = _HoldArgs(
+    hold_args = _HoldArgs(
         tenant=caller.tenant,
         request_id=asked.engine_id,
         cls=asked.cls,
@@ -162,9 +154,9 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
         priced_at=asked.priced_at,
         hold_cap=asked.hold_cap,
     )
-    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**what) if early else None
+    held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**hold_args) if early else None
     if held is None:
-        held = await charging.hold(**what)  # a 402 here holds nothing
+        held = await charging.hold(**hold_args)  # a 402 here holds nothing
     bill = Bill(held)
     cls, rule = asked.cls, asked.rule
     if isinstance(held, charging.Hold) and held.fallback:

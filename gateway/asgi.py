@@ -38,8 +38,8 @@ PUBLIC_PATHS = frozenset({"/v1/openapi.json"})  # the API paths served without a
 BODY_IN_TURN_MS = 250  # a body still on its way this long into its intake turn is read out of turn
 # The collector's thresholds once serving: (50,000, 10, 10) against Python's (700, 10, 10). The request
 # path leaves no cyclic garbage (tests/live/gateway/test_no_cyclic_garbage.py), so a young collection
-# finds nothing to free and only walks the objects of the requests in flight; at a few hundred a second,
-# that was about 8 % of a busy gateway's CPU.
+# finds nothing to free and only walks the objects of the requests in flight (its cost measured:
+# bench/REPORT-gateway.md, "Notes moved from code").
 GC_THRESHOLDS = (50_000, 10, 10)
 
 

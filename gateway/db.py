@@ -1,17 +1,9 @@
 """ORM calls from the gateway's async code: one helper, so connection hygiene lives in one place.
 
-The gateway's request cycle sends no request_started/finished signals (see gateway.asgi), so
-each call recycles stale or expired connections itself, as a long-running worker must:
-
-* before the call, Django's ``close_old_connections`` closes the connection if it outlived
-  ``CONN_MAX_AGE`` or failed since the last call and does not answer any more;
-* a connection that broke while idle (the server restarted, a proxy or a firewall dropped it)
-  shows only when a query is sent on it: the call then runs once more on a new connection. If
-  that fails too, the database is down, and the error is raised as it is.
-
-``DATABASE_UNAVAILABLE`` is what a database outage raises on the request path; gateway.views
-answers it with 503 service_unavailable. (Billing books in a process of its own,
-billing.client.pipe; a database it cannot reach comes back as billing's DatabaseUnavailable.)
+The gateway's request cycle sends no request_started/finished signals (gateway.asgi), so each call
+closes an old or failed connection first, and runs once more on a new connection when the one it
+used broke while idle. ``DATABASE_UNAVAILABLE`` is what a database outage raises on the request
+path (gateway.views answers 503). Why: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Finished requests seen by every gateway process (the shared scheduler's terminal log).
 
-A request ends in the process that served it: its record (outcome, waits, charge, job) goes into
-that process's terminal log, which answers ``GET /v1/queue/{id}`` for an hour and feeds the
-console's job cards. With several processes behind a load balancer the next call may reach
-another process, which must give the same answer. So each process also appends its records to
-one Redis stream (``<prefix>:ended``, trimmed to about ``FAIRGATE_TERMINAL_MAX`` entries), and
-follows that stream into its own log: a record reaches the others within a read, and a process
-that starts reads the last ``FAIRGATE_TERMINAL_KEEP_MS`` of it first (stream ids are the time in
-ms). Appends are sent without waiting, every record of `APPEND_LINGER_MS` in one entry
-(msgpack: field ``b``, a list of ``[tenant, public id, record]``; an entry of one JSON record, the
-format before, is still read); a record that cannot be appended (Redis out of reach) is logged
-and stays in its own process's log only. A process skips its own entries by their gateway field
-without unpacking them. The follower reads again `FOLLOW_PAUSE_MS` after a read that found
-entries, so that a read takes what several appends brought: at 100 requests/s an append and a read
-per request (each process reading back its own) were about a tenth of a shared gateway's CPU. A
-record reaches the other processes within about the sum of the two (and a read's round trip).
+Each process appends the records of the requests it ends to one Redis stream (``<prefix>:ended``,
+msgpack batches of `APPEND_LINGER_MS`, field ``b``; a one-record JSON entry is still read) and
+follows that stream into its own terminal log, reading the last ``FAIRGATE_TERMINAL_KEEP_MS`` at
+start, so ``GET /v1/queue/{id}`` answers alike through every process. A record that cannot be
+appended stays in its own process's log. Why the batching: docs/shared-scheduler.md.
 """
 
 from __future__ import annotations

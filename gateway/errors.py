@@ -1,14 +1,9 @@
 """The one exception type a client ever sees, and its mapping to OpenAI-shaped JSON.
 
-`{"error": {"message": ..., "type": ..., "code": ...}}` with the status of the table in the
-README. 504 queue_timeout and 402 budget_exhausted carry `x-should-retry: false` (retrying a
-queue timeout only adds load); 429 queue_full and 503 service_unavailable carry `Retry-After` in
-whole seconds (and `retry-after-ms`).
-
-Each error also says how loudly it is logged (`GatewayError.log_level`): what a client or the
-queue policy caused (4xx, queue_timeout, no_backend) is an expected outcome, logged at INFO; a
-fault of the gateway or what it depends on (upstream, database) at WARNING; an unexpected
-exception at ERROR.
+`{"error": {"message": ..., "type": ..., "code": ...}}` with the status of README.md's
+table of errors; the retry headers each error carries are set here. `GatewayError.log_level`: INFO
+for what a client or the queue policy caused, WARNING for a fault of the gateway or what it
+depends on, ERROR for an unexpected exception.
 """
 
 from __future__ import annotations

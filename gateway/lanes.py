@@ -1,29 +1,10 @@
 """Intake lanes: the work before admission, ordered by class.
 
-A request's intake (parsing its body, estimating its prompt's tokens with tiktoken, the
-downgrade rules) costs the gateway CPU before the engine ever sees it. Run first come, first
-served, a flood of batch requests (a finance job sending 2,000 at once) makes every interactive
-request behind it wait for all their intakes: the ingress itself would undo the priority that
-the engine sells. So the costly steps run in lanes, one per class level, read from what costs
-nothing (the key and the ``X-Priority-Class`` header). On the API's request paths the turn is
-taken before the body is even read (gateway.asgi → gateway.intake.intake_gate): a batch request
-waiting for its turn has cost the gateway its headers only, and its body stays in the server's
-buffer (past 64 KB, in the socket: TCP back-pressure on its client):
-
-* the top class never waits here (its requests are short by the downgrade rules, and a person
-  waits for each);
-* the other classes run their intake at most ``concurrency`` at a time
-  (``FAIRGATE_INTAKE_CONCURRENCY``): a freed turn goes to the most urgent class waiting (the
-  lowest level), in arrival order within it; their long prompts are estimated off the event loop
-  (tiktoken releases the GIL), so the loop stays free for the top class meanwhile;
-* at most ``backlog`` requests of a class wait for a turn (``FAIRGATE_INTAKE_BACKLOG``): the next
-  one is refused at once, ``429 queue_full`` with ``Retry-After``, instead of the backlog growing;
-* a request whose class cannot be told from its headers (no valid key, an unknown class) waits in
-  a lane after every class (``UNIDENTIFIED_LEVEL``): its intake answers it (401, 400) in its turn.
-
-A turn covers intake only: the hold and the wait in the engine's queue come after it, so a slow
-booking never holds a lane. The lanes are one process's (each gateway process reads its own
-requests); the engine's queues are where the classes meet across processes.
+A request's intake (its body, the tiktoken estimate, the downgrade rules) runs in a lane per
+class level, chosen from what costs nothing (the key and ``X-Priority-Class``): the top class
+never waits, the others take turns ``FAIRGATE_INTAKE_CONCURRENCY`` at a time, most urgent first,
+and past ``FAIRGATE_INTAKE_BACKLOG`` waiting the next is refused ``429 queue_full``. A request
+whose class cannot be told waits after every class. Why: docs/architecture.md (the ingress).
 """
 
 from __future__ import annotations

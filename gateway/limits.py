@@ -1,24 +1,10 @@
 """What a request may cost at most, so that its budget hold is an upper bound of its charge.
 
-* **Output**: the limit per choice is the client's ``max_tokens`` / ``max_completion_tokens``
-  (the smaller, if both), else the model's default; above the model's maximum the request is
-  refused (400) before anything is held. The limit is what the gateway sends upstream
-  (``gateway.payload.upstream_body``), so a backend that honours it cannot produce more. The
-  request is held for that limit times its choices (``Payload.choices``: ``n`` per prompt; a
-  ``/v1/completions`` prompt list, at most ``FAIRGATE_MAX_PROMPTS`` prompts, is answered a
-  choice per prompt): `output_tokens_held`, for HTTP requests and batch lines alike.
-* **Prompt**: the backend's tokenizer is not ``cl100k_base``, so the estimate is no bound. The
-  bound is the request body's length in bytes, plus a few tokens per message for the chat
-  template's special tokens and a fixed allowance per image part. Every byte-level BPE tokenizer
-  (GPT, Llama 3, Qwen, Mistral's) makes at most one token per byte, SentencePiece with byte
-  fallback at most one per byte of text plus a prefix token, and JSON never encodes text in
-  fewer bytes than its UTF-8; the body also carries every tool definition and system prompt a
-  template can put in front of the model. The estimate still drives scheduling (TPM, fairness);
-  only the hold uses the bound. What it costs in budget headroom, measured once:
-  docs/decisions/2026-12-01-hold-bound-by-prompt-bytes.md.
-
-What a backend reports beyond the hold is not charged: billing caps the charge at the hold and
-records the rest as *unbilled* (billing.booking).
+Output: the limit per choice (the client's, else the model's default; above the model's maximum:
+400), times its choices (`output_tokens_held`); it is also what goes upstream. Prompt: the body's
+length in bytes plus template tokens per message and an allowance per image (`prompt_bound`),
+since no tokenizer makes more tokens than bytes. Why, and what is charged beyond the hold:
+docs/money.md, "What a request holds".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The gateway's dispatcher with the shared scheduler (``FAIRGATE_SCHEDULER=shared``).
 
-Every gateway process on one Redis shares one engine (scheduling.shared): this process sends its
-requests' submits and ends as commands, and the one dispatcher that holds the lease decides for
-all of them and answers each gateway on its own list. Everything the embedded dispatcher does
-around the engine is the same `DispatchCore` here (entries, futures, the terminal log, downgrades,
-circuits, the configuration poll); only the engine calls become commands, and the reads (positions, depths,
-counters) come from this process's replica of the shared engine — so every process shows the
-same queue. This process also bids for the dispatcher's role (``FAIRGATE_DISPATCHER=auto``, the
-default; ``never``: a gateway only, the role runs elsewhere, e.g. ``manage.py dispatcher``).
-While this process holds the role, its own commands go to the dispatcher in process
-(`Owner.offer`) and its answers come back in process once their step is committed.
-
-Circuits: each upstream failure is reported to the dispatcher (an ``upstream`` command; a
-completion counts as a success), whose circuit breakers take a failing backend out of the shared
-engine's rotation for every gateway; this process's own circuits still answer at once for its own
-failures (a retry is not sent to a backend it just saw fail), and a circuit is open here when
-either view says so.
-
-Running slots are leased: each grant holds its slot for ``RUN_LEASE_MS``, and with each heartbeat
-this process renews the leases of its requests still running (a ``renew`` command). A gateway that
-dies stops beating: after its heartbeat's time to live the dispatcher fails its running requests
-and cancels its waiting ones (a ``gone`` command). A request this process lost track of (it ended
-and its end was never sent) stops being renewed and its slot comes back when its lease ends.
+The same `DispatchCore` as the embedded dispatcher, but its engine calls become commands to the
+one dispatcher that holds the lease (scheduling.shared), and its reads come from this process's
+replica of the shared engine. The process also bids for the dispatcher's role
+(``FAIRGATE_DISPATCHER``), reports upstream failures for the shared circuits and renews the
+leases of its running requests with its heartbeat. How it works: docs/shared-scheduler.md.
 """
 
 from __future__ import annotations

@@ -2,21 +2,8 @@
 
     python -m sim.engine_speed [--sizes 10,1000,20000,100000] [--pairs 5000] [--json OUT] [--profile]
 
-For each size N the engine holds N waiting requests (20 tenants, four classes, the field
-report's piecewise aging and weighted fair tokens; depth limits off so N can exceed the cap)
-and all 64 backend slots busy. One *pair* is: ``submit`` a new request, then (untimed)
-``complete`` one running request, then ``dispatch``, which grants exactly one; the waiting count
-stays at N. SLAs are long and the virtual clock moves 1 ms per pair, so nothing expires or
-preempts while measuring. The baseline, in the same run, is a plain ``heapq`` of N tuples:
-one ``heappush`` + one ``heappop``. Garbage collection is off while timing (as ``timeit`` does).
-
-``decision_p99_us`` is the 99th percentile over the individual ``submit`` and ``dispatch``
-calls (each is one decision), from the fastest round. Each size runs three rounds, engine and
-heapq alternating, and keeps the fastest of each. The machines are noisy: compare the ratio,
-not absolute µs.
-
-``--profile`` runs the same loop once per size under ``cProfile`` instead (timings are then
-meaningless) and prints the functions with the most own time: where to look, not how fast.
+What one pair is, the baseline and how the rounds are timed: docs/simulator.md, "Engine speed".
+``--profile`` runs the loop under ``cProfile`` instead and prints where the time goes.
 """
 
 from __future__ import annotations

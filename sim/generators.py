@@ -1,29 +1,8 @@
 """Seeded synthetic request streams for scenario files (the ``generators`` list).
 
-Each generator is a JSON object with a ``kind``; every stream draws from its own
-``random.Random(seed, index)``, so adding a generator never changes the others' requests.
-
-Common fields (ranges are ``[lo, hi]`` drawn uniformly as integers, or a single number)::
-
-    tenant          one slug, or a list of slugs (the generator runs once per tenant)
-    class           the DECLARED class (downgrade rules may lower it)
-    model           default "m"
-    prompt_tokens   range;  output_tokens: range;  max_tokens: range (default output_tokens)
-    service_ms      range, or {"base_ms": N, "per_output_token_ms": X} (slot time from tokens)
-    patience_ms     range or null (null: the client waits until its class SLA)
-    timeout_ms      range or null (a deadline the client declares up front)
-    src_ip          text or null
-
-Kinds:
-
-* ``poisson``: exponential inter-arrival times at ``rate_per_s`` between ``start_ms`` and
-  ``end_ms``; with ``on_ms``/``off_ms`` the source alternates on and off periods (``on-off``);
-  with ``rate_end_per_s`` the rate moves linearly from ``rate_per_s`` at ``start_ms`` to it at
-  ``end_ms`` (a ramp; drawn at the higher rate and thinned).
-* ``burst``: ``count`` requests spread evenly over ``[at_ms, at_ms + spread_ms)``.
-
-``repeat`` (default 1) runs the generator that many times, shifted by ``repeat_every_ms``
-(default a day) each time, drawing on from the same stream (the same morning on several days).
+Each generator is a JSON object with a ``kind`` (``poisson``, ``burst``); every stream draws from
+its own ``random.Random(seed, index)``, so adding a generator never changes the others' requests.
+The fields and kinds: docs/simulator.md, "Scenario files".
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """What a simulation run measures, and the shape of its JSON output.
 
-Definitions (all times are virtual milliseconds):
-
-* ``wait_ms``: enqueue-to-dispatch, over dispatched requests; percentiles are nearest-rank.
-* ``completed_within_sla``: completed and dispatched no later than enqueue + its class's ``sla_ms``.
-* ``abandoned``: the client gave up while the request waited and the policy dropped it.
-  With a policy that ignores cancellation (``fifo``) the request is still dispatched later:
-  it counts in ``completed`` and in ``served_after_give_up``, and its slot time is wasted.
-* ``wasted_service_ratio``: slot time of requests dispatched after their client gave up,
-  over all slot time.
-* ``goodput_per_s``: requests completed by ``horizon_ms`` that were dispatched within their
-  class SLA and before their client gave up, divided by ``horizon_ms / 1000`` (the same window
-  for every policy of a scenario).
-* ``jain_index``: fairness of weight-normalised token service between tenants while they are
-  backlogged. Time is cut into windows of ``jain_window_ms``. In a window, a (class, tenant)
-  pair is *backlogged* if it had a waiting request at the window's start and its waiting count
-  never fell to zero during the window. For every class with at least two backlogged tenants,
-  ``x_i = tokens dispatched to tenant i in that class during the window / weight_i`` (tokens =
-  prompt + output; ``weight_i = max(quota_share, min_share)``) and
-  ``J = (sum x)^2 / (n * sum x^2)``. ``jain_index`` is the mean J over those (class, window)
-  samples, ``null`` when there were none (``jain_samples`` says how many).
-* ``decision_us``: wall-clock cost of the engine per decision: each ``submit`` is one, and a
-  ``dispatch`` call that granted ``g`` requests counts as ``g`` decisions of ``cost / g``.
+All times are virtual milliseconds, except ``decision_us`` (the engine's wall-clock cost per
+decision). Each measure's definition (waits, SLA, abandoned, goodput, the Jain index):
+docs/simulator.md, "What a run measures".
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Scenario files: JSON describing configuration, backends, tenants and a request trace.
 
-Top-level keys (see ``sim/scenarios/`` for examples)::
-
-    name              scenario name
-    notes             free text: the parameters chosen and why
-    config            path to a YAML file (relative to the scenario) whose top level is
-                      ``scheduler:``, or an inline object with the schema under ``scheduler:``
-    backends          [{"name", "models", "slots", "tpm", "rpm", "reserved_slots"}]
-    tenants           [{"slug", "quota_share", "vip"?, "classes"?}]
-    requests          explicit requests (fields of :class:`sim.generators.TraceRequest`,
-                      with ``class`` for the declared class)
-    requests_file     JSON lines of the same shape, relative to the scenario file
-    generators        seeded streams, see :mod:`sim.generators`
-    seed              default seed (``--seed`` overrides)
-    timeline_step_ms  default step of the timeline (``--timeline-step-ms`` overrides)
-    clock_origin      optional "HH:MM" label of t = 0 (the report prints wall-clock rows)
-    small_tenants     slugs aggregated as "small tenants" (default: quota_share <= min_share)
-    jain_window_ms    window of the Jain index (default 60 000)
-    horizon_ms        goodput window (default: the latest at_ms + SLA + service_ms of the trace)
-
-Scenario ``backends`` and ``tenants`` take the place of those sections of the config.
+A scenario names its config (a YAML path or inline), backends, tenants, explicit requests or a
+requests file, seeded generators (sim.generators), and defaults for the run; its ``backends`` and
+``tenants`` take the place of those sections of the config. The keys: docs/simulator.md,
+"Scenario files"; examples in ``sim/scenarios/``.
 """
 
 from __future__ import annotations

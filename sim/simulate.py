@@ -3,13 +3,8 @@
     python -m sim.simulate SCENARIO.json [--policy NAME] [--seed N] [--json OUT]
                              [--timeline-step-ms N] [--queue KEY=VALUE ...] [--quiet]
 
-``--policy`` is one of the engine's presets (fairgate, fifo, strict, linear) and overrides the
-scenario config's ``policy``. ``--queue`` overrides one key of the config's ``queue`` section
-(a YAML value, checked as the YAML file's are), e.g. ``--queue fast_fail=false`` to compare
-early fast-fail with expiry at the deadline; the preset is applied after it. The JSON's keys are
-described in :mod:`sim.metrics` (and ``queue_timeouts``: per class, the 504s, how many came
-early, and the client-seconds spent waiting on them); apart from ``decision_us`` (wall-clock
-cost) the output is a pure function of scenario, policy and seed.
+``--policy`` names one of the engine's presets; ``--queue`` overrides one key of the config's
+``queue`` section (e.g. ``--queue fast_fail=false``). The output: docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Discrete-event simulation of a scenario through the real engine ``Scheduler``.
 
-The clock is virtual (integer ms). Events sit in one heap; arrivals stream from the sorted
-trace. At each instant ``t`` that has events the loop runs, in this order:
-
-1. completions (``sched.complete``: frees slots, reconciles tokens),
-2. arrivals (classify with the config's downgrade rules, then ``sched.submit``),
-3. ``sched.expire`` (queue timeouts),
-4. client give-ups (``sched.cancel``; with ``fifo`` it returns False and the request stays:
-   it is served later, counted completed and its slot time wasted),
-5. ``sched.dispatch`` (each grant schedules its completion at ``t + service_ms``),
-
-then asks ``sched.next_wakeup_ms`` for the next instant the engine itself needs (a deadline,
-a preempt threshold, a rate window reopening) and queues a wake-up for it.
-
-A client with ``patience_ms = null`` waits until its class SLA (or its declared ``timeout_ms``)
-and gives up 1 ms after it, so a policy that enforces deadlines reports ``queue_timeout``, not
-``abandoned``. Patience is the wait for a grant: a request that is running is not abandoned.
-
-Every ``queue_timeout`` (the gateway's 504) is also counted with the time its client spent
-waiting for it (``timeout_wait_ms``), and as ``fast_failed`` when the engine ended it before its
-deadline (early fast-fail) rather than after it.
+The clock is virtual (integer ms); events sit in one heap and arrivals stream from the sorted
+trace. At each instant the loop runs completions, arrivals, expiry, client give-ups and dispatch,
+in that order, then asks ``sched.next_wakeup_ms`` for the next instant the engine needs. The
+order and how give-ups and timeouts count: docs/simulator.md, "The event loop".
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@ from billing.booking import Charged
 from billing.client import holds
 from billing.client.group_commit import Booker, booker, start, stop
 from billing.client.holds import (
+    BudgetRoomMemo,
     EarlyHold,
-    Rooms,
+    budget_room_memo,
     forget,
     hold,
     hold_early,
     release,
     release_leftover_holds,
-    rooms,
     settle,
 )
 from billing.client.metrics import REGISTRY as metrics_registry
@@ -40,7 +40,7 @@ __all__ = [
     "Hold",
     "RequestIdInUse",
     "RequestIdUsed",
-    "Rooms",
+    "BudgetRoomMemo",
     "UnitPrices",
     "UnknownModel",
     "booker",
@@ -58,7 +58,7 @@ __all__ = [
     "process_owner",
     "release",
     "release_leftover_holds",
-    "rooms",
+    "budget_room_memo",
     "settle",
     "start",
     "stop",

@@ -37,7 +37,7 @@ def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-def _told(ask: SettleAsk, held: Hold) -> Charged | None:
+def _charge_to_tell(ask: SettleAsk, held: Hold) -> Charged | None:
     """The charge ``X-Charge`` tells, priced as the booking will price ``ask`` (see the module's
     doc); None without a base cost or without the hold's booked factor and amount."""
     if ask.base_cost is None or held.factor is None or held.amount is None:
@@ -109,7 +109,7 @@ class Booker:
         (``ask`` priced with its ``base_cost``, see the module's doc), or, when that cannot be,
         the booking's result once it is booked (None if it could not be: then it is kept and
         retried)."""
-        charged = _told(ask, held)
+        charged = _charge_to_tell(ask, held)
         try:
             durable: asyncio.Future | None = self.unbooked.journal.keep(ask)
         except OSError as failed:

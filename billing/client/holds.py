@@ -102,7 +102,7 @@ async def hold(
         raise RequestIdUsed(f"request id {request_id} was served here; its settlement is not booked yet")
     await booker().releases_sent(request_id)  # an earlier request of this id ended: its release first
     future = _submit_hold(asked, fallback=True, priced_at=priced_at, hold_cap=hold_cap)
-    future.add_done_callback(_noting(tenant, prompt_tokens + max_output_tokens))
+    future.add_done_callback(_recorder_of_hold_answer(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)
 
 
@@ -126,7 +126,7 @@ class _Room:
     early: Decimal = ZERO  # estimates of this process's early holds not answered yet
 
 
-class Rooms:
+class BudgetRoomMemo:
     """What this process knows of each tenant's budget room, from the holds it booked.
 
     A request may be held early when the room last reported, less the estimates of the early
@@ -174,7 +174,7 @@ class Rooms:
         self._rooms.clear()
 
 
-rooms = Rooms()
+budget_room_memo = BudgetRoomMemo()
 
 
 class EarlyHold:
@@ -215,19 +215,21 @@ _EARLY_BOOKED = metrics.BILLING_EARLY_HOLDS.labels("booked")  # (bound once: lab
 _EARLY_REFUSED = metrics.BILLING_EARLY_HOLDS.labels("refused")
 
 
-def _noting(tenant: str, tokens: int, *, early: Decimal | None = None) -> Callable[[asyncio.Future], None]:
-    """What a hold's answer tells ``rooms`` (and, for an early hold, the metric of early holds)."""
+def _recorder_of_hold_answer(
+    tenant: str, tokens: int, *, early: Decimal | None = None
+) -> Callable[[asyncio.Future], None]:
+    """What a hold's answer tells ``budget_room_memo`` (and, for an early hold, the metric of early holds)."""
 
     def note(done: asyncio.Future) -> None:
         if early is not None:
-            rooms.early_answered(tenant, early)
+            budget_room_memo.early_answered(tenant, early)
         if done.cancelled():
             return
         outcome = done.exception() or done.result()
         if isinstance(outcome, HeldEntry):
-            rooms.learn(tenant, tokens, outcome, time.monotonic())
+            budget_room_memo.learn(tenant, tokens, outcome, time.monotonic())
         elif isinstance(outcome, BudgetExhausted):
-            rooms.refused(tenant, time.monotonic())
+            budget_room_memo.refused(tenant, time.monotonic())
         if early is not None:
             (_EARLY_BOOKED if isinstance(outcome, HeldEntry) else _EARLY_REFUSED).inc()
 
@@ -245,7 +247,7 @@ def hold_early(
     priced_at: datetime | None = None,
     hold_cap: Decimal | None = None,
 ) -> EarlyHold | None:
-    """Starts booking the hold and returns at once, if the tenant's room allows (see Rooms); else
+    """Starts booking the hold and returns at once, if the tenant's room allows (see BudgetRoomMemo); else
     None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
     if not (settings.FAIRGATE_BILLING and settings.FAIRGATE_EARLY_HOLDS):
         return None
@@ -254,12 +256,12 @@ def hold_early(
     if booker().releasing(request_id):  # `hold` waits for that release first
         return None
     tokens = prompt_tokens + max_output_tokens
-    estimate = rooms.early_estimate(tenant, tokens, time.monotonic())
+    estimate = budget_room_memo.early_estimate(tenant, tokens, time.monotonic())
     if estimate is None:
         return None
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     future = _submit_hold(asked, fallback=False, urgent=False, priced_at=priced_at, hold_cap=hold_cap)  # waited for
-    future.add_done_callback(_noting(tenant, tokens, early=estimate))
+    future.add_done_callback(_recorder_of_hold_answer(tenant, tokens, early=estimate))
     return EarlyHold(asked, future)
 
 

@@ -1,14 +1,9 @@
 """Ends of requests (settlements, releases) that could not be booked: kept until they are.
 
-Every settlement is in the journal (billing.journal) before its client gets the last byte. One
-whose booking fails (the database is down) is sent again every ``RETRY_S`` while the process
-lives, until booked; then the journal lets its line go. Releases are retried the same way but
-not journaled: if this process dies, its holds are released by the heartbeat sweep
-(billing.heartbeats) anyway. A refusal that retrying cannot change (a billing error other than
-the database being out) is logged and dropped.
-
-Journals left by dead processes on this host (what their billing workers could not book) are
-adopted at start and every ``ADOPT_S`` after, and their settlements booked like this process's own.
+A settlement whose booking fails (the database is down) is sent again every ``RETRY_S`` until
+booked; then the journal (billing.journal) lets its line go. Releases are retried the same way,
+not journaled (the heartbeat sweep releases a dead process's holds anyway). Journals of dead
+processes on this host are adopted at start and every ``ADOPT_S``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The console's publisher: one task beside the dispatcher, on its event loop.
 
-Every ``tick_ms`` it looks at each tenant with live requests that a socket of this process
-watches (``watch``/``unwatch``, from ``console.consumers``), and if the tenant's table changed
-(ids, states, positions, ETAs, counts) it sends ONE message with a snapshot to ``tenant.<id>``,
-together with the tenant's committed database events of that tick (charges, downgrades,
-alerts, and a fresh budget when money moved) and, once a second, its batch cards where they
-changed (progress, charges, ETA: batches.service.batch_cards). So a viewer receives at most 1000/tick_ms
-messages per second however busy the queue is. Every ``ops_ms`` admins get the operations
-figures; every ``sample_ms`` a timeline point is kept (a ring buffer of one hour).
-
-Database events (charges, alerts, downgrades) arrive from ``console.live.hooks`` after their
-transaction commits: ``add_committed`` on the publisher's loop, ``notify_threadsafe`` from others.
-The task ends by itself once the dispatcher it served has stopped. A tenant nobody watches costs
-nothing per tick: no snapshot, no hold or budget read, its events dropped (a page that opens
-reads its charges from the database and gets its first snapshot on connect).
+Every ``tick_ms`` it sends each watched tenant whose queue changed ONE message (a snapshot and the
+committed database events of that tick), batch cards once a second where they changed, operations
+figures to admins every ``ops_ms`` and a timeline point every ``sample_ms``. Database events come
+from console.live.hooks after their commit. A tenant nobody watches costs nothing per tick. It
+ends once its dispatcher has stopped. Why polling here: docs/architecture.md, "Live events".
 """
 
 from __future__ import annotations

@@ -1,41 +1,10 @@
 """What gateways tell the shared dispatcher, what it answers, and how one step applies to the engine.
 
-A *command* is a list a gateway appends to the command stream; an *answer* is a list the
-dispatcher pushes to the gateway's own list. On the wire they go in batches, msgpack-encoded
-(`pack`): one stream entry (field ``m``) holds every command one gateway sent in one turn of its
-event loop (`BATCH_MAX` at most), and one list element holds every answer one commit has for one
-gateway; so a step reads a few entries, not one per command, and a gateway pops one element per
-commit. msgpack decodes to plain lists, strings and numbers only: the gateways write the
-commands, so nothing they write is ever unpickled. An entry with field ``c`` (one command as a
-JSON array, the format before the batches) is still read, as a JSON answer is.
-
-Commands (``gw`` is the sending gateway's id, answers go to its list):
-
-* ``["submit", gw, id, tenant, cls, model, prompt_tokens, expected_output_tokens, timeout_ms, vip, job]``
-  (``timeout_ms``: the client's own limit, relative, or null; ``job``: the client's job label, may be
-  absent) → ``["admitted", id]`` or
-  ``["refused", id, reason, retry_after_ms]`` (reason ``queue_full``, ``no_backend``, ``id_in_use``);
-* ``["complete", id, prompt_tokens, output_tokens]``, ``["fail", id, reason]``: a granted request ended;
-* ``["requeue", id, retry_after_ms]``: a granted request goes back to the front (an upstream 429);
-* ``["cancel", id]`` → ``["cancelled", id, left]`` (``left`` false: the policy ignores cancels);
-* ``["upstream", backend, ok, threshold, cooldown_ms]``: a gateway's upstream attempt on
-  ``backend`` failed (``ok`` false; a completion counts as a success): the dispatcher's circuit
-  breakers (scheduling.engine.circuits, with the gateway's ``threshold`` and ``cooldown_ms``) take
-  a backend whose circuit opens out of the engine's rotation for every gateway;
-* ``["gone", gw]``: the gateway died (sent by the dispatcher itself): its waiting requests are
-  cancelled, its running ones failed, so their slots come back;
-* ``["renew", gw, [id, ...]]``: the gateway's requests still running (sent with its heartbeat):
-  each grant leases its slot for `RUN_LEASE_MS`, and a renewal extends the lease of the sender's
-  own running requests; one whose lease ends is failed and its slot comes back (``["reclaimed",
-  id]`` to its gateway) — a request a live gateway lost track of does not hold a slot for good.
-
-Answers of a step's pump: ``["granted", id, backend, waited_ms, preempt, boosted]``,
-``["expired", id, waited_ms]`` (its queue timeout) and ``["reclaimed", id]`` (its lease ended).
-
-`Step` applies one batch of commands at one instant, then pumps (expire, dispatch) — the same
-engine calls, in the same order, as the embedded dispatcher makes. The engine is deterministic
-(no clock, no randomness, total orders), so the same steps replayed on the same state give the
-same answers: that is how a new dispatcher rebuilds what the old one had (scheduling.shared.owner).
+Commands and answers are plain lists, msgpack-packed in batches (`pack`): one stream entry per
+gateway turn, one list element of answers per commit. `Step` applies one batch at one instant and
+then pumps (expire, dispatch), the same engine calls in the same order as the embedded
+dispatcher; the engine being deterministic, replayed steps rebuild the same state. The commands,
+the answers and the leases on running slots: docs/shared-scheduler.md, "The wire protocol".
 """
 
 from __future__ import annotations

@@ -29,4 +29,4 @@ def booker_with(worker, *, tmp_path, settings, monkeypatch, **overrides) -> Iter
     finally:
         held_clear()
         books.unbooked.close()
-        client.rooms.clear()
+        client.budget_room_memo.clear()

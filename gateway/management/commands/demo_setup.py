@@ -17,7 +17,7 @@ from tenants.models import ApiKey, Tenant, User
 from tenants.services import apikey_create, apikey_revoke
 
 DEMO_LABEL = "demo"
-DEMO_KEYS = (  # tenant, class, what it shows
+DEMO_KEYS = (  # tenant, class, what it demonstrates
     ("support", "INTERACTIVE", "VIP, interactive chat"),
     ("sales", "INTERACTIVE", "interactive chat"),
     ("finance", "BATCH", "batch jobs"),
@@ -45,13 +45,13 @@ class Command(BaseCommand):
         for old in ApiKey.objects.filter(label=DEMO_LABEL, revoked_at__isnull=True):
             apikey_revoke(prefix=old.prefix, actor="demo")
         issued = []
-        for slug, cls, what in DEMO_KEYS:
+        for slug, cls, demonstrates in DEMO_KEYS:
             if Tenant.objects.filter(slug=slug, active=True).exists():
                 issued.append(
                     (
                         slug,
                         cls,
-                        what,
+                        demonstrates,
                         apikey_create(
                             tenant_slug=slug,
                             default_class=cls,
@@ -65,8 +65,8 @@ class Command(BaseCommand):
             self.stdout.write("no demo tenants (support, sales, finance) in the configuration: no demo keys")
             return
         self.stdout.write("\nDemo API keys (shown once; re-issued by every `make demo`):")
-        for slug, cls, what, key in issued:
-            self.stdout.write(f"  {slug:<8} {cls:<12} {what:<22} {key}")
+        for slug, cls, demonstrates, key in issued:
+            self.stdout.write(f"  {slug:<8} {cls:<12} {demonstrates:<22} {key}")
         self.stdout.write(_example(url, issued[0][3]))
 
 

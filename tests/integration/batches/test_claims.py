@@ -73,10 +73,10 @@ def test_lines_of_a_gone_process_go_back_once_billing_released_its_holds(tenants
     service.lines_claim(owner="dead", room=2)
     now = timezone.now()
     gone = GatewayProcess.objects.create(owner="dead", host="h", pid=1, started_at=now, beat_at=now)
-    assert service.lines_of_the_gone_back() == 0  # holds not released yet: still its
+    assert service.requeue_lines_of_gone_processes() == 0  # holds not released yet: still its
     gone.released_at = now
     gone.save()
-    assert service.lines_of_the_gone_back() == 2
+    assert service.requeue_lines_of_gone_processes() == 2
     again = service.lines_claim(owner="alive", room=3)
     assert sorted(line.number for line in again) == [1, 2, 3]
     assert {line.number: service.public_id_of(line) for line in again} == {

@@ -110,10 +110,10 @@ def test_lapsed_sent_lines_of_a_gone_process_go_back_and_a_twice_run_one_fails(w
     _lapse(twice)
     now = timezone.now()
     gone = GatewayProcess.objects.create(owner="dead", host="h", pid=1, started_at=now, beat_at=now)
-    assert service.lines_of_the_gone_back() == 0  # its holds not released yet: still its
+    assert service.requeue_lines_of_gone_processes() == 0  # its holds not released yet: still its
     gone.released_at = now
     gone.save()
-    assert service.lines_of_the_gone_back() == 2
+    assert service.requeue_lines_of_gone_processes() == 2
     states = dict(BatchLine.objects.values_list("pk", "state"))
     assert states == {fresh.pk: State.PENDING, twice.pk: State.FAILED, running.pk: State.SENT}
     (again,) = service.lines_claim(owner="alive", room=3)

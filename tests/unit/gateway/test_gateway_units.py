@@ -402,35 +402,35 @@ def _held(amount: str, room: str | None):
 
 
 def test_early_holds_need_a_fresh_report_of_ample_room_less_what_is_being_held_early(settings):
-    from billing.client import Rooms
+    from billing.client import BudgetRoomMemo
 
     settings.FAIRGATE_EARLY_HOLD_ROOM_MS = 1000
-    rooms = Rooms()
-    assert rooms.early_estimate("t", 100, now_s=0.0) is None  # nothing known yet: hold first
-    rooms.learn("t", 100, _held("1", "10"), now_s=0.0)  # 0.01 per token; 10 left
-    first = rooms.early_estimate("t", 100, now_s=0.5)
+    budget_room_memo = BudgetRoomMemo()
+    assert budget_room_memo.early_estimate("t", 100, now_s=0.0) is None  # nothing known yet: hold first
+    budget_room_memo.learn("t", 100, _held("1", "10"), now_s=0.0)  # 0.01 per token; 10 left
+    first = budget_room_memo.early_estimate("t", 100, now_s=0.5)
     assert first == Decimal(1)  # 10 >= 4 x 1
-    assert rooms.early_estimate("t", 100, now_s=0.5) == Decimal(1)  # 10 - 1 >= 4 x 1
-    assert rooms.early_estimate("t", 300, now_s=0.5) is None  # 10 - 2 < 4 x 3
-    assert rooms.early_estimate("t", 100, now_s=1.6) is None  # the report is too old
-    rooms.early_answered("t", first)
-    rooms.learn("t", 100, _held("1", "9"), now_s=2.0)
-    assert rooms.early_estimate("t", 100, now_s=2.0) == Decimal(1)  # 9 - 1 (one still out) >= 4 x 1
-    rooms.refused("t", now_s=2.1)
-    assert rooms.early_estimate("t", 1, now_s=2.1) is None  # last refused: hold first
+    assert budget_room_memo.early_estimate("t", 100, now_s=0.5) == Decimal(1)  # 10 - 1 >= 4 x 1
+    assert budget_room_memo.early_estimate("t", 300, now_s=0.5) is None  # 10 - 2 < 4 x 3
+    assert budget_room_memo.early_estimate("t", 100, now_s=1.6) is None  # the report is too old
+    budget_room_memo.early_answered("t", first)
+    budget_room_memo.learn("t", 100, _held("1", "9"), now_s=2.0)
+    assert budget_room_memo.early_estimate("t", 100, now_s=2.0) == Decimal(1)  # 9 - 1 (one still out) >= 4 x 1
+    budget_room_memo.refused("t", now_s=2.1)
+    assert budget_room_memo.early_estimate("t", 1, now_s=2.1) is None  # last refused: hold first
 
 
 def test_early_holds_price_at_the_dearest_rate_seen_and_ignore_holds_found_again():
-    from billing.client import Rooms
+    from billing.client import BudgetRoomMemo
 
-    rooms = Rooms()
-    rooms.learn("t", 100, _held("1", "1000"), now_s=0.0)
-    rooms.learn("t", 100, _held("0.5", "1000"), now_s=0.0)  # a cheaper class: the dearer rate stays
-    assert rooms.early_estimate("t", 100, now_s=0.0) == Decimal(1)
-    rooms.learn("t", 100, _held("1", None), now_s=0.0)  # an open hold found again says nothing of the room
-    assert rooms.early_estimate("t", 100, now_s=0.0) == Decimal(1)
-    rooms.learn("u", 100, _held("1", "Infinity"), now_s=0.0)  # no limit
-    assert rooms.early_estimate("u", 10**9, now_s=0.0) is not None
+    budget_room_memo = BudgetRoomMemo()
+    budget_room_memo.learn("t", 100, _held("1", "1000"), now_s=0.0)
+    budget_room_memo.learn("t", 100, _held("0.5", "1000"), now_s=0.0)  # a cheaper class: the dearer rate stays
+    assert budget_room_memo.early_estimate("t", 100, now_s=0.0) == Decimal(1)
+    budget_room_memo.learn("t", 100, _held("1", None), now_s=0.0)  # an open hold found again says nothing of the room
+    assert budget_room_memo.early_estimate("t", 100, now_s=0.0) == Decimal(1)
+    budget_room_memo.learn("u", 100, _held("1", "Infinity"), now_s=0.0)  # no limit
+    assert budget_room_memo.early_estimate("u", 10**9, now_s=0.0) is not None
 
 
 def test_the_openapi_document_names_every_api_route():

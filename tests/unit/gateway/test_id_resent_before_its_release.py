@@ -104,7 +104,7 @@ def _kinds(sent: list[object]) -> list[str]:
 def test_an_early_hold_released_before_it_was_booked_is_released_before_the_ids_next_hold(worker):
     async def end_first() -> None:
         room = HeldEntry("t/other", 1, 1, None, "BATCH", 1, "m", Decimal(1), Decimal("0.01"), room=Decimal(1000))
-        client.rooms.learn("t", 10, room, time.monotonic())  # ample room: held early
+        client.budget_room_memo.learn("t", 10, room, time.monotonic())  # ample room: held early
         early = charging.hold_early(**WHAT)
         assert early is not None
         await _turns()  # its hold is out, not answered

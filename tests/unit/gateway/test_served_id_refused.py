@@ -30,7 +30,7 @@ def fresh_booker(tmp_path, settings, monkeypatch):
     monkeypatch.setattr(books, "submit", lambda *a, **k: pytest.fail("nothing may be sent to the billing worker"))
     yield books
     books.unbooked.close()
-    client.rooms.clear()
+    client.budget_room_memo.clear()
 
 
 def test_a_served_id_whose_settlement_is_not_booked_yet_is_refused_before_anything_is_held(fresh_booker):
@@ -42,7 +42,7 @@ def test_a_served_id_whose_settlement_is_not_booked_yet_is_refused_before_anythi
         )
         await fresh_booker.unbooked.journal.keep(ask)  # served; its booking has not happened yet
         room = HeldEntry("t/other", 1, 1, None, "BATCH", 1, "m", Decimal(1), Decimal("0.01"), room=Decimal(1000))
-        client.rooms.learn("t", 10, room, time.monotonic())  # ample room: it would be held early
+        client.budget_room_memo.learn("t", 10, room, time.monotonic())  # ample room: it would be held early
         assert charging.hold_early(**what) is None  # not sent upstream on an early hold
         with pytest.raises(GatewayError) as refused:
             await charging.hold(**what)
