@@ -14,7 +14,8 @@
   fallback at most one per byte of text plus a prefix token, and JSON never encodes text in
   fewer bytes than its UTF-8; the body also carries every tool definition and system prompt a
   template can put in front of the model. The estimate still drives scheduling (TPM, fairness);
-  only the hold uses the bound. What it costs in budget headroom, measured once: docs/decisions/2026-12-01-hold-bound-by-prompt-bytes.md.
+  only the hold uses the bound. What it costs in budget headroom, measured once:
+  docs/decisions/2026-12-01-hold-bound-by-prompt-bytes.md.
 
 What a backend reports beyond the hold is not charged: billing caps the charge at the hold and
 records the rest as *unbilled* (billing.booking).
