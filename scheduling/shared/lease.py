@@ -1,5 +1,5 @@
-"""The shared dispatcher's lease (scheduling.shared.owner): its timings, the Redis scripts an owner
-runs (each checks the owner's token first: the fence), and `LostLease`."""
+"""The shared dispatcher owner's timings (scheduling.shared.owner), the Redis scripts it runs on
+its lease (each checks the owner's token first: the fence), and `LostLease`."""
 
 from __future__ import annotations
 

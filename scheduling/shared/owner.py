@@ -112,7 +112,7 @@ class Owner(Replica):
         self._local_ok = False  # its stream entries have all been taken: in process from now on
         self._local_due = False  # a step for them is scheduled (`_step_local`)
         # Steps are applied as soon as their commands come and committed by a task of their own
-        # (`_commit_forever`), several per script: applying never waits for Redis.
+        # (scheduling.shared.owner_loop), several per script: applying never waits for Redis.
         self._unlogged: list[_Applied] = []
         self._inflight: list[_Applied] = []  # the steps of the commit on its way
         self._loud = False  # an unlogged step answers someone: commit at once
@@ -269,7 +269,7 @@ class Owner(Replica):
     async def step(self, taken: Taken) -> dict[str, list[Answer]]:
         """`_apply`, then `commit` unless the step is quiet (then it waits for the next step, or
         `QUIET_COMMIT_MS`); its answers per gateway. Raises LostLease (and stands down) if another
-        owner took over. (The live loop applies and commits in tasks of their own: `_serve`.)"""
+        owner took over. (The live loop applies and commits in tasks of their own: owner_loop.)"""
         if self.token is None:
             raise LostLease("not the owner")
         step = self._apply(taken)

@@ -22,7 +22,7 @@ from scheduling.shared.lease import (
 if TYPE_CHECKING:
     from scheduling.shared.owner import Owner, Taken
 
-log = logging.getLogger("scheduling.shared.owner")  # the owner's log, as before the loop had a module
+log = logging.getLogger("scheduling.shared.owner")  # logged as the owner
 
 
 async def run_owner(owner: Owner, stop: asyncio.Event) -> None:
