@@ -11,6 +11,9 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 
+import django
+from django.db import connections
+
 log = logging.getLogger(__name__)
 CHECK_NICE = 10  # the checking process yields the CPU to the serving ones
 _pool: ProcessPoolExecutor | None = None
@@ -18,15 +21,11 @@ _pool: ProcessPoolExecutor | None = None
 
 def _child_start() -> None:
     os.nice(CHECK_NICE)
-    import django
-
     django.setup()
 
 
 def _child_check(file_id: str) -> None:
-    from django.db import connections
-
-    from batches.file_check import file_lines_check
+    from batches.file_check import file_lines_check  # noqa: PLC0415 -- Django not set up yet when the child imports this module
 
     try:
         file_lines_check(file_id=file_id)

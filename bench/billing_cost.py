@@ -82,7 +82,8 @@ def _batched(rounds: int, size: int) -> float:
     """Microseconds per request (hold + settle) booked `size` at a time."""
     from django.utils import timezone
 
-    from billing.booking import HoldAsk, SettleAsk, book
+    from billing.booking import book
+    from billing.booking_asks import HoldAsk, SettleAsk
 
     t0 = time.perf_counter()
     for r in range(rounds):

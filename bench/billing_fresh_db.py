@@ -43,7 +43,8 @@ def _child(mode: str, args, go, done, results) -> None:
         from django.utils import timezone
 
         from billing import statements
-        from billing.booking import HoldAsk, SettleAsk, book
+        from billing.booking import book
+        from billing.booking_asks import HoldAsk, SettleAsk
         from tests.integration.billing.conftest import make_world
 
         if mode == "cached":

@@ -20,7 +20,8 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from billing.booking import OWNER_GONE_REASON, STALE_REASON, ReleaseAsk, book
+from billing.booking import book
+from billing.booking_asks import OWNER_GONE_REASON, STALE_REASON, ReleaseAsk
 from billing.models import GatewayProcess, LedgerEntry
 
 log = logging.getLogger("fairgate.billing")

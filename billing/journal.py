@@ -1,120 +1,42 @@
-"""Every settlement in a local file before its client gets the last byte: a write-ahead log.
+"""The settlement journal: every settlement in a local file before its client gets the last byte.
 
-A served request is charged exactly once, whatever process dies. `Journal.keep` appends the
-request's settlement (one JSON line) and returns a future; the exchange sends the answer's end
-once it is done, and the settlement is booked in the database meanwhile (billing.client), not
-on the answer's path. The lines are written by the event loop (to the page cache: each as it is
-kept when the answer waits for the write only, else those of one loop turn in one write), and
-``fdatasync``'d by the journal's syncer, a small process of its own
-(billing/journal_sync.py): each sync costs about 70 us of system time here, and a thread of the
-gateway's doing it took the GIL back from the event loop for every one. A sync starts at most
-every ``FAIRGATE_JOURNAL_SYNC_INTERVAL_MS`` after the one before (a quiet gateway's line goes at
-once), one at a time, so a busy gateway syncs several answers' lines at once (group commit, as the
-Booker does for the database).
-
-What the future waits for (``FAIRGATE_JOURNAL_WAIT``):
-
-* ``write`` (the default): the line's write. Once written, the line is the kernel's: a kill of
-  any process (the gateway, its worker, both) loses nothing; only the host's own crash (power,
-  kernel) before the sync that follows within the interval can. Such a host's holds are released
-  by the others' sweep (billing.heartbeats), and finance sees them as released because their
-  process was gone: never charged twice, at worst not at all.
-* ``sync``: the line's ``fdatasync``. The answer's end then also survives a power loss, at the
-  price of the sync's latency on every answer: 0.2 ms on an idle disk here, tens of milliseconds
-  while the database's own WAL fsyncs share the disk, which was most of what billing added to the
-  gateway's p99 (bench/REPORT-gateway-postgres.md). A streamed answer's tokens reach the client
-  before its end either way.
-
-Without the syncer (it could not start, it died, FAIRGATE_JOURNAL_SYNCER=0) a thread of the
-journal's own writes and syncs, and answers wait for the sync.
-
-Booking is idempotent per request, so the journal needs no "booked" marks. It is a series of
-segment files: the current one takes new lines until it holds ``ROTATE_LINES`` or is
-``ROTATE_S`` old; a segment is removed once it takes no more lines and every settlement in it
-is booked (or past help). Replaying a segment books each of its settlements once more; one that
-was booked is not charged again.
-
-Files: ``FAIRGATE_VAR_DIR/journal/<owner>.<n>.jsonl``, each locked (``flock``) by its live
-process; a file whose lock can be taken belongs to a process that is gone. Who books what a
-dead process left:
-
-* its billing worker, when the gateway was killed under it: it books its gateway's segments
-  before it ends (`journal_replay`, from billing.worker_loop), so the charges land whether or not the
-  gateway is started again;
-* the next gateway started on the same host, at start (`Journal.adopt`): what the worker could
-  not book (both were killed; the database was down).
-
-Why a local file and not Redis: a journal must survive what it guards against, and Redis as
-deployed here (and in CI) persists nothing. Why not wait for the database: a commit there is a
-round trip through the billing worker and several to the server, on a machine whose cores the
-gateway shares with them; an ``fdatasync`` of a few lines is one system call (about 0.1 ms here).
+`Journal.keep` appends a request's settlement (one line) and returns a future the answer's end
+waits for (``FAIRGATE_JOURNAL_WAIT``: the line's write, or its sync); the settlement is booked
+meanwhile (billing.client) and `Journal.booked` lets its line go. Lines are synced by a syncer
+process (billing.journal_syncer), else by a thread. Segment files and the recovery of a dead
+process's journal: billing.journal_segments. Why and what each failure costs: docs/money.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
-from datetime import datetime
-from decimal import Decimal
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
-from billing.booking import SettleAsk, attempt_of
-from billing.errors import transient
+from billing.booking_asks import SettleAsk, attempt_of
+from billing.journal_segments import (
+    SUFFIX,
+    journal_dir,
+    journals_orphaned,
+    safe_owner,
+    unlink_segment,
+)
+from billing.journal_segments import ask_of as _ask  # noqa: F401 -- read back here by the line-format test
+from billing.journal_segments import line_of as _line
 from billing.journal_sync import sync_dir
+from billing.journal_syncer import JournalSyncer as _Syncer
 
 log = logging.getLogger(__name__)
-SUFFIX = ".jsonl"
 ROTATE_LINES = 10_000  # a replay books at most about this many settlements once more
 ROTATE_S = 10.0
-
-
-def journal_dir() -> Path:
-    return Path(settings.VAR_DIR) / "journal"
-
-
-def _safe(owner: str) -> str:
-    return owner.replace("/", "_")
-
-
-_FIELDS = tuple(f.name for f in fields(SettleAsk) if f.name != "held")  # replayed, the hold is read from the ledger
-
-
-assert _FIELDS == ("request_id", "backend_name", "prompt_tokens", "completion_tokens", "at", "base_cost"), _FIELDS
-_STR = json.encoder.encode_basestring_ascii  # (json's own string encoder, in C)
-
-
-def _line(ask: SettleAsk) -> bytes:
-    """The journal line of ``ask`` (what `_ask` reads back), written field by field: json.dumps of a
-    record took 5-10 us on the event loop for every settlement, this 2."""
-    base = "null" if ask.base_cost is None else f'"{ask.base_cost}"'
-    return (
-        f'{{"settle":{{"request_id":{_STR(ask.request_id)},"backend_name":{_STR(ask.backend_name)},'
-        f'"prompt_tokens":{ask.prompt_tokens:d},"completion_tokens":{ask.completion_tokens:d},'
-        f'"at":"{ask.at.isoformat()}","base_cost":{base}}}}}\n'
-    ).encode()
-
-
-def _ask(record: dict) -> SettleAsk:
-    base = record.get("base_cost")
-    return SettleAsk(
-        **{
-            **record,
-            "at": datetime.fromisoformat(record["at"]),
-            "base_cost": None if base is None else Decimal(base),
-        }
-    )
 
 
 @dataclass(eq=False)  # one per file: compared, and kept in sets, by identity
@@ -128,69 +50,6 @@ class _Segment:
 
     def full(self) -> bool:
         return self.lines >= ROTATE_LINES or time.monotonic() - self.opened_s >= ROTATE_S
-
-
-class _Syncer:
-    """The journal's syncer process (billing/journal_sync.py), asked from the event loop: one
-    request out at a time, its answer read by the loop itself (no thread: a thread of the gateway
-    would take the GIL back from the event loop for every sync, and the sync's system time would
-    be the gateway's). None of this is needed for durability: a syncer that cannot be started or
-    that ends hands its work back to the journal's thread."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, answered: Callable[[int], None], ended: Callable[[], None]):
-        self.process = subprocess.Popen(
-            [sys.executable, "-I", str(Path(__file__).with_name("journal_sync.py"))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
-        self._loop, self._answered, self._ended = loop, answered, ended
-        self._out = self.process.stdout.fileno()  # type: ignore[union-attr]
-        self._in = self.process.stdin.fileno()  # type: ignore[union-attr]
-        self._read = b""
-        os.set_blocking(self._out, False)
-        loop.add_reader(self._out, self._readable)
-        self.dead = False
-
-    def ask(self, seq: int, paths: list[str]) -> None:
-        """Asks for a sync; answered through ``answered``, or ``ended`` if the syncer is gone."""
-        try:  # one short request out at a time: the pipe always takes it whole
-            os.write(self._in, json.dumps([seq, paths]).encode() + b"\n")
-        except OSError:
-            self._die()
-
-    def _readable(self) -> None:
-        try:
-            data = os.read(self._out, 4096)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._die()
-            return
-        self._read += data
-        *lines, self._read = self._read.split(b"\n")
-        for line in lines:
-            _seq, error = json.loads(line)
-            self._answered(error)
-
-    def _die(self) -> None:
-        if not self.dead:
-            self.dead = True
-            self.close()
-            self._ended()
-
-    def close(self) -> None:
-        if not self._loop.is_closed():
-            self._loop.remove_reader(self._out)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None and not stream.closed:
-                stream.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 class Journal:
@@ -291,7 +150,7 @@ class Journal:
         if current is None:
             directory = journal_dir()
             directory.mkdir(parents=True, exist_ok=True)
-            path = directory / f"{_safe(self.owner)}.{self._next}{SUFFIX}"
+            path = directory / f"{safe_owner(self.owner)}.{self._next}{SUFFIX}"
             self._next += 1
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -526,7 +385,7 @@ def _write(ops: list[tuple[int, bytes | Path]], *, sync: bool = True) -> list[in
     if sync:
         _sync_all(list(lines))
     for fd, path in removed:
-        _unlink(path, fd)
+        unlink_segment(path, fd)
     return list(lines)
 
 
@@ -545,81 +404,3 @@ def _sync_with_dir(fds: list[int]) -> None:
     have opened yet (its name)."""
     sync_dir(journal_dir())
     _sync_all(fds)
-
-
-def _unlink(path: Path, fd: int) -> None:
-    path.unlink(missing_ok=True)
-    os.close(fd)
-
-
-def _pending(path: Path) -> list[SettleAsk]:
-    kept: dict[str, SettleAsk] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut by the crash was never fsync'd as a whole: not promised
-            continue
-        if "settle" in record:
-            ask = _ask(record["settle"])
-            kept[ask.request_id] = ask
-        elif "done" in record:  # written by versions that marked booked settlements
-            kept.pop(record["done"], None)
-    return list(kept.values())
-
-
-def _files(owner: str | None) -> Iterable[Path]:
-    directory = journal_dir()
-    if not directory.exists():
-        return []
-    if owner is None:
-        return sorted(directory.glob(f"*{SUFFIX}"))
-    return sorted(directory.glob(f"{_safe(owner)}.*{SUFFIX}"))
-
-
-def journals_orphaned(owner: str | None = None) -> list[tuple[Path, int, list[SettleAsk]]]:
-    """Journals of processes that are gone (their lock is free), of ``owner`` only if given:
-    (path, locked fd, settlements). The caller books them, then calls ``journal_retire``."""
-    found = []
-    for path in _files(owner):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # retired meanwhile
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # its process is alive
-            os.close(fd)
-            continue
-        found.append((path, fd, _pending(path)))
-    return found
-
-
-def journal_retire(path: Path, fd: int) -> None:
-    """Every settlement of an orphaned journal is booked: remove it."""
-    _unlink(path, fd)
-
-
-def journal_replay(owner: str, book, *, batch: int = 256) -> tuple[int, int]:
-    """Books the journals ``owner`` left (synchronously, with ``book``: billing.booking.book);
-    a journal whose settlements were all booked (or are past help) is removed, one with a
-    settlement that could not be booked now (the database is out) stays for the next gateway on
-    this host. Returns (settlements booked, settlements left)."""
-    booked = left = 0
-    for path, fd, asks in journals_orphaned(owner):
-        kept = False
-        for start in range(0, len(asks), batch):
-            chunk = asks[start : start + batch]
-            try:
-                results = book(chunk)
-            except Exception as failed:  # the whole chunk: the database is out
-                results = [failed] * len(chunk)
-            for result in results:
-                retry = isinstance(result, BaseException) and transient(result)
-                kept |= retry
-                left += retry
-                booked += not retry
-        if kept:
-            os.close(fd)
-        else:
-            journal_retire(path, fd)
-    return booked, left

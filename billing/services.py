@@ -21,7 +21,8 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from billing.alerts import alerts_record
-from billing.booking import FORCED_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk, book, book_one
+from billing.booking import book, book_one
+from billing.booking_asks import FORCED_REASON, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.budgets import budget_move, budgets_for, budgets_lock, tenant_get
 from billing.errors import BillingError, UnknownClass
 from billing.inflight import HeldEntry

@@ -15,7 +15,7 @@ from datetime import timedelta
 from celery import shared_task
 
 from billing.alerts import alert_deliver, alert_deliver_now, alerts_pending_ids
-from billing.booking import OWNER_GONE_REASON
+from billing.booking_asks import OWNER_GONE_REASON
 from billing.heartbeats import holds_release_leftovers
 from billing.heartbeats import holds_release_orphaned as _holds_release_orphaned
 from billing.services import holds_release_forced

@@ -17,12 +17,13 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 import events
-from billing.booking import HoldAsk, book
+from billing.booking import book
+from billing.booking_asks import HoldAsk
 from billing.cache import caches_refresh_one
 from billing.errors import BillingError, DatabaseUnavailable
 from billing.heartbeats import Housekeeper
 from billing.inflight import HeldEntry, held_forget, held_remember
-from billing.journal import journal_replay
+from billing.journal_segments import journal_replay
 from billing.pricing import UnitPrices, backends_cached
 from billing.worker_protocol import READY, BatchAnswer
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from decimal import Decimal, InvalidOperation
+
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
@@ -24,9 +27,6 @@ class SubcommandCommand(BaseCommand):
 
 
 def decimal_arg(value: str):
-    import argparse
-    from decimal import Decimal, InvalidOperation
-
     try:
         return Decimal(value)
     except InvalidOperation:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+from django.core.management import execute_from_command_line
+
 
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.core.management import execute_from_command_line
-
     execute_from_command_line(sys.argv if argv is None else argv)

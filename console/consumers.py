@@ -24,6 +24,7 @@ from console import access, selectors
 from console.live.groups import groups_for
 from console.live.publisher import publisher_current
 from console.live.snapshot import request_card
+from gateway.api import current
 
 if TYPE_CHECKING:
     from console.live.publisher import Publisher
@@ -131,8 +132,6 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         publisher = publisher_current()
         if publisher is None:
             return
-        from gateway.api import current
-
         d = current()
         if self.tenant is not None and d is not None:
             queue = publisher.queue_of(d, self.tenant.slug, d.now_ms())
@@ -156,8 +155,6 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         await self._send_card(force=True)
 
     async def _send_card(self, *, force: bool = False) -> None:
-        from gateway.api import current
-
         assert self.tenant is not None and self.watch_id is not None  # a card is of a watched request
         card = request_card(current(), self.tenant.slug, self.watch_id)
         charge = self._charge

@@ -21,6 +21,7 @@ from console import access, selectors, services
 from console.access import ADMIN, MEMBER, role_required
 from console.live.jobs import JobMoney, job_cards, job_tallies, waits_by_minute
 from console.live.snapshot import MAX_ROWS, request_card, tenant_queue
+from gateway.api import current
 
 QUEUE_ROLES = (MEMBER, ADMIN)
 MAX_PAGE = 500
@@ -147,8 +148,6 @@ async def api_queue(request: HttpRequest) -> HttpResponse:
     page = _page(request)
     if page is None:
         return JsonResponse({"error": f"offset: an integer from 0; limit: an integer from 1 to {MAX_PAGE}"}, status=400)
-    from gateway.api import current
-
     d = current()
     offset, limit = page
     queue: dict = {"total": 0, "counts": {}, "rows": [], "offset": offset, "limit": limit, "truncated": False}
@@ -168,8 +167,6 @@ async def api_waits(request: HttpRequest) -> HttpResponse:
     tenant, refused = await _api_tenant(request)
     if refused:
         return refused
-    from gateway.api import current
-
     d = current()
     rows = waits_by_minute(d, tenant.slug, d.now_ms()) if d is not None else []
     return JsonResponse({"tenant": tenant.slug, "rows": rows})
@@ -179,8 +176,6 @@ async def api_request(request: HttpRequest, request_id: str) -> HttpResponse:
     tenant, refused = await _api_tenant(request)
     if refused:
         return refused
-    from gateway.api import current
-
     card = request_card(current(), tenant.slug, request_id)
     charge = await sync_to_async(selectors.charge_of)(tenant=tenant, request_id=request_id)
     if card is None and charge is None:

@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.core.signals import request_finished
+
+from gateway import metrics
 
 
 class GatewayConfig(AppConfig):
@@ -6,11 +9,8 @@ class GatewayConfig(AppConfig):
     verbose_name = "Gateway"
 
     def ready(self) -> None:
-        from django.core.signals import request_finished
-
-        from billing.client import metrics_registry
-        from gateway import metrics
-        from gateway.db import close_at_request_end
+        from billing.client import metrics_registry  # noqa: PLC0415 -- app registry timing: imports models
+        from gateway.db import close_at_request_end  # noqa: PLC0415 -- app registry timing
 
         request_finished.connect(close_at_request_end, dispatch_uid="gateway-close-at-request-end")
         # The billing client's metrics, served and read with the gateway's (registered here, not in

@@ -21,12 +21,13 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse, HttpResponseBase
 from django.urls import resolve
 
-from gateway import access, live
+from gateway import access, charging, live
 from gateway.auth import authenticate
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.errors import ErrorCode, GatewayError
 from gateway.intake import GATE_SCOPE_KEY, INTAKE_PATHS, REQUEST_ID_RE, intake_gate, new_request_id
 from gateway.lanes import Turn
+from gateway.runtime import dispatcher_get, dispatcher_stop
 from gateway.tarpit import tarpit
 from gateway.views import refusal
 
@@ -294,9 +295,6 @@ class Lifespan:
         if scope["type"] != "lifespan":
             await self.app(scope, receive, send)
             return
-        from gateway import charging
-        from gateway.runtime import dispatcher_get, dispatcher_stop
-
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, connections
 
 from billing.client import DatabaseUnavailable
 
@@ -70,8 +70,6 @@ def close_at_request_end(**kwargs) -> None:
     frees it (Django's connection objects are tied in cycles): pages fast enough then use up
     PostgreSQL's ``max_connections``. The gateway's own calls (`db_call`) run in long-lived
     threads and keep theirs. A connection inside a transaction (a test's) is left alone."""
-    from django.db import connections
-
     for conn in connections.all(initialized_only=True):
         if not conn.in_atomic_block:
             conn.close()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 
-from scheduling.shared.owner import sleep_or
+from scheduling.shared.bell import sleep_or
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

@@ -13,6 +13,7 @@ from django.conf import settings
 from gateway import metrics, proxy
 from gateway.dispatcher import Dispatcher
 from gateway.port import SchedulerPort
+from gateway.shared import SharedDispatcher
 
 log = logging.getLogger(__name__)
 _current: SchedulerPort | None = None
@@ -22,8 +23,6 @@ _starting: asyncio.Task | None = None
 def _kind() -> Callable[[], Coroutine[Any, Any, SchedulerPort]]:
     """How to start the embedded dispatcher, or the shared scheduler's (``FAIRGATE_SCHEDULER=shared``)."""
     if settings.FAIRGATE_SCHEDULER == "shared":
-        from gateway.shared import SharedDispatcher
-
         return SharedDispatcher.create
     return Dispatcher.create
 

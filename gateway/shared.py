@@ -33,8 +33,9 @@ from scheduling.engine import Grant, Scheduler, apply_policy
 from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
 from scheduling.engine.outcomes import Live
 from scheduling.engine.rules import CompiledRules
+from scheduling.shared.bell import sleep_or
 from scheduling.shared.client import Client, connect
-from scheduling.shared.owner import Owner, owner_id, sleep_or
+from scheduling.shared.owner import Owner, owner_id
 from scheduling.shared.protocol import RENEW_MAX, RUN_LEASE_MS, Answer, Command, submit
 from scheduling.shared.replica import Keys, entries, id_key
 

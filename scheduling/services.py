@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
@@ -314,8 +315,6 @@ def config_apply(*, config: SchedulerConfig, sections: Iterable[str], actor: str
 
 @transaction.atomic
 def backend_create(*, spec: BackendSpec, actor: str) -> Backend:
-    from django.core.exceptions import ValidationError
-
     if Backend.objects.filter(name=spec.name).exists():
         raise ValidationError(f"backend {spec.name!r} already exists")
     if not spec.models:

@@ -6,7 +6,7 @@ pipe, unbooked). The rest are the few reads and synchronous asks the Batch API n
 import-linter contract in pyproject.toml keeps gateway and batches to this package.
 """
 
-from billing.booking import Charged
+from billing.booking_asks import Charged
 from billing.client import holds
 from billing.client.group_commit import Booker, booker, start, stop
 from billing.client.holds import (

@@ -18,7 +18,7 @@ from typing import Literal, overload
 from django.conf import settings
 
 import events
-from billing.booking import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
+from billing.booking_asks import Ask, Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.client import metrics, pipe
 from billing.client.port import CANCELLED, Hold
 from billing.client.unbooked import Unbooked

@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from billing.booking import HoldAsk, ReleaseAsk, SettleAsk
+from billing.booking_asks import HoldAsk, ReleaseAsk, SettleAsk
 from billing.client import metrics
 from billing.client.group_commit import booker, now_utc
 from billing.client.port import CANCELLED, Hold, PendingHold

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from billing.booking import Ask, SettleAsk
+from billing.booking_asks import Ask, SettleAsk
 from billing.client import metrics
 from billing.errors import transient
 from billing.heartbeats import process_owner

@@ -15,6 +15,7 @@ from channels.layers import get_channel_layer
 
 import events
 from console.live.groups import FINANCE_GROUP, tenant_group
+from console.live.publisher import publisher_running
 
 log = logging.getLogger(__name__)
 SUBSCRIBER = "console"
@@ -31,8 +32,6 @@ def console_event(event: events.Event) -> dict | None:
 
 def publish_committed(rows: list[dict]) -> None:
     """``[{"kind", "tenant_id", "row"}, ...]`` → the tenants' viewers (and finance), after commit."""
-    from console.live.publisher import publisher_running
-
     publisher = publisher_running()
     try:
         if publisher is not None:
@@ -56,8 +55,6 @@ def publish_committed(rows: list[dict]) -> None:
 
 
 def on_committed(committed: events.Committed) -> None:
-    from console.live.publisher import publisher_running
-
     publisher = publisher_running()
     if publisher is not None and publisher.on_its_loop():  # a row only where someone watches
         publisher.add_committed(committed, console_event)

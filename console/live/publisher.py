@@ -25,7 +25,7 @@ from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
 from console.live.jobs import JobMoney, job_cards, job_tallies
 from console.live.snapshot import OpsView, queue_signature, shown_ids, tenant_queue, timeline_sample
 from console.live.timeline import Timeline
-from gateway.api import log_failure
+from gateway.api import current, log_failure
 
 log = logging.getLogger(__name__)
 HOLD_CACHE_MAX = 200_000
@@ -333,8 +333,6 @@ def publisher_running() -> Publisher | None:
 def console_live_start(**options) -> Publisher:
     """Start the publisher on the running loop (called once from the ASGI lifespan startup)."""
     global _publisher
-    from gateway.api import current
-
     publisher = Publisher(**options)
     publisher.loop = asyncio.get_running_loop()
     _publisher = publisher

@@ -18,7 +18,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from scheduling.shared.owner import GATEWAY_TTL_MS, sleep_or
+import redis.asyncio
+
+from scheduling.shared.bell import sleep_or
+from scheduling.shared.lease import GATEWAY_TTL_MS
 from scheduling.shared.protocol import BATCH_MAX, Answer, Command, answers_of, pack
 from scheduling.shared.replica import Keys
 
@@ -35,8 +38,6 @@ RETRY_S = 0.5
 def connect(url: str) -> Redis:
     """The client the shared scheduler runs on: bytes (no decoding), and a socket timeout above the
     longest blocking read here (one second), so a dead server shows without hanging a read."""
-    import redis.asyncio
-
     return redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
 
 

@@ -1,39 +1,10 @@
 """The shared dispatcher: one owner at a time runs the engine for every gateway, through Redis.
 
-Keys (under ``prefix``, ``fairgate:sched`` unless configured):
-
-* ``cmds``: a stream of the gateways' commands (scheduling.shared.protocol), in arrival order;
-* ``steps``: a stream of the owner's steps: the instant (``now``), the last command it took
-  (``last``), the id of the step before it in the stream (``prev``: a replica knows it missed none),
-  and a new configuration when one took effect (``cfg``);
-* ``out:<gateway>``: a list per gateway of the answers for its requests (one element per commit);
-* ``snap``: the engine (and the routes of its requests) as of one step, a versioned record
-  (scheduling.shared.state), with that step's id and its last command's id;
-* ``lease``: the owner's token (``<epoch>:<owner id>``, epoch from ``epoch``, an INCR), with a
-  time to live the owner renews; ``gw:<gateway>``: each gateway's heartbeat, with one too.
-
-A step is: take the commands after the cursor, apply them at ``now`` and pump the engine
-(`protocol.Step`), then **commit**: one Lua script that checks the lease still holds the owner's
-token, appends the step, pushes the answers and renews the lease — all or nothing. A stale owner
-(its lease expired while it was stopped, and another took over) fails its next commit and
-stands down without having told anyone anything: the token is the fence. A *quiet* step (one
-that answers nobody: a completion with nothing waiting, say) is committed with the next step, or
-`QUIET_COMMIT_MS` later, in one script with it: nothing anyone was told depends on a step not yet
-logged, so an owner that dies first loses only steps nobody heard of — their commands are taken
-again by the next owner (those of the stream; its own gateway's died with it), as if they had
-arrived that much later.
-
-A new owner rebuilds the engine exactly: the last snapshot, then every step after it replayed —
-the same commands at the same instants, which the deterministic engine turns into the same state
-(their answers were delivered already, by the commit that logged them). Commands after the last
-step were never answered; the new owner takes them live. So nothing a gateway sent is lost or
-answered twice, and a waiting request keeps its place (`tests/integration/scheduling/test_shared_differential.py`
-runs the same random sequences through the embedded engine and through this path, with a
-handover in the middle, and compares every answer).
-
-The clock is the owner's ``clock()`` in ms (wall time by default, so that a new owner on another
-machine continues it), never behind the last step's. Requests are stamped when the owner takes
-them (``enqueued_ms``), and a client's timeout counts from then.
+`Owner` bids for the lease (scheduling.shared.lease), catches up as a replica, then takes the
+gateways' commands (the Redis stream, or in process from its own gateway), applies them as steps
+and commits each with its answers in one fenced script; a snapshot now and then bounds what a
+new owner replays. Its live loop: scheduling.shared.owner_loop. Redis keys, the handover and why
+nothing is lost or answered twice: docs/shared-scheduler.md.
 """
 
 from __future__ import annotations
@@ -49,6 +20,24 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from scheduling.engine.model import SchedulerConfig
+from scheduling.shared.bell import Bell
+from scheduling.shared.lease import (
+    COMMIT_SCRIPT,
+    LEASE_MS,
+    MAX_ENTRIES,
+    OUT_TTL_MS,
+    QUIET_COMMIT_MS,
+    RELEASE_SCRIPT,
+    RENEW_SCRIPT,
+    SNAPSHOT_EVERY_S,
+    SNAPSHOT_MS_PER_REQUEST,
+    SNAPSHOT_REQUESTS_FLOOR,
+    SNAPSHOT_SCRIPT,
+    SNAPSHOT_STRETCH_MAX_MS,
+    STRETCH_SCRIPT,
+    LostLease,
+)
+from scheduling.shared.owner_loop import run_owner
 from scheduling.shared.protocol import Answer, Command, Step, entry_commands, pack
 from scheduling.shared.replica import Keys, Replica, id_key, stream_read
 from scheduling.shared.state import pack_config, pack_state
@@ -61,68 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Taken = list[tuple[bytes, list[Command | None]]]  # stream entries read: each one's id and commands
 
-LEASE_MS = 1000  # a standby takes over this long after the owner stopped renewing, at most
-STANDBY_POLL_MS = 100
-RETRY_S = 1.0  # after a failure (Redis out of reach), before bidding again
-IDLE_PUMP_MS = 500  # while requests wait, a step at least this often (the embedded dispatcher's config-poll pump)
-MAX_ENTRIES = 32  # stream entries per step (each `protocol.BATCH_MAX` commands at most)
-SNAPSHOT_EVERY_S = 5.0
-GATEWAY_TTL_MS = 10_000  # a gateway silent this long is gone (its event loop beats every second)
-GATEWAY_CHECK_S = 0.5
-OUT_TTL_MS = 60_000  # an answer list nobody reads (its gateway died) goes after this
-QUIET_COMMIT_MS = 50  # a step that answered nobody is logged with the next one, or after this long
-SNAPSHOT_MS_PER_REQUEST = 0.1  # what recording the engine is assumed to cost per live request, until measured
-SNAPSHOT_REQUESTS_FLOOR = 1000  # the cost measured with fewer live requests is spread over this many
-SNAPSHOT_STRETCH_MAX_MS = 30_000  # the longest a snapshot may stretch the lease (see `Owner.commit`)
-
-# Renewals (the commit's, `_RENEW`) never shorten the lease: a snapshot may have stretched it (`_STRETCH`).
-_COMMIT = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return false end
-if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then redis.call('pexpire', KEYS[1], ARGV[2]) end
-local a = 5
-local tail = redis.call('xrevrange', KEYS[2], '+', '-', 'COUNT', 1)
-local id = '0-0'
-if tail[1] then id = tail[1][1] end
-for _ = 1, tonumber(ARGV[4]) do
-  local fields = {'now', ARGV[a], 'last', ARGV[a + 1], 'prev', id}
-  if ARGV[a + 2] ~= '' then table.insert(fields, 'cfg'); table.insert(fields, ARGV[a + 2]) end
-  if ARGV[a + 3] ~= '' then table.insert(fields, 'o'); table.insert(fields, ARGV[a + 3]) end
-  id = redis.call('xadd', KEYS[2], '*', unpack(fields))
-  a = a + 4
-end
-for i = 3, #KEYS do
-  redis.call('rpush', KEYS[i], ARGV[a])
-  redis.call('pexpire', KEYS[i], ARGV[3])
-  a = a + 1
-end
-return id
-"""
-
-_RENEW = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 1
-"""
-
-_STRETCH = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('pexpire', KEYS[1], ARGV[2])
-"""
-
-_SNAPSHOT = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('pexpire', KEYS[1], ARGV[6])
-redis.call('hset', KEYS[2], 'state', ARGV[2], 'step', ARGV[3], 'cmd', ARGV[4], 'now', ARGV[5])
-redis.call('xtrim', KEYS[3], 'MINID', ARGV[3])
-redis.call('xtrim', KEYS[4], 'MINID', ARGV[4])
-return 1
-"""
-
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
@@ -130,10 +57,6 @@ def wall_ms() -> int:
 
 def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-class LostLease(Exception):
-    """Another owner holds the lease: this one stands down."""
 
 
 class _Applied(NamedTuple):
@@ -145,38 +68,6 @@ class _Applied(NamedTuple):
     own: bytes  # the attached gateway's commands it took, packed, or b""
     out: dict[str, list[Answer]]  # its answers per gateway
     local: list[Command]  # those commands (handed to the stream if the lease is lost first)
-
-
-class _Bell:
-    """What a loop sleeps on (`sleep`) and others wake it with (`ring`): no task per sleep."""
-
-    def __init__(self) -> None:
-        self._rung = False
-        self._sleeping: asyncio.Future[None] | None = None
-
-    def ring(self) -> None:
-        self._rung = True
-        if self._sleeping is not None and not self._sleeping.done():
-            self._sleeping.set_result(None)
-
-    async def sleep(self, timeout_s: float | None) -> None:
-        """Returns when rung (at once if rung since the last sleep) or after ``timeout_s``."""
-        if not self._rung:
-            loop = asyncio.get_running_loop()
-            self._sleeping = sleeping = loop.create_future()
-            timer = None if timeout_s is None else loop.call_later(timeout_s, _settle, sleeping)
-            try:
-                await sleeping
-            finally:
-                self._sleeping = None
-                if timer is not None:
-                    timer.cancel()
-        self._rung = False
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class Owner(Replica):
@@ -206,13 +97,13 @@ class Owner(Replica):
         self._snapshot_at_s = time.monotonic()
         self._gone_sent: set[str] = set()
         self._checked_at_s = 0.0
-        self._commit = redis.register_script(_COMMIT)
-        self._renew = redis.register_script(_RENEW)
-        self._snapshot = redis.register_script(_SNAPSHOT)
-        self._stretch = redis.register_script(_STRETCH)
+        self._commit = redis.register_script(COMMIT_SCRIPT)
+        self._renew = redis.register_script(RENEW_SCRIPT)
+        self._snapshot = redis.register_script(SNAPSHOT_SCRIPT)
+        self._stretch = redis.register_script(STRETCH_SCRIPT)
         self.snapshot_ms_per_request = SNAPSHOT_MS_PER_REQUEST  # measured at each snapshot (`_pack_state`)
         self.snapshot_bytes = 0  # the last snapshot's size
-        self._release = redis.register_script(_RELEASE)
+        self._release = redis.register_script(RELEASE_SCRIPT)
         # The gateway of this process, when a serve process holds the role (`attach`): while this
         # owner holds the lease, its commands are taken in process and its answers handed back in
         # process once their step is committed — no stream entry, no answer list, for them.
@@ -221,7 +112,7 @@ class Owner(Replica):
         self._local_ok = False  # its stream entries have all been taken: in process from now on
         self._local_due = False  # a step for them is scheduled (`_step_local`)
         # Steps are applied as soon as their commands come and committed by a task of their own
-        # (`_commit_forever`), several per script: applying never waits for Redis.
+        # (scheduling.shared.owner_loop), several per script: applying never waits for Redis.
         self._unlogged: list[_Applied] = []
         self._inflight: list[_Applied] = []  # the steps of the commit on its way
         self._loud = False  # an unlogged step answers someone: commit at once
@@ -229,8 +120,8 @@ class Owner(Replica):
         self._renewed_s = 0.0
         self._serving = False
         self._closing = False
-        self._stepper = _Bell()
-        self._committer = _Bell()
+        self._stepper = Bell()
+        self._committer = Bell()
         self._due_key: tuple[int, int] | None = None
         self._due = True
         self._config_version = 0
@@ -378,7 +269,7 @@ class Owner(Replica):
     async def step(self, taken: Taken) -> dict[str, list[Answer]]:
         """`_apply`, then `commit` unless the step is quiet (then it waits for the next step, or
         `QUIET_COMMIT_MS`); its answers per gateway. Raises LostLease (and stands down) if another
-        owner took over. (The live loop applies and commits in tasks of their own: `_serve`.)"""
+        owner took over. (The live loop applies and commits in tasks of their own: owner_loop.)"""
         if self.token is None:
             raise LostLease("not the owner")
         step = self._apply(taken)
@@ -508,100 +399,13 @@ class Owner(Replica):
         """The attached gateway runs in this very process: alive while this code runs, whatever its beat."""
         return {self._own.gateway} if self._own is not None else set()
 
-    # --- the live loop -------------------------------------------------------------------------
+    # --- the live loop (scheduling.shared.owner_loop) -----------------------------------------
 
     async def run(self, *, stop: asyncio.Event | None = None) -> None:
         """Follow the steps (a standby) and bid for the lease until it is won, then dispatch until
         stopped or the lease is lost (then follow and bid again). ``stop``: set to stop cleanly
         (the lease is given back)."""
-        stop = stop or asyncio.Event()
-        try:
-            while not stop.is_set():
-                try:
-                    if not self.owns:
-                        await self.follow(block_ms=STANDBY_POLL_MS)
-                        if not await self.acquire():
-                            continue
-                    await self._serve(stop)
-                except LostLease:
-                    continue
-                except Exception:  # Redis out of reach, most likely: stand down, then bid again
-                    log.exception("dispatcher %s failed; it stands down and bids again", self.name)
-                    self.token = None  # a lease it cannot renew expires: a standby may take over
-                    self._hand_back()
-                    self._reset()
-                    await sleep_or(stop, RETRY_S)
-        finally:
-            try:
-                await self.resign()
-            except Exception:  # Redis gone: the lease expires by itself
-                log.warning("dispatcher %s could not give its lease back", self.name)
-
-    async def _serve(self, stop: asyncio.Event) -> None:
-        """Holds the role until stopped (then logs what is applied) or the lease is lost: one task
-        applies steps (`_step_forever`, and `_step_local` for this process's gateway), one commits
-        them (`_commit_forever`)."""
-        self._serving, self._closing = True, False
-        stepper = asyncio.ensure_future(self._step_forever(stop))
-        committer = asyncio.ensure_future(self._commit_forever())
-        if self._local:
-            self._local_due = True
-            asyncio.get_running_loop().call_soon(self._step_local)
-        try:
-            done, _ = await asyncio.wait((stepper, committer), return_when=asyncio.FIRST_COMPLETED)
-            if stepper in done:
-                stepper.result()  # a failure is raised here
-                self._closing = True  # stopped: the committer logs what was applied, then ends
-                self._committer.ring()
-            await committer
-        finally:
-            self._serving = False
-            for task in (stepper, committer):
-                task.cancel()
-            await asyncio.gather(stepper, committer, return_exceptions=True)
-
-    async def _step_forever(self, stop: asyncio.Event) -> None:
-        """Steps when commands come from the stream, when the engine's next wakeup (an expiry, an
-        aging bound, a rate window reopening) has come, and, while requests wait, at least every
-        `IDLE_PUMP_MS` (as the embedded dispatcher pumps at each configuration poll); renews the
-        lease when no commit did for a while. One read of the stream is always waiting in Redis
-        (for `LEASE_MS` / 4 at most), so a command from any gateway wakes the owner at once."""
-        limit_ms = LEASE_MS // 4  # the lease is renewed at least this often
-        reading: asyncio.Task[Taken] | None = None
-        try:
-            while not stop.is_set():
-                if reading is None:
-                    reading = asyncio.ensure_future(self.commands(block_ms=limit_ms))
-                    reading.add_done_callback(lambda _: self._stepper.ring())
-                now_ms = self.now_ms()
-                wakeup = self._next_wakeup_ms(now_ms)
-                due = self._config_due or self.sched is None
-                if not (due or reading.done()):
-                    wait_ms = limit_ms if wakeup is None else max(1, min(limit_ms, wakeup - now_ms))
-                    await self._stepper.sleep(wait_ms / 1000)
-                taken: Taken = []
-                if reading.done():
-                    taken, reading = reading.result(), None
-                now_ms = self.now_ms()
-                waiting = self.sched is not None and self.sched.waiting_count > 0
-                if (
-                    taken
-                    or self._local
-                    or due
-                    or (wakeup is not None and now_ms >= wakeup)
-                    or (waiting and now_ms - self.step_ms >= IDLE_PUMP_MS)
-                ):
-                    self._apply(taken)
-                    self._committer.ring()  # a quiet step starts its wait there
-                if time.monotonic() - self._renewed_s >= limit_ms / 1000:
-                    await self.renew()
-                if time.monotonic() - self._checked_at_s >= GATEWAY_CHECK_S:
-                    self._checked_at_s = time.monotonic()
-                    await self.check_gateways()
-        finally:
-            if reading is not None:  # what it read (if anything) stays in the stream for the next owner
-                reading.cancel()
-                await asyncio.gather(reading, return_exceptions=True)
+        await run_owner(self, stop or asyncio.Event())
 
     def _next_wakeup_ms(self, now_ms: int) -> int | None:
         """When a step is due with no command: the engine's next wakeup, or a circuit's cool-down end."""
@@ -609,30 +413,3 @@ class Owner(Replica):
             return None
         times = [t for t in (self.sched.next_wakeup_ms(now_ms=now_ms), self.routes.circuits.next_change_ms()) if t]
         return min(times) if times else None
-
-    async def _commit_forever(self) -> None:
-        """Commits the applied steps: at once when one answers someone, quiet ones after
-        `QUIET_COMMIT_MS`, with a snapshot every ``snapshot_every_s``; ends once stopped and all
-        is logged. The steps applied while a commit is on its way go with the next one."""
-        while True:
-            snapshot_in_s = self.snapshot_every_s - (time.monotonic() - self._snapshot_at_s)
-            if self.sched is None:  # nothing to store yet
-                snapshot_in_s = self.snapshot_every_s
-            snap = snapshot_in_s <= 0
-            if self._loud or snap or self._quiet_too_long or (self._closing and self._unlogged):
-                await self.commit(snapshot=snap)
-                continue
-            if self._closing:
-                return
-            wait_s = snapshot_in_s
-            if self._unlogged:
-                wait_s = min(wait_s, QUIET_COMMIT_MS / 1000 - (time.monotonic() - self._unlogged_since_s))
-            await self._committer.sleep(max(0.0, wait_s))
-
-
-async def sleep_or(stop: asyncio.Event, seconds: float) -> None:
-    """Sleeps ``seconds``, or less if ``stop`` is set meanwhile."""
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass

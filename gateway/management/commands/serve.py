@@ -12,11 +12,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 
+import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.metrics import multiprocess_prepare
+from scheduling.selectors import backend_specs
+from scheduling.upstreams import missing_env
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
 
@@ -90,8 +94,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, host: str, port: int, log_level: str, workers: int, **opts):
-        import uvicorn
-
         if workers < 1:
             raise CommandError("--workers must be at least 1")
         if workers > 1 and settings.FAIRGATE_SCHEDULER != "shared":
@@ -126,11 +128,6 @@ class Command(BaseCommand):
 
 def _credentials_check() -> None:
     """Refuse to start when an enabled backend names an environment variable that is not set."""
-    from django.db import DatabaseError
-
-    from scheduling.selectors import backend_specs
-    from scheduling.upstreams import missing_env
-
     try:
         missing = missing_env(backend_specs())
     except DatabaseError:  # not migrated yet, or down: /readyz says so

@@ -8,7 +8,8 @@ from decimal import Decimal as D
 
 from django.utils import timezone
 
-from billing.booking import HoldAsk, book_one
+from billing.booking import book_one
+from billing.booking_asks import HoldAsk
 from billing.models import PriceVersion
 from billing.pricing import price_version_at
 from scheduling.models import PriorityClass

@@ -9,7 +9,8 @@ from decimal import Decimal as D
 import pytest
 from django.utils import timezone
 
-from billing.booking import HoldAsk, book
+from billing.booking import book
+from billing.booking_asks import HoldAsk
 from billing.heartbeats import heartbeat_beat, heartbeat_stop, holds_release_orphaned, processes_dead
 from billing.models import LedgerEntry
 from billing.selectors import ledger_mismatches

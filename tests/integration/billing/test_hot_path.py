@@ -18,7 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import cache
-from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk, book
+from billing.booking import book
+from billing.booking_asks import Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.errors import BudgetExhausted, HoldNotFound
 from billing.heartbeats import holds_release_unowned
 from billing.inflight import HeldEntry, held_get, held_get_cached

@@ -101,7 +101,7 @@ def test_a_budget_is_never_overspent_by_a_backend_reporting_more_than_was_held(w
 
 
 def test_a_late_settlement_after_its_process_was_taken_for_dead_charges_only_what_the_budget_has(world):
-    from billing.booking import OWNER_GONE_REASON
+    from billing.booking_asks import OWNER_GONE_REASON
     from tenants.models import Tenant
 
     Tenant.objects.filter(slug="alpha").update(annual_budget=D("4"))

@@ -14,10 +14,11 @@ from decimal import Decimal
 import pytest
 
 from billing import journal
-from billing.booking import Charged, SettleAsk
+from billing.booking_asks import Charged, SettleAsk
 from billing.client.unbooked import Unbooked
 from billing.errors import BillingError, DatabaseUnavailable, HoldNotFound, transient
-from billing.journal import Journal, journal_replay, journal_retire, journals_orphaned
+from billing.journal import Journal
+from billing.journal_segments import journal_replay, journal_retire, journals_orphaned
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 

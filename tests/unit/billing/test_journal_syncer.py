@@ -18,7 +18,7 @@ from decimal import Decimal
 import pytest
 
 from billing import journal
-from billing.booking import SettleAsk
+from billing.booking_asks import SettleAsk
 from billing.journal import Journal
 
 AT = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -234,7 +234,7 @@ def test_waiting_for_the_write_a_syncer_that_dies_leaves_its_sync_to_the_thread(
 def test_a_settlement_whose_line_could_not_be_synced_is_told_its_charge_once_booked(tmp_path, settings, monkeypatch):
     """The answer's end waits for the booking instead (booked twice, charged once: booking is
     idempotent per request id)."""
-    from billing.booking import Charged
+    from billing.booking_asks import Charged
     from gateway import charging
     from tests.support.booker import booker_with
     from tests.unit.gateway.test_id_resent_before_its_release import HeldBackWorker

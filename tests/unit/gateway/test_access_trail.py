@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.booking import Charged
+from billing.booking_asks import Charged
 from gateway import metrics
 from gateway.access import ACCESS_LOG, Trail, traceparent_of
 from gateway.errors import ErrorCode

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
-from billing.booking import Charged
+from billing.booking_asks import Charged
 from gateway import charging, metrics
 from gateway.admission import Bill
 

@@ -129,7 +129,7 @@ def test_a_killed_worker_is_detected_logged_and_counted(new_loop, monkeypatch, c
 def test_the_booker_replaces_a_killed_worker_and_counts_it(monkeypatch, caplog):
     from django.utils import timezone
 
-    from billing.booking import ReleaseAsk
+    from billing.booking_asks import ReleaseAsk
     from billing.client import Booker
 
     monkeypatch.setattr(billing_worker, "serve", fake_serve_none)
@@ -181,7 +181,7 @@ def test_a_failing_answer_callback_is_reported_and_the_answers_after_it_still_ma
 def test_asks_no_one_waits_for_linger_until_one_someone_waits_for_takes_them_along(monkeypatch, settings):
     from django.utils import timezone
 
-    from billing.booking import ReleaseAsk
+    from billing.booking_asks import ReleaseAsk
     from billing.client import Booker
 
     monkeypatch.setattr(billing_worker, "serve", fake_serve_none)

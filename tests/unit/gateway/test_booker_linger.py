@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from billing import client
-from billing.booking import ReleaseAsk
+from billing.booking_asks import ReleaseAsk
 from tests.support.booker import booker_with
 from tests.unit.gateway.test_id_resent_before_its_release import HeldBackWorker
 

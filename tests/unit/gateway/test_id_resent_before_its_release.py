@@ -16,7 +16,7 @@ from decimal import Decimal
 import pytest
 
 from billing import client
-from billing.booking import HoldAsk, ReleaseAsk
+from billing.booking_asks import HoldAsk, ReleaseAsk
 from billing.inflight import HeldEntry
 from gateway import charging
 from tests.support.booker import booker_with

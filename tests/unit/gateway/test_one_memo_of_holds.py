@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.booking import Charged, HoldAsk, ReleaseAsk, SettleAsk
+from billing.booking_asks import Charged, HoldAsk, ReleaseAsk, SettleAsk
 from billing.inflight import HeldEntry, held_get_cached
 from gateway import charging
 from tests.support.booker import booker_with

@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from billing import client
-from billing.booking import SettleAsk
+from billing.booking_asks import SettleAsk
 from billing.client import group_commit
 from billing.inflight import HeldEntry
 from gateway import charging

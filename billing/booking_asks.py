@@ -1,0 +1,106 @@
+"""What is asked of booking (billing.booking): holds, settlements and releases, their results,
+the ledger entries they write, and the reasons and attempt keys they are booked under."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from decimal import Decimal
+
+from billing.inflight import HeldEntry
+from billing.models import LedgerEntry
+from billing.money import ZERO
+
+STALE_REASON = "stale"  # no owner to ask, released by age: a late settlement still charges what was consumed
+OWNER_GONE_REASON = "owner_gone"  # released because its gateway process died (billing.heartbeats)
+FORCED_REASON = "forced"  # released by an operator (`manage.py ledger release-forced`)
+LATE_SETTLEMENT_REASONS = frozenset({STALE_REASON, OWNER_GONE_REASON, FORCED_REASON})
+MAX_ATTEMPTS = 64  # requests one id may name: an id whose request ended unserved may be sent again
+
+
+@dataclass(frozen=True)
+class HoldAsk:
+    request_id: str
+    tenant_slug: str
+    class_name: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    at: datetime
+    fallback: bool = False  # may fall back to a cheaper class if the tenant is configured to
+    owner: str = ""  # the gateway process asking (billing.heartbeats); empty: not a gateway's request
+    # The time whose price versions apply (a batch line: its batch's creation, batches.prices); None: ``at``.
+    priced_at: datetime | None = None
+    hold_cap: Decimal | None = None  # held at most this (a batch line: its part of its batch's cost bound)
+
+
+@dataclass(frozen=True)
+class SettleAsk:
+    request_id: str
+    backend_name: str
+    prompt_tokens: int
+    completion_tokens: int
+    at: datetime
+    # The unrounded base cost, priced by the gateway that told its client the charge (X-Charge)
+    # from the backend's prices it had; None: priced here, from the backend's prices now.
+    base_cost: Decimal | None = None
+    held: HeldEntry | None = None  # the hold it ends, as booked; None: from this process's memo, else the ledger
+
+
+@dataclass(frozen=True)
+class ReleaseAsk:
+    request_id: str
+    reason: str
+    at: datetime
+    held: HeldEntry | None = None  # as for SettleAsk
+
+
+Ask = HoldAsk | SettleAsk | ReleaseAsk
+
+
+@dataclass(frozen=True)
+class Charged:
+    """A settlement's result: what was charged, and what the usage priced beyond what could be."""
+
+    amount: Decimal
+    unbilled: Decimal = ZERO
+
+
+@dataclass(frozen=True)
+class Booked:
+    """One ledger entry as appended (the columns of LedgerEntry but its id)."""
+
+    kind: str
+    at: datetime
+    tenant_id: int
+    budget_id: int
+    month_budget_id: int | None
+    request_id: str
+    class_name: str
+    price_version_id: int | None
+    model: str
+    amount: Decimal
+    factor: Decimal
+    backend_name: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    base_cost: Decimal = ZERO
+    overrun: Decimal = ZERO
+    unbilled: Decimal = ZERO
+    owner: str = ""
+    reason: str = ""
+    author: str = ""
+
+
+COLUMNS = tuple(f.name for f in fields(Booked))
+assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields if not f.primary_key}
+
+
+def attempt_key(request_id: str, attempt: int) -> str:
+    """The ledger's key of the ``attempt``-th request sent with one id: the id itself, then ``id#2``..."""
+    return request_id if attempt == 1 else f"{request_id}#{attempt}"
+
+
+def attempt_of(key: str) -> str:
+    """The request id an attempt's key was made from (ids never contain ``#``)."""
+    return key.split("#", 1)[0]
