@@ -83,3 +83,24 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class SignInRule(models.Model):
+    """Maps one value of the identity provider's mapping claim (e.g. a group) to a tenant and a
+    role; the first rule, by position, whose value the user's claim holds decides (docs/sign-in.md)."""
+
+    position = models.PositiveIntegerField(default=0)
+    claim_value = models.CharField(max_length=200, unique=True)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="signin_rules")
+    role = models.CharField(max_length=16, choices=User.Role.choices, default=User.Role.MEMBER)
+
+    class Meta:
+        ordering = ["position", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(role="member") | models.Q(tenant__isnull=False), name="signin_member_has_tenant"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.claim_value} → {self.tenant or 'all tenants'} ({self.role})"
