@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import views, views_policy, views_signin, views_staff
+from console import views, views_policy, views_signin, views_staff, views_tokens
 
 app_name = "console"
 
@@ -13,6 +13,9 @@ urlpatterns = [
     path("sso/start/", views_signin.SignInStart.as_view(), name="sso-start"),
     path("sso/callback/", views_signin.SignInCallback.as_view(), name="sso-callback"),
     path("sso/refused/", views_signin.refused, name="sso-refused"),
+    path("tokens/", views_tokens.tokens_page, name="tokens"),
+    path("tokens/create/", views_tokens.token_add, name="token-create"),
+    path("tokens/<str:prefix>/revoke/", views_tokens.token_delete, name="token-revoke"),
     path("signin/rules/", views_signin.rules_page, name="signin-rules"),
     path("signin/rules/add/", views_signin.rule_add, name="signin-rule-add"),
     path("signin/rules/<int:rule_id>/delete/", views_signin.rule_delete, name="signin-rule-delete"),

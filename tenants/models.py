@@ -104,3 +104,23 @@ class SignInRule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.claim_value} → {self.tenant or 'all tenants'} ({self.role})"
+
+
+class ReportToken(models.Model):
+    """A personal access token for the report API (read-only, its user's scope): shown once at
+    creation; only its SHA-256 digest is stored. It never authorizes the OpenAI API."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="report_tokens")
+    label = models.CharField(max_length=200, blank=True)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"fgr_{self.prefix}… ({self.user.username})"
