@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -11,7 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from scheduling.services import audit_record
-from tenants.models import ReportToken
+from tenants.models import ReportToken, User
 from tenants.tokens import DAYS_DEFAULT, DAYS_MAX, token_create, token_revoke
 
 
@@ -19,7 +21,7 @@ from tenants.tokens import DAYS_DEFAULT, DAYS_MAX, token_create, token_revoke
 @never_cache
 def tokens_page(request: HttpRequest) -> HttpResponse:
     context = {
-        "tokens": ReportToken.objects.filter(user=request.user),
+        "tokens": ReportToken.objects.filter(user=cast(User, request.user)),
         "days_default": DAYS_DEFAULT,
         "days_max": DAYS_MAX,
         "created": request.session.pop("report_token_created", None),  # shown once
@@ -32,7 +34,8 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
 def token_add(request: HttpRequest) -> HttpResponse:
     try:
         days = int(request.POST.get("days") or DAYS_DEFAULT)
-        full, token = token_create(user=request.user, label=request.POST.get("label", "").strip(), days=days)
+        label = request.POST.get("label", "").strip()
+        full, token = token_create(user=cast(User, request.user), label=label, days=days)
     except ValueError:
         messages.error(request, "Give the token's lifetime in whole days.")
         return redirect("console:tokens")
@@ -53,7 +56,7 @@ def token_add(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def token_delete(request: HttpRequest, prefix: str) -> HttpResponse:
-    token = ReportToken.objects.filter(user=request.user, prefix=prefix).first()
+    token = ReportToken.objects.filter(user=cast(User, request.user), prefix=prefix).first()
     if token is None:
         raise Http404("No such token of yours.")
     if token_revoke(token):
