@@ -91,6 +91,11 @@ def key_create(request: HttpRequest) -> HttpResponse:
 @role_required(*QUEUE_ROLES)
 def key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
     tenant = _tenant_or_403(request)
+    if request.POST.get("confirm") != "yes":
+        effects = selectors.key_revoke_effects(tenant=tenant, prefix=prefix)
+        if effects is None:
+            raise Http404("No such active key in your tenant.")
+        return _confirm(request, tenant, f"Revoke key {prefix}…?", effects, "Revoke the key")
     try:
         services.tenant_key_revoke(tenant=tenant, prefix=prefix, actor=_actor(request))
     except ValidationError:
@@ -103,12 +108,23 @@ def key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
 @role_required(*QUEUE_ROLES)
 def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     tenant = _tenant_or_403(request)
+    if request.POST.get("confirm") != "yes":
+        effects = selectors.batch_cancel_effects(tenant=tenant, batch_id=batch_id)
+        if effects is not None:  # else it is not running: cancelling it again changes nothing
+            return _confirm(request, tenant, f"Cancel batch {batch_id}?", effects, "Cancel the batch")
     try:
         batch = services.tenant_batch_cancel(tenant=tenant, batch_id=batch_id, actor=_actor(request))
     except FileRefused:
         raise Http404("No such batch in your tenant.") from None
     messages.success(request, f"Batch {batch.id} is {batch.status}: no more of its lines start; running ones finish.")
     return redirect(_queue_url(request, tenant))
+
+
+def _confirm(request: HttpRequest, tenant, title: str, effects: list[str], button: str) -> HttpResponse:
+    """The step before an action that stops work: what it stops, and the same POST, confirmed."""
+    back = _queue_url(request, tenant)
+    context = {"title": title, "effects": effects, "button": button, "tenant": tenant, "back": back}
+    return render(request, "console/confirm.html", context)
 
 
 def _queue_url(request: HttpRequest, tenant) -> str:

@@ -117,7 +117,7 @@ def test_revoke_own_key_but_not_another_tenants(member_a, member_b):
     assert member_b.client.post(f"/console/keys/{key.prefix}/revoke/").status_code == 404
     key.refresh_from_db()
     assert key.is_active
-    assert member_a.client.post(f"/console/keys/{key.prefix}/revoke/").status_code == 302
+    assert member_a.client.post(f"/console/keys/{key.prefix}/revoke/", {"confirm": "yes"}).status_code == 302
     key.refresh_from_db()
     assert not key.is_active
 
