@@ -12,8 +12,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 from mozilla_django_oidc import views as oidc_views
 
+from audit.services import audit_record
 from console.access import ADMIN, role_required
-from scheduling.services import audit_record
 from tenants import oidc
 from tenants.models import SignInRule, Tenant, User
 from tenants.signin import SignInRuleError, rule_checked

@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from scheduling.services import audit_record
+from audit.services import audit_record
 from tenants.models import ReportToken, User
 from tenants.tokens import DAYS_DEFAULT, DAYS_MAX, token_create, token_revoke
 

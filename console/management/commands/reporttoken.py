@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from audit.services import audit_record
 from config.cli import SubcommandCommand
-from scheduling.services import audit_record
 from tenants.models import ReportToken, User
 from tenants.tokens import DAYS_DEFAULT, token_create, token_revoke
 

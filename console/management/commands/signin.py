@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
+from audit.services import audit_record
 from config.cli import SubcommandCommand
-from scheduling.services import audit_record
 from tenants.signin import SignInRuleError, rules_as_dict, rules_dump, rules_load
 
 

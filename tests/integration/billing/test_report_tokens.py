@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from audit.models import AuditLog
 from billing.models import LedgerEntry
-from scheduling.models import AuditLog
 from tenants.keys import key_generate
 from tenants.models import ApiKey, ReportToken, User
 from tenants.tokens import token_create

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client, RequestFactory, override_settings
 
-from scheduling.models import AuditLog
+from audit.models import AuditLog
 from tenants.models import SignInRule, User
 from tenants.oidc import REFUSED_SESSION_KEY, Backend
 from tenants.signin import SignInRuleError, mapped, rules_dump, rules_load, username_for

@@ -3,7 +3,7 @@ revokes it; nobody reaches another user's tokens."""
 
 from __future__ import annotations
 
-from scheduling.models import AuditLog
+from audit.models import AuditLog
 from tenants.models import ReportToken
 
 
