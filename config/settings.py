@@ -408,5 +408,7 @@ if FAIRGATE_OIDC_ISSUER:
     AUTHENTICATION_BACKENDS.append("tenants.oidc.Backend")
 if not AUTHENTICATION_BACKENDS:
     raise ImproperlyConfigured("FAIRGATE_LOCAL_LOGIN=0 needs a company sign-in: set FAIRGATE_OIDC_ISSUER")
+# A rotated API key's old secret keeps working this long after the rotation (console, `apikey rotate`).
+FAIRGATE_KEY_ROTATION_GRACE_H = env_int("FAIRGATE_KEY_ROTATION_GRACE_H", 24, minimum=0)
 # How often an open console socket re-reads its user (inactive, deleted, signed out, demoted: closed).
 FAIRGATE_CONSOLE_RECHECK_S = env_int("FAIRGATE_CONSOLE_RECHECK_S", 60, minimum=1)

@@ -22,6 +22,7 @@ urlpatterns = [
     path("queue/", views.queue_page, name="queue"),
     path("keys/create/", views.key_create, name="key-create"),
     path("keys/<str:prefix>/revoke/", views.key_revoke, name="key-revoke"),
+    path("keys/<str:prefix>/rotate/", views.key_rotate, name="key-rotate"),
     path("batches/<str:batch_id>/cancel/", views.batch_cancel, name="batch-cancel"),
     path("api/queue/", views.api_queue, name="api-queue"),
     path("api/waits/", views.api_waits, name="api-waits"),

@@ -11,6 +11,7 @@ from decimal import Decimal
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 
 class Tenant(models.Model):
@@ -71,7 +72,11 @@ class ApiKey(models.Model):
     secret_hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)  # written at most once a minute (gateway.auth)
+    expires_at = models.DateTimeField(null=True, blank=True)  # refused from then on; None: never expires
+    replaced_by = models.ForeignKey(  # the key a rotation issued in its place
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaces"
+    )
 
     class Meta:
         db_table = "gateway_apikey"
@@ -82,7 +87,19 @@ class ApiKey(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        """Not revoked and not expired."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+    @property
+    def state(self) -> str:
+        """One word for the console and `apikey list`: active, expiring, rotated, expired or revoked."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if not self.is_active:
+            return "expired"
+        if self.replaced_by_id is not None:
+            return "rotated"
+        return "active" if self.expires_at is None else "expiring"
 
 
 class SignInRule(models.Model):

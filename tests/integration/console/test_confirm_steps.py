@@ -41,3 +41,24 @@ def test_cancelling_a_batch_says_what_stops_first(member_a, world):
     assert Batch.objects.get(pk=batch.pk).status == Batch.Status.IN_PROGRESS
     member_a.client.post(f"/console/batches/{batch.id}/cancel/", {"confirm": "yes"})
     assert Batch.objects.get(pk=batch.pk).status == Batch.Status.CANCELLING
+
+
+def test_rotating_a_key_asks_then_shows_the_new_one_once(member_a, world):
+    member_a.client.post("/console/keys/create/", {"label": "rot", "default_class": "BATCH", "expires_days": "30"})
+    old = ApiKey.objects.get(label="rot")
+    assert old.expires_at is not None
+    asked = member_a.client.post(f"/console/keys/{old.prefix}/rotate/").content.decode()
+    assert "keeps working for 24 h more" in asked and ApiKey.objects.filter(label="rot").count() == 1
+    shown = member_a.client.post(f"/console/keys/{old.prefix}/rotate/", {"confirm": "yes"}).content.decode()
+    new = ApiKey.objects.get(label="rot", replaced_by=None)
+    assert f"fg_{new.prefix}_" in shown and 'id="rotated"' in shown and old.prefix in shown
+    page = member_a.client.get("/console/queue/").content.decode()
+    assert f"fg_{new.prefix}_" not in page and "rotated" in page
+
+
+def test_a_long_key_label_is_refused_with_a_message(member_a):
+    page = member_a.client.post(
+        "/console/keys/create/", {"label": "x" * 201, "default_class": "BATCH"}, follow=True
+    ).content.decode()
+    assert "at most 200 characters" in page
+    assert not ApiKey.objects.filter(label__startswith="xxx").exists()
