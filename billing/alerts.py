@@ -1,6 +1,6 @@
 """Budget alerts at 80 % and 100 %: stored once per budget and threshold, logged, then delivered
-after commit to the tenant's webhook (httpx) and by e-mail (Django's mail settings) by a Celery task.
-"""
+after commit to the tenant's webhook (signed, in its format: billing.webhooks) and by e-mail by a
+Celery task; an undelivered one is retried with growing gaps, then shown to admins as failed."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from django.utils import timezone
 from billing import news
 from billing.budgets import billing_of
 from billing.models import Budget, BudgetAlert
+from billing.webhooks import request_of
 from events import publish_on_commit
 
 logger = logging.getLogger("fairgate.billing.alerts")
 WEBHOOK_TIMEOUT_S = 5.0
 MAX_DELIVERY_ATTEMPTS = 5
+RETRY_FIRST = timedelta(minutes=1)  # the gap after the first failed attempt, doubled after each one
 
 
 def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAlert]:
@@ -92,8 +94,13 @@ def alert_deliver_now(*, alert_id: int) -> BudgetAlert:
         if row is None or not row.webhook_url:
             alert.webhook_delivered_at = timezone.now()  # nothing to deliver to
         else:
+            if not row.webhook_secret:
+                row.save()  # makes its secret
+            content, headers = request_of(payload, row.webhook_format, row.webhook_secret)
             try:
-                httpx.post(row.webhook_url, json=payload, timeout=WEBHOOK_TIMEOUT_S).raise_for_status()
+                httpx.post(
+                    row.webhook_url, content=content, headers=headers, timeout=WEBHOOK_TIMEOUT_S
+                ).raise_for_status()
                 alert.webhook_delivered_at = timezone.now()
             except httpx.HTTPError as exc:
                 errors.append(f"webhook: {exc}")
@@ -109,7 +116,9 @@ def alert_deliver_now(*, alert_id: int) -> BudgetAlert:
             errors.append(f"email: {exc}")
     alert.delivery_attempts += 1
     alert.delivery_error = "; ".join(errors)
-    alert.save(update_fields=["webhook_delivered_at", "email_delivered_at", "delivery_attempts", "delivery_error"])
+    alert.last_attempt_at = timezone.now()
+    fields = ["webhook_delivered_at", "email_delivered_at", "delivery_attempts", "delivery_error", "last_attempt_at"]
+    alert.save(update_fields=fields)
     if errors:
         logger.error("budget alert %s not fully delivered: %s", alert.pk, alert.delivery_error)
     return alert
@@ -123,10 +132,26 @@ def alert_deliver(alert_id: int) -> None:
 
 
 def alerts_pending_ids(*, older_than: timedelta = timedelta(minutes=1)) -> list[int]:
-    """Alerts still undelivered (and not brand new, whose on-commit delivery may be under way)."""
+    """Alerts still undelivered whose next try is due: not brand new (its on-commit delivery may be
+    under way), and past the gap after their last failed attempt (RETRY_FIRST, doubled each time)."""
+    now = timezone.now()
     undelivered = Q(webhook_delivered_at__isnull=True) | Q(email_delivered_at__isnull=True)
-    return list(
-        BudgetAlert.objects.filter(
-            undelivered, delivery_attempts__lt=MAX_DELIVERY_ATTEMPTS, created_at__lt=timezone.now() - older_than
-        ).values_list("pk", flat=True)
+    found = BudgetAlert.objects.filter(
+        undelivered, delivery_attempts__lt=MAX_DELIVERY_ATTEMPTS, created_at__lt=now - older_than
+    ).values_list("pk", "delivery_attempts", "last_attempt_at")
+    return [pk for pk, attempts, last in found if last is None or now >= last + retry_gap(attempts)]
+
+
+def retry_gap(attempts: int) -> timedelta:
+    """How long after its ``attempts``-th failed attempt an alert is tried again."""
+    return RETRY_FIRST * (2 ** max(attempts - 1, 0))
+
+
+def alerts_failed():
+    """Alerts whose delivery gave up (every attempt failed), newest first: for the admins' page."""
+    undelivered = Q(webhook_delivered_at__isnull=True) | Q(email_delivered_at__isnull=True)
+    return (
+        BudgetAlert.objects.filter(undelivered, delivery_attempts__gte=MAX_DELIVERY_ATTEMPTS)
+        .select_related("budget__tenant")
+        .order_by("-created_at")
     )

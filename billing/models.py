@@ -10,6 +10,7 @@ triggers (migration 0002) refuse raw SQL too. A correction is a new `adjustment`
 
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal
 from typing import TypedDict
 
@@ -36,11 +37,28 @@ class TenantBilling(models.Model):
     fallback_on_exhausted = models.BooleanField(
         default=False, help_text="When the budget cannot hold a request, fall back to a cheaper class that fits."
     )
+
+    class WebhookFormat(models.TextChoices):
+        JSON = "json", "Fairgate JSON (signed)"
+        SLACK = "slack", "Slack incoming webhook"
+        TEAMS = "teams", "Microsoft Teams workflow (Adaptive Card)"
+
     webhook_url = models.URLField(max_length=500, blank=True, help_text="Budget alerts are POSTed here.")
+    webhook_format = models.CharField(max_length=8, choices=WebhookFormat.choices, default=WebhookFormat.JSON)
+    webhook_secret = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Signs every delivery (X-Fairgate-Signature, docs/billing-and-console.md); made when empty.",
+    )
     alert_emails = models.CharField(max_length=500, blank=True, help_text="Comma-separated; empty: the tenant's users.")
 
     class Meta:
         verbose_name_plural = "tenant billing settings"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.webhook_url and not self.webhook_secret:
+            self.webhook_secret = secrets.token_hex(32)
+        super().save(*args, **kwargs)
 
     def __str__(self) -> str:
         return f"billing of {self.tenant_id}"
@@ -218,6 +236,7 @@ class BudgetAlert(models.Model):
     email_delivered_at = models.DateTimeField(null=True, blank=True)
     delivery_attempts = models.PositiveSmallIntegerField(default=0)
     delivery_error = models.TextField(blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)  # retries back off from it (billing.alerts)
 
     class Meta:
         ordering = ["-created_at", "-pk"]

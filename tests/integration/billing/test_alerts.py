@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal as D
 
 import httpx
@@ -29,8 +30,8 @@ def eager_celery():
 def webhook(monkeypatch):
     calls = []
 
-    def fake_post(url, *, json, timeout):
-        calls.append((url, json))
+    def fake_post(url, *, content, headers, timeout):
+        calls.append((url, json.loads(content)))
         return httpx.Response(200, request=httpx.Request("POST", url))
 
     monkeypatch.setattr("billing.alerts.httpx.post", fake_post)
@@ -78,3 +79,31 @@ def test_failed_webhook_is_recorded_for_a_retry(world, monkeypatch, django_captu
 def test_unlimited_budget_never_alerts(world):
     ledger_adjust(tenant_slug="gamma", amount=D("1000000"), reason="seed", author="t")
     assert not BudgetAlert.objects.exists()
+
+
+def test_retries_back_off_then_give_up_where_admins_see_it(world, monkeypatch, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.alerts import MAX_DELIVERY_ATTEMPTS, alert_deliver_now, alerts_failed, alerts_pending_ids, retry_gap
+
+    TenantBilling.objects.create(tenant=world["alpha"], webhook_url="https://hooks.example/down")
+    monkeypatch.setattr(
+        "billing.alerts.httpx.post", lambda url, **kwargs: (_ for _ in ()).throw(httpx.ConnectError("x"))
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        ledger_adjust(tenant_slug="alpha", amount=D("900"), reason="seed", author="t")
+    alert = BudgetAlert.objects.get()
+    BudgetAlert.objects.filter(pk=alert.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    for attempts in range(1, MAX_DELIVERY_ATTEMPTS):
+        just_failed = timezone.now()
+        BudgetAlert.objects.filter(pk=alert.pk).update(last_attempt_at=just_failed)
+        assert alerts_pending_ids() == []  # its gap has not passed
+        gap = retry_gap(attempts)
+        BudgetAlert.objects.filter(pk=alert.pk).update(last_attempt_at=just_failed - gap)
+        assert alerts_pending_ids() == [alert.pk]
+        alert_deliver_now(alert_id=alert.pk)
+    assert [retry_gap(n) for n in (1, 2, 3)] == [timedelta(minutes=1), timedelta(minutes=2), timedelta(minutes=4)]
+    assert BudgetAlert.objects.get(pk=alert.pk).delivery_attempts == MAX_DELIVERY_ATTEMPTS
+    assert alerts_pending_ids() == [] and list(alerts_failed()) == [alert]
