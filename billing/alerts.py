@@ -1,6 +1,7 @@
-"""Budget alerts at 80 % and 100 %: stored once per budget and threshold, logged, then delivered
-after commit to the tenant's webhook (signed, in its format: billing.webhooks) and by e-mail by a
-Celery task; an undelivered one is retried with growing gaps, then shown to admins as failed."""
+"""Budget alerts at the tenant's thresholds (50, 80 and 100 % by default): stored once per budget
+and threshold, logged, then delivered after commit to the tenant's webhook (signed, in its format:
+billing.webhooks) and by e-mail by a Celery task; an undelivered one is retried with growing gaps,
+then shown to admins as failed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from billing import news
-from billing.budgets import billing_of
+from billing.budgets import alert_thresholds, billing_of
 from billing.models import Budget, BudgetAlert
 from billing.webhooks import request_of
 from events import publish_on_commit
@@ -29,12 +30,14 @@ RETRY_FIRST = timedelta(minutes=1)  # the gap after the first failed attempt, do
 
 
 def alerts_record(*, budget: Budget, thresholds_pct: list[int]) -> list[BudgetAlert]:
-    """Store the crossings (inside the caller's transaction) and deliver them once it commits."""
+    """Store the crossings of the tenant's alert thresholds among ``thresholds_pct`` (inside the
+    caller's transaction) and deliver them once it commits."""
     created: list[BudgetAlert] = []
     limit = budget.limit
     if limit is None:  # an unlimited budget crosses no threshold (and an alert's limit is NOT NULL)
         return created
-    for pct in thresholds_pct:
+    kept = alert_thresholds(billing_of(budget.tenant))
+    for pct in (p for p in thresholds_pct if p in kept):
         try:
             with transaction.atomic():
                 alert = BudgetAlert.objects.create(budget=budget, threshold_pct=pct, spent=budget.spent, limit=limit)

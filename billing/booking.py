@@ -24,7 +24,7 @@ Inside the transaction, in this order:
    moves keeps ``spent + held <= limit``, so concurrent holds at a budget's edge never overspend,
    and a charge never exceeds its hold (the rest of what usage priced is recorded as unbilled),
    so settling keeps ``spent + held <= limit`` too.
-5. One append writes the entries (COPY on PostgreSQL); one UPDATE writes the moved rows' balances; 80 %/100 %
+5. One append writes the entries (COPY on PostgreSQL); one UPDATE writes the moved rows' balances; alert-threshold
    crossings are recorded as alerts.
 
 Each charge is published once the booking commits (events.publish_on_commit, billing.news). The
@@ -48,7 +48,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from billing import news, statements
 from billing.alerts import alerts_record
-from billing.budgets import BudgetScope, budget_scope, thresholds_crossed
+from billing.budgets import ALERT_THRESHOLDS_PCT, BudgetScope, alert_at, budget_scope, thresholds_crossed
 from billing.errors import BillingError, BudgetExhausted, HoldNotFound, RequestIdInUse, RequestIdUsed
 from billing.inflight import UNLIMITED, HeldEntry, held_get
 from billing.models import Budget, LedgerEntry
@@ -274,6 +274,7 @@ class _Row:
     held: Decimal
     old_spent: Decimal = ZERO
     old_held: Decimal = ZERO
+    alert_at: tuple[int, ...] = ALERT_THRESHOLDS_PCT  # the tenant's alert thresholds (percent)
 
     def fits(self, amount: Decimal) -> bool:
         return self.limit is None or self.limit >= self.spent + self.held + amount
@@ -301,9 +302,9 @@ def _limit(value: Decimal | int | float | None) -> Decimal | None:
 def _rows(locked: Sequence[statements.Row]) -> dict[int, _Row]:
     """The locked budget rows by primary key, as `statements.booking_reads` returns them."""
     rows = {}
-    for pk, tenant_id, limit, stored, spent, held in locked:
+    for pk, tenant_id, limit, stored, spent, held, thresholds in locked:
         spent, held = _money(spent), _money(held)
-        rows[pk] = _Row(pk, tenant_id, _limit(limit), _limit(stored), spent, held, spent, held)
+        rows[pk] = _Row(pk, tenant_id, _limit(limit), _limit(stored), spent, held, spent, held, alert_at(thresholds))
     return rows
 
 
@@ -519,7 +520,11 @@ def _write(entries: list[Booked], rows: list[_Row]) -> None:
 
 def _alert(rows: list[_Row]) -> None:
     for row in rows:
-        crossed = thresholds_crossed(limit=row.limit, old_spent=row.old_spent, new_spent=row.spent)
+        crossed = [
+            p
+            for p in thresholds_crossed(limit=row.limit, old_spent=row.old_spent, new_spent=row.spent)
+            if p in row.alert_at
+        ]
         if crossed:
             alerts_record(budget=Budget.objects.select_related("tenant").get(pk=row.pk), thresholds_pct=crossed)
 

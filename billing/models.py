@@ -14,6 +14,7 @@ import secrets
 from decimal import Decimal
 from typing import TypedDict
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -27,6 +28,11 @@ class MoneyOptions(TypedDict):
 
 MONEY: MoneyOptions = {"max_digits": 20, "decimal_places": 6}
 ZERO = Decimal("0")
+
+
+def alert_thresholds_valid(value) -> None:
+    if not isinstance(value, list) or not all(isinstance(p, int) and 1 <= p <= 100 for p in value):
+        raise ValidationError("give whole percents from 1 to 100, e.g. [50, 80, 100]")
 
 
 class TenantBilling(models.Model):
@@ -51,6 +57,12 @@ class TenantBilling(models.Model):
         help_text="Signs every delivery (X-Fairgate-Signature, docs/billing-and-console.md); made when empty.",
     )
     alert_emails = models.CharField(max_length=500, blank=True, help_text="Comma-separated; empty: the tenant's users.")
+    alert_thresholds_pct = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[alert_thresholds_valid],
+        help_text="Percents of the limit at which its budgets alert, e.g. [50, 80, 100]; empty: those.",
+    )
 
     class Meta:
         verbose_name_plural = "tenant billing settings"
@@ -225,7 +237,7 @@ class LedgerEntry(models.Model):
 
 
 class BudgetAlert(models.Model):
-    """A budget crossed 80 % or 100 % of its limit (once per budget and threshold)."""
+    """A budget crossed one of its tenant's alert thresholds (once per budget and threshold)."""
 
     budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="alerts")
     threshold_pct = models.PositiveSmallIntegerField()
