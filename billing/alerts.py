@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from decimal import Decimal
 from functools import partial
 
 import httpx
@@ -14,13 +15,14 @@ from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from billing import news
 from billing.budgets import alert_thresholds, billing_of
-from billing.models import Budget, BudgetAlert
-from billing.webhooks import request_of
+from billing.models import Budget, BudgetAlert, LedgerEntry
+from billing.periods import fiscal_tz
+from billing.webhooks import headline, request_of
 from events import publish_on_commit
 
 logger = logging.getLogger("fairgate.billing.alerts")
@@ -63,8 +65,11 @@ def _enqueue(alert_pk: int) -> None:
 
 def alert_payload(alert: BudgetAlert) -> dict:
     budget = alert.budget
+    forecast = alert.kind == BudgetAlert.Kind.FORECAST
+    extra = {"runs_out_on": alert.runs_out_on.isoformat()} if forecast and alert.runs_out_on else {}
     return {
-        "type": "budget.threshold_crossed",
+        **extra,
+        "type": "budget.forecast" if forecast else "budget.threshold_crossed",
         "tenant": budget.tenant.slug,
         "budget": budget.label,
         "period": {
@@ -111,9 +116,11 @@ def alert_deliver_now(*, alert_id: int) -> BudgetAlert:
         try:
             recipients = _recipients(alert.budget)
             if recipients:
-                subject = f"[Fairgate] budget {payload['budget']} crossed {alert.threshold_pct}%"
-                body = f"Spent {alert.spent} of {alert.limit} {payload['currency']} ({payload['budget']})."
-                send_mail(subject, body, None, recipients)
+                if alert.kind == BudgetAlert.Kind.FORECAST:
+                    subject = f"[Fairgate] budget {payload['budget']} runs out on {payload['runs_out_on']}"
+                else:
+                    subject = f"[Fairgate] budget {payload['budget']} crossed {alert.threshold_pct}%"
+                send_mail(subject, headline(payload), None, recipients)
             alert.email_delivered_at = timezone.now()
         except Exception as exc:  # SMTP errors come in many types
             errors.append(f"email: {exc}")
@@ -158,3 +165,52 @@ def alerts_failed():
         .select_related("budget__tenant")
         .order_by("-created_at")
     )
+
+
+FORECAST_WINDOW = timedelta(days=7)  # the burn is the charges of the last week (or of the period so far)
+FORECAST_MIN_HISTORY = timedelta(days=1)  # a period younger than this is not forecast
+
+
+def budgets_forecast(*, now=None) -> list[BudgetAlert]:
+    """For every current budget with a limit and no forecast alert yet: if its charges over the last
+    FORECAST_WINDOW, continued, use up what is left before the period ends, one forecast alert
+    (delivered as the threshold alerts are). Returns the alerts raised."""
+    now = now or timezone.now()
+    raised: list[BudgetAlert] = []
+    current = (
+        Budget.objects.filter(starts_at__lte=now - FORECAST_MIN_HISTORY, ends_at__gt=now, limit__isnull=False)
+        .exclude(alerts__kind=BudgetAlert.Kind.FORECAST)
+        .select_related("tenant")
+    )
+    for budget in current:
+        since = max(budget.starts_at, now - FORECAST_WINDOW)
+        mine = Q(month_budget=budget) if budget.kind == Budget.Kind.MONTH else Q(budget=budget)
+        charges = LedgerEntry.objects.filter(mine, kind=LedgerEntry.Kind.CHARGE, at__gte=since, at__lt=now)
+        burned = charges.aggregate(total=Sum("amount"))["total"] or Decimal(0)
+        limit = budget.limit
+        if limit is None:
+            continue
+        left = limit - budget.spent - budget.held
+        if burned <= 0 or left <= 0:
+            continue
+        runs_out = now + (now - since) * float(left / burned)
+        if runs_out >= budget.ends_at:
+            continue
+        with transaction.atomic():
+            try:
+                with transaction.atomic():
+                    alert = BudgetAlert.objects.create(
+                        budget=budget,
+                        kind=BudgetAlert.Kind.FORECAST,
+                        threshold_pct=0,
+                        spent=budget.spent,
+                        limit=limit,
+                        runs_out_on=runs_out.astimezone(fiscal_tz()).date(),
+                    )
+            except IntegrityError:  # forecast by another run meanwhile
+                continue
+            logger.warning("budget %s runs out on %s at the current burn", budget.label, alert.runs_out_on)
+            transaction.on_commit(partial(_enqueue, alert.pk))
+            publish_on_commit(news.ALERT, budget.tenant_id, news.alert_news(alert))
+        raised.append(alert)
+    return raised

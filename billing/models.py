@@ -237,10 +237,17 @@ class LedgerEntry(models.Model):
 
 
 class BudgetAlert(models.Model):
-    """A budget crossed one of its tenant's alert thresholds (once per budget and threshold)."""
+    """A budget crossed one of its tenant's alert thresholds (once per budget and threshold), or is
+    forecast to run out before its period ends at the current burn (once per budget)."""
+
+    class Kind(models.TextChoices):
+        THRESHOLD = "threshold", "Threshold crossed"
+        FORECAST = "forecast", "Runs out before the period ends"
 
     budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="alerts")
-    threshold_pct = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.THRESHOLD)
+    threshold_pct = models.PositiveSmallIntegerField()  # a forecast's: 0
+    runs_out_on = models.DateField(null=True, blank=True)  # a forecast's date, in the fiscal time zone
     spent = models.DecimalField(**MONEY)
     limit = models.DecimalField(**MONEY)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -253,10 +260,14 @@ class BudgetAlert(models.Model):
     class Meta:
         ordering = ["-created_at", "-pk"]
         constraints = [
-            models.UniqueConstraint(fields=["budget", "threshold_pct"], name="billing_alert_once_per_threshold"),
+            models.UniqueConstraint(
+                fields=["budget", "kind", "threshold_pct"], name="billing_alert_once_per_kind_and_threshold"
+            ),
         ]
 
     def __str__(self) -> str:
+        if self.kind == self.Kind.FORECAST:
+            return f"{self.budget} runs out on {self.runs_out_on}"
         return f"{self.budget} crossed {self.threshold_pct}%"
 
 

@@ -28,6 +28,11 @@ def signature_valid(secret: str, timestamp: str, body: bytes, given: str) -> boo
 
 
 def headline(payload: dict) -> str:
+    if payload["type"] == "budget.forecast":
+        return (
+            f"Budget {payload['budget']} of {payload['tenant']} runs out on {payload['runs_out_on']} at the current "
+            f"burn, before its period ends: {payload['spent']} of {payload['limit']} {payload['currency']} spent."
+        )
     return (
         f"Budget {payload['budget']} of {payload['tenant']} crossed {payload['threshold_pct']} %: "
         f"{payload['spent']} of {payload['limit']} {payload['currency']} spent."

@@ -248,6 +248,7 @@ FAIRGATE_FILE_TTL_S = env_int("FAIRGATE_FILE_TTL_S", 30 * 24 * 3600, minimum=360
 FAIRGATE_BATCH_SWEEP_S = env_int("FAIRGATE_BATCH_SWEEP_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0},
+    "billing-budgets-forecast": {"task": "billing.budgets_forecast", "schedule": 3600.0},
     "billing-holds-release-orphaned": {
         "task": "billing.holds_release_orphaned",
         "schedule": float(FAIRGATE_ORPHAN_SWEEP_S),

@@ -128,3 +128,36 @@ def test_a_tenant_sets_its_own_thresholds(world, webhook, django_capture_on_comm
         hold("r2")
         settle("r2", prompt=10**6)
     assert sorted(BudgetAlert.objects.values_list("threshold_pct", flat=True)) == [25, 90]  # 100 % is not its
+
+
+def test_a_budget_burning_too_fast_gets_one_forecast_alert(world, webhook, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.alerts import budgets_forecast
+    from billing.models import Budget
+
+    TenantBilling.objects.create(tenant=world["alpha"], webhook_url="https://hooks.example/alpha")
+    now = timezone.now()
+    hold("f1", at=now - timedelta(days=2))
+    settle("f1", prompt=10**6, at=now - timedelta(days=2))  # charged up to its hold
+    year = Budget.objects.get(tenant=world["alpha"], kind=Budget.Kind.YEAR)
+    burned = year.spent
+    assert burned > 0
+    year.starts_at = now - timedelta(days=30)  # a period under way: the burn is the last 7 days' charges
+    year.limit = burned * 11  # left: 10 weeks' burn, so it runs out in about 70 days
+    year.ends_at = now + timedelta(days=60)
+    year.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert budgets_forecast(now=now) == []  # the period ends first: no alert
+    year.ends_at = now + timedelta(days=100)
+    year.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        [alert] = budgets_forecast(now=now)
+        assert budgets_forecast(now=now) == []  # once per budget
+    assert alert.kind == BudgetAlert.Kind.FORECAST
+    expected = (now + timedelta(days=70)).date()
+    assert abs((alert.runs_out_on - expected).days) <= 1
+    [(_, payload)] = webhook
+    assert payload["type"] == "budget.forecast" and payload["runs_out_on"] == alert.runs_out_on.isoformat()
