@@ -26,7 +26,9 @@ from decimal import Decimal
 from billing.models import TenantBilling
 from billing.services import ledger_adjust
 from tenants.models import Tenant
-TenantBilling.objects.create(tenant=Tenant.objects.get(slug="acme"), webhook_url={url!r}, webhook_secret={secret!r})
+TenantBilling.objects.create(
+    tenant=Tenant.objects.get(slug="acme"), webhook_url={url!r}, webhook_secret={secret!r}, alert_thresholds_pct=[80, 100]
+)
 ledger_adjust(tenant_slug="acme", amount=Decimal("80"), reason="seed", author="test")
 """
 SWEPT = re.compile(r"Task billing\.holds_release_orphaned\[[0-9a-f-]+\] succeeded")
