@@ -11,7 +11,8 @@ PORT ?= 8000
 venv: $(STAMP) assets
 
 # The console's browser libraries (Chart.js) from npm, pinned by package-lock.json; served from
-# node_modules/ by Django's staticfiles. Reinstalled only when the lock file changes.
+# node_modules/ by Django's staticfiles. Its dev dependency, oidc-provider, is the real OpenID
+# provider of the sign-in tests. Reinstalled only when the lock file changes.
 ASSETS_STAMP := node_modules/.assets-stamp
 assets: $(ASSETS_STAMP)
 

@@ -19,7 +19,7 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 # node_modules path -> name under console/static/console-vendor/
 VENDOR_FILES = {"chart.js/dist/chart.umd.js": "chart.umd.js", "chart.js/LICENSE.md": "chart.js-LICENSE.md"}
-NPM_CI = ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"]
+NPM_CI = ["npm", "ci", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"]
 
 
 class BuildPyWithVendor(build_py):

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from audit.admin import AuditedAdmin, ReadOnlyAdmin
 from audit.services import audit_record
+from billing.alerts import alert_deliver
 from billing.models import Budget, BudgetAlert, LedgerEntry, PriceVersion, TenantBilling
 from scheduling.admin import PriorityClassAdmin
 from scheduling.models import PriorityClass
@@ -18,7 +19,7 @@ from scheduling.prices import ConfirmNeeded, price_factor_check
 @admin.register(TenantBilling)
 class TenantBillingAdmin(AuditedAdmin):
     audit_entity = "tenant_billing"
-    list_display = ("tenant", "monthly_cap", "fallback_on_exhausted", "webhook_url", "alert_emails")
+    list_display = ("tenant", "monthly_cap", "fallback_on_exhausted", "webhook_url", "webhook_format", "alert_emails")
 
 
 @admin.register(Budget)
@@ -45,8 +46,17 @@ class BudgetAlertAdmin(ReadOnlyAdmin):
         "limit",
         "webhook_delivered_at",
         "email_delivered_at",
+        "delivery_attempts",
         "delivery_error",
     )
+    actions = ["deliver_again"]
+
+    @admin.action(description="Try the delivery again now (after fixing the endpoint)")
+    def deliver_again(self, request, queryset) -> None:
+        for alert in queryset:
+            BudgetAlert.objects.filter(pk=alert.pk).update(delivery_attempts=0, last_attempt_at=None)
+            alert_deliver.delay(alert.pk)
+        self.message_user(request, f"{queryset.count()} alert(s) sent for delivery again.")
 
 
 class PriceVersionForm(forms.ModelForm):

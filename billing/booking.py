@@ -98,7 +98,8 @@ def _write(entries: list[Booked], rows: list[BudgetRow]) -> None:
 
 def _alert(rows: list[BudgetRow]) -> None:
     for row in rows:
-        crossed = thresholds_crossed(limit=row.limit, old_spent=row.old_spent, new_spent=row.spent)
+        percents = thresholds_crossed(limit=row.limit, old_spent=row.old_spent, new_spent=row.spent)
+        crossed = [p for p in percents if p in row.alert_at]
         if crossed:
             alerts_record(budget=Budget.objects.select_related("tenant").get(pk=row.pk), thresholds_pct=crossed)
 

@@ -23,6 +23,7 @@ from billing.booking_asks import (
     attempt_key,
 )
 from billing.booking_plans import BookingPlan, fallbacks_priced
+from billing.budgets import ALERT_THRESHOLDS_PCT, alert_at
 from billing.errors import BillingError, BudgetExhausted, RequestIdInUse, RequestIdUsed
 from billing.inflight import UNLIMITED, HeldEntry, held_get
 from billing.models import Budget, LedgerEntry
@@ -66,6 +67,7 @@ class BudgetRow:
     held: Decimal
     old_spent: Decimal = ZERO
     old_held: Decimal = ZERO
+    alert_at: tuple[int, ...] = ALERT_THRESHOLDS_PCT  # the tenant's alert thresholds (percent)
 
     def fits(self, amount: Decimal) -> bool:
         return self.limit is None or self.limit >= self.spent + self.held + amount
@@ -89,9 +91,10 @@ def limit_read(value: Decimal | int | float | None) -> Decimal | None:
 def budget_rows(locked: Sequence[statements.Row]) -> dict[int, BudgetRow]:
     """The locked budget rows by primary key, as `statements.booking_reads` returns them."""
     rows = {}
-    for pk, tenant_id, limit, stored, spent, held in locked:
+    for pk, tenant_id, limit, stored, spent, held, thresholds in locked:
         spent, held = money_read(spent), money_read(held)
-        rows[pk] = BudgetRow(pk, tenant_id, limit_read(limit), limit_read(stored), spent, held, spent, held)
+        limits = limit_read(limit), limit_read(stored)
+        rows[pk] = BudgetRow(pk, tenant_id, *limits, spent, held, spent, held, alert_at(thresholds))
     return rows
 
 

@@ -12,9 +12,10 @@ tenant and re-reads the ids if not.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 
 from django.db import IntegrityError, transaction
 
@@ -24,7 +25,7 @@ from billing.models import Budget, TenantBilling
 from billing.periods import Period, month_period_at, period_key, year_period_at
 from tenants.models import Tenant
 
-ALERT_THRESHOLDS_PCT = (80, 100)
+ALERT_THRESHOLDS_PCT = (50, 80, 100)  # a tenant's budgets alert at these unless its billing settings say others
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def budgets_lock(ids: list[int]) -> list[Budget]:
 
 
 def budget_move(budget: Budget, *, spent_delta: Decimal = Decimal(0), held_delta: Decimal = Decimal(0)) -> list[int]:
-    """Apply deltas to a locked row; returns the alert thresholds (percent) that `spent` crossed."""
+    """Apply deltas to a locked row; returns the whole percents of its limit that `spent` crossed."""
     old_spent = budget.spent
     budget.spent = old_spent + spent_delta
     budget.held = budget.held + held_delta  # a negative result violates a CHECK: a bug, not a state
@@ -117,9 +118,28 @@ def budget_move(budget: Budget, *, spent_delta: Decimal = Decimal(0), held_delta
 
 
 def thresholds_crossed(*, limit: Decimal | None, old_spent: Decimal, new_spent: Decimal) -> list[int]:
-    if limit is None or limit <= 0:
+    """Every whole percent p (1-100) of ``limit`` with old_spent < p % <= new_spent; the alerts keep
+    the budget's own thresholds among them (`alert_thresholds`, billing.alerts)."""
+    if limit is None or limit <= 0 or new_spent <= old_spent:
         return []
-    return [pct for pct in ALERT_THRESHOLDS_PCT if old_spent < limit * pct / 100 <= new_spent]
+    low = int((old_spent * 100 / limit).to_integral_value(rounding=ROUND_FLOOR)) + 1
+    high = min(int((new_spent * 100 / limit).to_integral_value(rounding=ROUND_FLOOR)), 100)
+    return list(range(max(low, 1), high + 1))
+
+
+def alert_thresholds(row: TenantBilling | None) -> tuple[int, ...]:
+    """The percents of its limit at which a tenant's budgets alert."""
+    return alert_at(None if row is None else row.alert_thresholds_pct)
+
+
+def alert_at(configured: object) -> tuple[int, ...]:
+    """TenantBilling.alert_thresholds_pct as stored (a list, its JSON text, or None) → the
+    thresholds, the defaults where none are set."""
+    if isinstance(configured, str):
+        configured = json.loads(configured)
+    if not configured or not isinstance(configured, list):
+        return ALERT_THRESHOLDS_PCT
+    return tuple(sorted({p for p in configured if isinstance(p, int)}))
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ triggers (migration 0002) refuse raw SQL too. A correction is a new `adjustment`
 
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal
 from typing import TypedDict
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -28,6 +30,11 @@ MONEY: MoneyOptions = {"max_digits": 20, "decimal_places": 6}
 ZERO = Decimal("0")
 
 
+def alert_thresholds_valid(value) -> None:
+    if not isinstance(value, list) or not all(isinstance(p, int) and 1 <= p <= 100 for p in value):
+        raise ValidationError("give whole percents from 1 to 100, e.g. [50, 80, 100]")
+
+
 class TenantBilling(models.Model):
     """Optional billing settings of a tenant (kept out of tenants.Tenant)."""
 
@@ -36,11 +43,34 @@ class TenantBilling(models.Model):
     fallback_on_exhausted = models.BooleanField(
         default=False, help_text="When the budget cannot hold a request, fall back to a cheaper class that fits."
     )
+
+    class WebhookFormat(models.TextChoices):
+        JSON = "json", "Fairgate JSON (signed)"
+        SLACK = "slack", "Slack incoming webhook"
+        TEAMS = "teams", "Microsoft Teams workflow (Adaptive Card)"
+
     webhook_url = models.URLField(max_length=500, blank=True, help_text="Budget alerts are POSTed here.")
+    webhook_format = models.CharField(max_length=8, choices=WebhookFormat.choices, default=WebhookFormat.JSON)
+    webhook_secret = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Signs every delivery (X-Fairgate-Signature, docs/billing-and-console.md); made when empty.",
+    )
     alert_emails = models.CharField(max_length=500, blank=True, help_text="Comma-separated; empty: the tenant's users.")
+    alert_thresholds_pct = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[alert_thresholds_valid],
+        help_text="Percents of the limit at which its budgets alert, e.g. [50, 80, 100]; empty: those.",
+    )
 
     class Meta:
         verbose_name_plural = "tenant billing settings"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.webhook_url and not self.webhook_secret:
+            self.webhook_secret = secrets.token_hex(32)
+        super().save(*args, **kwargs)
 
     def __str__(self) -> str:
         return f"billing of {self.tenant_id}"
@@ -207,10 +237,17 @@ class LedgerEntry(models.Model):
 
 
 class BudgetAlert(models.Model):
-    """A budget crossed 80 % or 100 % of its limit (once per budget and threshold)."""
+    """A budget crossed one of its tenant's alert thresholds (once per budget and threshold), or is
+    forecast to run out before its period ends at the current burn (once per budget)."""
+
+    class Kind(models.TextChoices):
+        THRESHOLD = "threshold", "Threshold crossed"
+        FORECAST = "forecast", "Runs out before the period ends"
 
     budget = models.ForeignKey(Budget, on_delete=models.PROTECT, related_name="alerts")
-    threshold_pct = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.THRESHOLD)
+    threshold_pct = models.PositiveSmallIntegerField()  # a forecast's: 0
+    runs_out_on = models.DateField(null=True, blank=True)  # a forecast's date, in the fiscal time zone
     spent = models.DecimalField(**MONEY)
     limit = models.DecimalField(**MONEY)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -218,14 +255,19 @@ class BudgetAlert(models.Model):
     email_delivered_at = models.DateTimeField(null=True, blank=True)
     delivery_attempts = models.PositiveSmallIntegerField(default=0)
     delivery_error = models.TextField(blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)  # retries back off from it (billing.alerts)
 
     class Meta:
         ordering = ["-created_at", "-pk"]
         constraints = [
-            models.UniqueConstraint(fields=["budget", "threshold_pct"], name="billing_alert_once_per_threshold"),
+            models.UniqueConstraint(
+                fields=["budget", "kind", "threshold_pct"], name="billing_alert_once_per_kind_and_threshold"
+            ),
         ]
 
     def __str__(self) -> str:
+        if self.kind == self.Kind.FORECAST:
+            return f"{self.budget} runs out on {self.runs_out_on}"
         return f"{self.budget} crossed {self.threshold_pct}%"
 
 

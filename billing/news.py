@@ -31,6 +31,7 @@ def alert_news(alert) -> dict[str, Any]:
     return {
         "budget": alert.budget.label,
         "threshold_pct": alert.threshold_pct,
+        "runs_out_on": alert.runs_out_on.isoformat() if alert.runs_out_on else None,
         "spent": str(alert.spent),
         "limit": str(alert.limit),
         "at": alert.created_at.isoformat(),

@@ -106,7 +106,7 @@ def _in(values: Sequence[object]) -> str:
 def _lock_sql(ids: Sequence[int]) -> tuple[str, list[object]]:
     head = (
         f"SELECT b.id, b.tenant_id, CASE WHEN b.kind = %s THEN t.annual_budget ELSE tb.monthly_cap END, "
-        f'b."limit", b.spent, b.held FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
+        f'b."limit", b.spent, b.held, tb.alert_thresholds_pct FROM {BUDGET} b JOIN {TENANT} t ON t.id = b.tenant_id '
         f"LEFT JOIN {TENANT_BILLING} tb ON tb.tenant_id = b.tenant_id "
     )
     params: Sequence[object]
@@ -168,7 +168,7 @@ def booking_reads(
 
     0. on PostgreSQL, plan the transaction's prepared statements for each run (CUSTOM_PLANS_SQL);
     1. lock the budget rows ``lock_ids`` in primary-key order: (id, tenant id, limit configured
-       now, stored limit, spent, held) each;
+       now, stored limit, spent, held, the tenant's alert thresholds) each;
     2. `entries_read` of ``ids`` and ``holding``;
     3. of ``versions`` ((class id, effective at, version id) each), the classes whose newer version
        took effect at or before ``at`` (not read without ``versions``).

@@ -15,13 +15,14 @@ from datetime import timedelta
 from celery import shared_task
 
 from billing.alerts import alert_deliver, alert_deliver_now, alerts_pending_ids
+from billing.alerts import budgets_forecast as _budgets_forecast
 from billing.booking_asks import OWNER_GONE_REASON
 from billing.heartbeats import holds_release_leftovers
 from billing.heartbeats import holds_release_orphaned as _holds_release_orphaned
 from billing.services import holds_release_forced
 
 # alert_deliver is billing.alerts' (recording an alert enqueues it); named here, where Celery looks for tasks
-__all__ = ["alert_deliver", "holds_release_at_startup", "holds_release_orphaned", "holds_sweep"]
+__all__ = ["alert_deliver", "budgets_forecast", "holds_release_at_startup", "holds_release_orphaned", "holds_sweep"]
 
 
 @shared_task(name="billing.holds_sweep", ignore_result=True)
@@ -31,6 +32,12 @@ def holds_sweep() -> int:
     for alert_id in alerts_pending_ids():
         alert_deliver_now(alert_id=alert_id)
     return released
+
+
+@shared_task(name="billing.budgets_forecast", ignore_result=True)
+def budgets_forecast() -> int:
+    """Forecast alerts for the budgets that run out before their period ends at the current burn."""
+    return len(_budgets_forecast())
 
 
 @shared_task(name="billing.holds_release_orphaned", ignore_result=True)

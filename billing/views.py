@@ -14,6 +14,7 @@ from django.conf import settings
 from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -24,6 +25,7 @@ from billing.models import BudgetAlert, LedgerEntry
 from billing.periods import fiscal_tz, fiscal_year_of, year_period
 from billing.renderers import CSVRenderer
 from billing.selectors import tenants_visible
+from billing.token_auth import ReportTokenAuthentication
 
 MAX_PAGE = 1000
 
@@ -56,6 +58,7 @@ def parse_when(raw: str | None, *, name: str) -> datetime | None:
 
 
 class ReportView(APIView):
+    authentication_classes = [SessionAuthentication, ReportTokenAuthentication]  # a browser's session, a script's token
     renderer_classes = [JSONRenderer, CSVRenderer]
     csv_name = "report"
 

@@ -248,6 +248,7 @@ FAIRGATE_FILE_TTL_S = env_int("FAIRGATE_FILE_TTL_S", 30 * 24 * 3600, minimum=360
 FAIRGATE_BATCH_SWEEP_S = env_int("FAIRGATE_BATCH_SWEEP_S", 30, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "billing-holds-sweep": {"task": "billing.holds_sweep", "schedule": 300.0},
+    "billing-budgets-forecast": {"task": "billing.budgets_forecast", "schedule": 3600.0},
     "billing-holds-release-orphaned": {
         "task": "billing.holds_release_orphaned",
         "schedule": float(FAIRGATE_ORPHAN_SWEEP_S),
@@ -383,5 +384,32 @@ STATICFILES_DIRS = [("console-vendor", _CHART_JS)] if CHECKOUT else []
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/console/login/"
+
+# Company sign-in (docs/sign-in.md): OpenID Connect through mozilla-django-oidc when an issuer is set;
+# its endpoints come from the issuer's discovery document (tenants.oidc). Local password logins stay
+# unless FAIRGATE_LOCAL_LOGIN=0 (the demo keeps them). A console session lasts FAIRGATE_SESSION_HOURS.
+FAIRGATE_OIDC_ISSUER = env_str("FAIRGATE_OIDC_ISSUER") or ""
+FAIRGATE_OIDC_NAME = env_str("FAIRGATE_OIDC_NAME", "the company account")
+FAIRGATE_OIDC_CLAIM = env_str("FAIRGATE_OIDC_CLAIM", "groups")
+FAIRGATE_SIGNIN_CONTACT = env_str("FAIRGATE_SIGNIN_CONTACT", "your Fairgate administrator")
+FAIRGATE_LOCAL_LOGIN = env_bool("FAIRGATE_LOCAL_LOGIN", True)
+OIDC_RP_CLIENT_ID = env_str("FAIRGATE_OIDC_CLIENT_ID") or ""
+OIDC_RP_CLIENT_SECRET = env_str("FAIRGATE_OIDC_CLIENT_SECRET") or ""
+OIDC_RP_SCOPES = env_str("FAIRGATE_OIDC_SCOPES", "openid email profile groups")
+OIDC_RP_SIGN_ALGO = env_str("FAIRGATE_OIDC_SIGN_ALGO", "RS256")
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # for the provider's logout (id_token_hint)
+OIDC_AUTHENTICATION_CALLBACK_URL = "console:sso-callback"
+OIDC_TIMEOUT = 10
+SESSION_COOKIE_AGE = env_int("FAIRGATE_SESSION_HOURS", 12, minimum=1) * 3600
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"] if FAIRGATE_LOCAL_LOGIN else []
+if FAIRGATE_OIDC_ISSUER:
+    if not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+        raise ImproperlyConfigured("FAIRGATE_OIDC_ISSUER needs FAIRGATE_OIDC_CLIENT_ID and FAIRGATE_OIDC_CLIENT_SECRET")
+    AUTHENTICATION_BACKENDS.append("tenants.oidc.Backend")
+if not AUTHENTICATION_BACKENDS:
+    raise ImproperlyConfigured("FAIRGATE_LOCAL_LOGIN=0 needs a company sign-in: set FAIRGATE_OIDC_ISSUER")
+# A rotated API key's old secret keeps working this long after the rotation (console, `apikey rotate`).
+FAIRGATE_KEY_ROTATION_GRACE_H = env_int("FAIRGATE_KEY_ROTATION_GRACE_H", 24, minimum=0)
 # How often an open console socket re-reads its user (inactive, deleted, signed out, demoted: closed).
 FAIRGATE_CONSOLE_RECHECK_S = env_int("FAIRGATE_CONSOLE_RECHECK_S", 60, minimum=1)

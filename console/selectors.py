@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.db.models import Count
 
 from audit.models import AuditLog
+from batches.models import Batch, BatchLine
+from batches.service import WAITING
 from billing.inflight import held_get_cached
 from billing.models import BudgetAlert, LedgerEntry
 from billing.news import alert_news, charge_news
@@ -115,3 +118,33 @@ def audit_entities() -> list[str]:
 def tenants_all() -> list[Tenant]:
     """Every tenant, for an administrator's queue picker."""
     return list(Tenant.objects.order_by("name"))
+
+
+def key_revoke_effects(*, tenant: Tenant, prefix: str) -> list[str] | None:
+    """What revoking one of the tenant's keys stops, in words; None if it has no such active key."""
+    key = ApiKey.objects.filter(tenant=tenant, prefix=prefix, revoked_at__isnull=True).first()
+    if key is None:
+        return None
+    effects = ["New requests with this key are refused (401 invalid_api_key) within a second."]
+    open_batches = Batch.objects.filter(tenant=tenant, key_prefix=prefix, status=Batch.Status.IN_PROGRESS)
+    for batch in open_batches.order_by("id")[:20]:
+        waiting = batch.lines.filter(state__in=WAITING).count()
+        effects.append(f"Batch {batch.id}: its {waiting} waiting lines fail (the key that created it was revoked).")
+    effects.append("Requests and batch lines already running finish and are charged.")
+    return effects
+
+
+def batch_cancel_effects(*, tenant: Tenant, batch_id: str) -> list[str] | None:
+    """What cancelling one of the tenant's batches stops, in words; None if it is not running."""
+    batch = Batch.objects.filter(tenant=tenant, id=batch_id, status=Batch.Status.IN_PROGRESS).first()
+    if batch is None:
+        return None
+    states = dict(batch.lines.order_by().values_list("state").annotate(n=Count("id")))
+    waiting = sum(states.get(state, 0) for state in WAITING)
+    running = states.get(BatchLine.State.SENT, 0)
+    done = states.get(BatchLine.State.COMPLETED, 0)
+    return [
+        f"Its {waiting} waiting lines never start; they are reported as cancelled and not charged.",
+        f"Its {running} running lines finish and are charged.",
+        f"Its {done} completed lines stay in its output file.",
+    ]

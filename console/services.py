@@ -6,9 +6,13 @@ transaction and raises ``ValidationError`` with a message a person can act on.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from audit.services import audit_record
 from batches.models import Batch
@@ -16,7 +20,9 @@ from batches.service import batch_cancel
 from scheduling.models import PriorityClass
 from scheduling.selectors import class_names_active, tenant_spec
 from tenants.models import ApiKey, Tenant, User
-from tenants.services import apikey_create, apikey_revoke
+from tenants.services import apikey_create, apikey_revoke, apikey_rotate
+
+KEY_DAYS_MAX = 3660
 
 
 @transaction.atomic
@@ -59,19 +65,41 @@ def key_classes(tenant: Tenant) -> list[str]:
     return [c for c in active if not allowed or c in allowed]
 
 
-def tenant_key_create(*, tenant: Tenant, default_class: str, label: str, actor: str) -> tuple[ApiKey, str]:
-    """A key for the caller's own tenant; the full secret is returned once and never stored."""
+def tenant_key_create(
+    *, tenant: Tenant, default_class: str, label: str, actor: str, expires_days: str = ""
+) -> tuple[ApiKey, str]:
+    """A key for the caller's own tenant (expiring after ``expires_days``, blank: never); the full
+    secret is returned once and never stored."""
     if default_class not in key_classes(tenant):
         raise ValidationError(
             f"class {default_class!r} is not one your tenant may use ({', '.join(key_classes(tenant)) or 'none'})"
         )
+    expires_at = None
+    if expires_days.strip():
+        try:
+            days = int(expires_days)
+        except ValueError:
+            raise ValidationError("give the key's lifetime in whole days, or leave it blank for none") from None
+        if not 1 <= days <= KEY_DAYS_MAX:
+            raise ValidationError(f"a key's lifetime is 1 to {KEY_DAYS_MAX} days")
+        expires_at = timezone.now() + timedelta(days=days)
     return apikey_create(
         tenant_slug=tenant.slug,
         default_class=default_class,
-        label=label[:200],
+        label=label,
         actor=actor,
         known_classes=class_names_active(),
+        expires_at=expires_at,
     )
+
+
+def tenant_key_rotate(*, tenant: Tenant, prefix: str, actor: str) -> tuple[ApiKey, str]:
+    """Rotates one of the tenant's keys (tenants.services.apikey_rotate), the old one valid for
+    FAIRGATE_KEY_ROTATION_GRACE_H more hours."""
+    if not ApiKey.objects.filter(prefix=prefix, tenant=tenant).exists():
+        raise ValidationError(f"no API key with prefix {prefix!r} in your tenant")
+    grace = timedelta(hours=settings.FAIRGATE_KEY_ROTATION_GRACE_H)
+    return apikey_rotate(prefix=prefix, grace=grace, actor=actor)
 
 
 def tenant_key_revoke(*, tenant: Tenant, prefix: str, actor: str) -> ApiKey:

@@ -1,23 +1,28 @@
 """Mounted at /console/ by config/urls.py."""
 
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import views, views_policy, views_staff
+from console import views, views_policy, views_signin, views_staff, views_tokens
 
 app_name = "console"
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path(
-        "login/",
-        auth_views.LoginView.as_view(template_name="console/login.html", redirect_authenticated_user=True),
-        name="login",
-    ),
-    path("logout/", auth_views.LogoutView.as_view(next_page="/console/login/"), name="logout"),
+    path("login/", views_signin.LoginView.as_view(), name="login"),
+    path("logout/", views_signin.logout, name="logout"),
+    path("sso/start/", views_signin.SignInStart.as_view(), name="sso-start"),
+    path("sso/callback/", views_signin.SignInCallback.as_view(), name="sso-callback"),
+    path("sso/refused/", views_signin.refused, name="sso-refused"),
+    path("tokens/", views_tokens.tokens_page, name="tokens"),
+    path("tokens/create/", views_tokens.token_add, name="token-create"),
+    path("tokens/<str:prefix>/revoke/", views_tokens.token_delete, name="token-revoke"),
+    path("signin/rules/", views_signin.rules_page, name="signin-rules"),
+    path("signin/rules/add/", views_signin.rule_add, name="signin-rule-add"),
+    path("signin/rules/<int:rule_id>/delete/", views_signin.rule_delete, name="signin-rule-delete"),
     path("queue/", views.queue_page, name="queue"),
     path("keys/create/", views.key_create, name="key-create"),
     path("keys/<str:prefix>/revoke/", views.key_revoke, name="key-revoke"),
+    path("keys/<str:prefix>/rotate/", views.key_rotate, name="key-rotate"),
     path("batches/<str:batch_id>/cancel/", views.batch_cancel, name="batch-cancel"),
     path("api/queue/", views.api_queue, name="api-queue"),
     path("api/waits/", views.api_waits, name="api-waits"),

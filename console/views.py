@@ -7,6 +7,7 @@ The tenant is always the one ``console.access.queue_tenant`` gives for the logge
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -76,6 +77,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
             default_class=request.POST.get("default_class", ""),
             label=request.POST.get("label", ""),
             actor=_actor(request),
+            expires_days=request.POST.get("expires_days", ""),
         )
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
@@ -90,8 +92,44 @@ def key_create(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @role_required(*QUEUE_ROLES)
+def key_rotate(request: HttpRequest, prefix: str) -> HttpResponse:
+    """A new secret for a key; asks first, naming when the old one stops."""
+    tenant = _tenant_or_403(request)
+    grace_h = settings.FAIRGATE_KEY_ROTATION_GRACE_H
+    if request.POST.get("confirm") != "yes":
+        if selectors.key_revoke_effects(tenant=tenant, prefix=prefix) is None:
+            raise Http404("No such active key in your tenant.")
+        effects = [
+            "A new key is made with the same label and class, shown once.",
+            f"The old key {prefix}… keeps working for {grace_h} h more, then is refused (401): move every"
+            " client to the new key before then.",
+        ]
+        return _confirm(request, tenant, f"Rotate key {prefix}…?", effects, "Rotate the key")
+    try:
+        key, secret = services.tenant_key_rotate(tenant=tenant, prefix=prefix, actor=_actor(request))
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+        return redirect(_queue_url(request, tenant))
+    replaced = key.replaces.first()
+    context = {
+        "key": key,
+        "secret": secret,
+        "tenant": tenant,
+        "back": _queue_url(request, tenant),
+        "replaced": replaced,
+    }
+    return render(request, "console/key_created.html", context)
+
+
+@require_POST
+@role_required(*QUEUE_ROLES)
 def key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
     tenant = _tenant_or_403(request)
+    if request.POST.get("confirm") != "yes":
+        effects = selectors.key_revoke_effects(tenant=tenant, prefix=prefix)
+        if effects is None:
+            raise Http404("No such active key in your tenant.")
+        return _confirm(request, tenant, f"Revoke key {prefix}…?", effects, "Revoke the key")
     try:
         services.tenant_key_revoke(tenant=tenant, prefix=prefix, actor=_actor(request))
     except ValidationError:
@@ -104,12 +142,23 @@ def key_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
 @role_required(*QUEUE_ROLES)
 def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     tenant = _tenant_or_403(request)
+    if request.POST.get("confirm") != "yes":
+        effects = selectors.batch_cancel_effects(tenant=tenant, batch_id=batch_id)
+        if effects is not None:  # else it is not running: cancelling it again changes nothing
+            return _confirm(request, tenant, f"Cancel batch {batch_id}?", effects, "Cancel the batch")
     try:
         batch = services.tenant_batch_cancel(tenant=tenant, batch_id=batch_id, actor=_actor(request))
     except FileRefused:
         raise Http404("No such batch in your tenant.") from None
     messages.success(request, f"Batch {batch.id} is {batch.status}: no more of its lines start; running ones finish.")
     return redirect(_queue_url(request, tenant))
+
+
+def _confirm(request: HttpRequest, tenant, title: str, effects: list[str], button: str) -> HttpResponse:
+    """The step before an action that stops work: what it stops, and the same POST, confirmed."""
+    back = _queue_url(request, tenant)
+    context = {"title": title, "effects": effects, "button": button, "tenant": tenant, "back": back}
+    return render(request, "console/confirm.html", context)
 
 
 def _queue_url(request: HttpRequest, tenant) -> str:

@@ -10,9 +10,12 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from billing.alerts import alerts_failed
 from billing.selectors import tenants_visible
 from console import selectors
 from console.access import ADMIN, FINANCE, role_required
+
+FAILED_ALERTS_SHOWN = 50
 
 AUDIT_PAGE = 50
 
@@ -25,7 +28,7 @@ def finance_page(request: HttpRequest) -> HttpResponse:
 
 @role_required(ADMIN)
 def ops_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/ops.html", {})
+    return render(request, "console/ops.html", {"failed_alerts": alerts_failed()[:FAILED_ALERTS_SHOWN]})
 
 
 @role_required(ADMIN)

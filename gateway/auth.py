@@ -12,11 +12,13 @@ key), and lookups go to the database in batches, known keys' refreshes first.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.utils import timezone
 
 from gateway.db import db_call
 from gateway.errors import ErrorCode, GatewayError
@@ -24,10 +26,12 @@ from scheduling.selectors import tenant_spec
 from tenants.keys import key_matches, key_prefix
 from tenants.models import ApiKey
 
+log = logging.getLogger(__name__)
 HITS_MAX = 10_000  # valid keys cached (only keys that exist get here)
 MISSES_MAX = 50_000  # unknown prefixes remembered, the oldest forgotten first
 LOAD_BATCH = 500  # prefixes looked up in one query
 USABLE_MAX = 20_000  # more usable keys than this: no set of their prefixes, each unknown one is looked up
+LAST_USED_S = 60.0  # a key's "last used" is written at most this often (one UPDATE for all keys used)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ class Caller:
 class _KeyRow:
     secret_hash: str
     caller: Caller
+    expires_at_s: float | None = None  # wall clock (time.time()); refused from then on, cache or not
+
+    def expired(self) -> bool:
+        return self.expires_at_s is not None and self.expires_at_s <= time.time()
 
 
 _hits: dict[str, tuple[_KeyRow, float]] = {}  # prefix → (row, expiry in monotonic s), oldest first
@@ -65,11 +73,12 @@ def _row(key: ApiKey) -> _KeyRow:
         default_class=key.default_class,
         key_prefix=key.prefix,
     )
-    return _KeyRow(key.secret_hash, caller)
+    return _KeyRow(key.secret_hash, caller, key.expires_at.timestamp() if key.expires_at else None)
 
 
 def _load_many(prefixes: list[str]) -> dict[str, _KeyRow]:
-    """The usable keys among ``prefixes`` (not revoked, tenant active), by prefix: one query."""
+    """The keys among ``prefixes`` not revoked, of an active tenant, by prefix (one query); an
+    expired one is refused by its row (`_KeyRow.expired`), with a message saying so."""
     keys = ApiKey.objects.select_related("tenant").filter(
         prefix__in=prefixes, revoked_at__isnull=True, tenant__active=True
     )
@@ -179,9 +188,9 @@ async def _lookup(prefix: str) -> _KeyRow | None:
 
 async def caller_of(prefix: str) -> Caller | None:
     """The caller a key's prefix names (for work done later in its name: a batch's lines); None
-    once the key is revoked or its tenant inactive."""
+    once the key is revoked or expired, or its tenant inactive."""
     row = await _lookup(prefix)
-    return None if row is None else row.caller
+    return None if row is None or row.expired() else row.caller
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -202,13 +211,59 @@ async def authenticate(authorization: str | None) -> Caller:
         raise _unauthorized("Missing API key: send 'Authorization: Bearer <your Fairgate key>'.")
     prefix = key_prefix(token)
     row = await _lookup(prefix) if prefix else None
-    if row is None or not key_matches(token, row.secret_hash):
+    if prefix is None or row is None or not key_matches(token, row.secret_hash):
         raise _unauthorized("Invalid API key: it is unknown or has been revoked. Ask your admin for a key.")
+    if row.expired():
+        raise _unauthorized("This API key has expired. Ask your admin for a new one (or use the key that replaced it).")
+    _used(prefix)
     return row.caller
 
 
+_used_prefixes: set[str] = set()  # keys that authenticated since the last write of "last used"
+_used_flush: asyncio.TimerHandle | None = None
+
+
+def _used(prefix: str) -> None:
+    """Notes a key's use; "last used" is written for all noted keys at most every LAST_USED_S."""
+    global _used_flush
+    _used_prefixes.add(prefix)
+    if _used_flush is None:
+        _used_flush = asyncio.get_running_loop().call_later(LAST_USED_S, _used_write_soon)
+
+
+def _used_write_soon() -> None:
+    global _used_flush
+    _used_flush = None
+    prefixes = sorted(_used_prefixes)
+    _used_prefixes.clear()
+    task = asyncio.get_running_loop().create_task(used_write(prefixes))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+async def used_write(prefixes: list[str]) -> None:
+    """One UPDATE for every key used since the last one (a database outage skips a round)."""
+    if not prefixes:
+        return
+    try:
+        await db_call(_used_update)(prefixes)
+    except Exception as exc:
+        log.warning("could not write the keys' last use: %s", exc)
+
+
+def _used_update(prefixes: list[str]) -> int:
+    return ApiKey.objects.filter(prefix__in=prefixes).update(last_used_at=timezone.now())
+
+
+_tasks: set[asyncio.Task] = set()
+
+
 def cache_clear() -> None:
-    global _loader, _usable
+    global _loader, _usable, _used_flush
+    if _used_flush is not None:
+        _used_flush.cancel()
+        _used_flush = None
+    _used_prefixes.clear()
     _hits.clear()
     _misses.clear()
     _usable = (None, 0.0)

@@ -1,4 +1,5 @@
-"""API key format and hashing. A key is `fg_<prefix>_<secret>`; only sha256(key) is stored.
+"""Key format and hashing. An API key is `fg_<prefix>_<secret>`, a report token
+`fgr_<prefix>_<secret>`; only sha256(key) is stored.
 
 The secret has 256 bits of entropy, so a fast hash is safe here (no password stretching needed),
 and comparison is constant-time.
@@ -11,14 +12,15 @@ import hmac
 import secrets
 
 KEY_PREFIX = "fg"
+REPORT_TOKEN_PREFIX = "fgr"
 PREFIX_LEN = 10
 
 
-def key_generate() -> tuple[str, str, str]:
-    """Return (full_key, prefix, secret_hash)."""
+def key_generate(kind: str = KEY_PREFIX) -> tuple[str, str, str]:
+    """Return (full_key, prefix, secret_hash) of a new key of ``kind`` (an API key, or a report token)."""
     prefix = secrets.token_hex(PREFIX_LEN // 2)
     secret = secrets.token_urlsafe(32)
-    full_key = f"{KEY_PREFIX}_{prefix}_{secret}"
+    full_key = f"{kind}_{prefix}_{secret}"
     return full_key, prefix, key_hash(full_key)
 
 
@@ -26,9 +28,9 @@ def key_hash(full_key: str) -> str:
     return hashlib.sha256(full_key.encode()).hexdigest()
 
 
-def key_prefix(full_key: str) -> str | None:
+def key_prefix(full_key: str, kind: str = KEY_PREFIX) -> str | None:
     parts = full_key.split("_", 2)
-    if len(parts) != 3 or parts[0] != KEY_PREFIX or len(parts[1]) != PREFIX_LEN:
+    if len(parts) != 3 or parts[0] != kind or len(parts[1]) != PREFIX_LEN:
         return None
     return parts[1]
 

@@ -11,6 +11,7 @@ from decimal import Decimal
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 
 class Tenant(models.Model):
@@ -71,7 +72,11 @@ class ApiKey(models.Model):
     secret_hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)  # written at most once a minute (gateway.auth)
+    expires_at = models.DateTimeField(null=True, blank=True)  # refused from then on; None: never expires
+    replaced_by = models.ForeignKey(  # the key a rotation issued in its place
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaces"
+    )
 
     class Meta:
         db_table = "gateway_apikey"
@@ -82,4 +87,57 @@ class ApiKey(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        """Not revoked and not expired."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+    @property
+    def state(self) -> str:
+        """One word for the console and `apikey list`: active, expiring, rotated, expired or revoked."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if not self.is_active:
+            return "expired"
+        if self.replaced_by_id is not None:
+            return "rotated"
+        return "active" if self.expires_at is None else "expiring"
+
+
+class SignInRule(models.Model):
+    """Maps one value of the identity provider's mapping claim (e.g. a group) to a tenant and a
+    role; the first rule, by position, whose value the user's claim holds decides (docs/sign-in.md)."""
+
+    position = models.PositiveIntegerField(default=0)
+    claim_value = models.CharField(max_length=200, unique=True)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="signin_rules")
+    role = models.CharField(max_length=16, choices=User.Role.choices, default=User.Role.MEMBER)
+
+    class Meta:
+        ordering = ["position", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(role="member") | models.Q(tenant__isnull=False), name="signin_member_has_tenant"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.claim_value} → {self.tenant or 'all tenants'} ({self.role})"
+
+
+class ReportToken(models.Model):
+    """A personal access token for the report API (read-only, its user's scope): shown once at
+    creation; only its SHA-256 digest is stored. It never authorizes the OpenAI API."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="report_tokens")
+    label = models.CharField(max_length=200, blank=True)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"fgr_{self.prefix}… ({self.user.username})"

@@ -8,6 +8,7 @@ Class names are scheduling's: the caller passes the active ones in (``known_clas
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.core.exceptions import ValidationError
@@ -17,6 +18,8 @@ from django.utils import timezone
 from audit.services import audit_record
 from tenants.keys import key_generate
 from tenants.models import ApiKey, Tenant
+
+LABEL_MAX = 200  # ApiKey.label's length: a longer one is refused, never cut
 
 
 def _check_share(quota_share) -> Decimal:
@@ -107,21 +110,77 @@ def tenant_update(*, slug: str, actor: str, known_classes: Collection[str], **ch
 
 @transaction.atomic
 def apikey_create(
-    *, tenant_slug: str, default_class: str, label: str = "", actor: str, known_classes: Collection[str]
+    *,
+    tenant_slug: str,
+    default_class: str,
+    label: str = "",
+    actor: str,
+    known_classes: Collection[str],
+    expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key; return it with the full secret, which is never stored and shown only now."""
+    """Create a key (expiring at ``expires_at``, or never); return it with the full secret, which is
+    never stored and shown only now."""
     tenant = Tenant.objects.filter(slug=tenant_slug, active=True).first()
     if tenant is None:
         raise ValidationError(f"no active tenant {tenant_slug!r}")
     _check_classes([default_class], known_classes)
+    if len(label) > LABEL_MAX:
+        raise ValidationError(f"a key's label has at most {LABEL_MAX} characters (this one has {len(label)})")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError("a key's expiry must be in the future")
     full_key, prefix, secret_hash = key_generate()
     key = ApiKey.objects.create(
-        tenant=tenant, label=label, default_class=default_class, prefix=prefix, secret_hash=secret_hash
+        tenant=tenant,
+        label=label,
+        default_class=default_class,
+        prefix=prefix,
+        secret_hash=secret_hash,
+        expires_at=expires_at,
     )
-    audit_record(
-        actor=actor, action="create", entity="apikey", key=prefix, new={"tenant": tenant_slug, "class": default_class}
-    )
+    created = {"tenant": tenant_slug, "class": default_class}
+    if expires_at is not None:
+        created["expires_at"] = expires_at.isoformat()
+    audit_record(actor=actor, action="create", entity="apikey", key=prefix, new=created)
     return key, full_key
+
+
+@transaction.atomic
+def apikey_rotate(*, prefix: str, grace: timedelta, actor: str) -> tuple[ApiKey, str]:
+    """Issues a new secret for a key: a new key with the same tenant, label, class and expiry; the
+    old one keeps working for ``grace`` (or until its own expiry, if sooner), then stops. Returns the
+    new key and its full secret (shown only now)."""
+    old = ApiKey.objects.select_for_update().select_related("tenant").filter(prefix=prefix).first()
+    if old is None:
+        raise ValidationError(f"no API key with prefix {prefix!r}")
+    if not old.is_active:
+        raise ValidationError(f"key {prefix!r} is revoked or expired: create a new one instead")
+    if old.replaced_by is not None:
+        raise ValidationError(f"key {prefix!r} was already rotated (to {old.replaced_by.prefix!r}): rotate that one")
+    if grace < timedelta(0):
+        raise ValidationError("the grace period cannot be negative")
+    full_key, new_prefix, secret_hash = key_generate()
+    new = ApiKey.objects.create(
+        tenant=old.tenant,
+        label=old.label,
+        default_class=old.default_class,
+        prefix=new_prefix,
+        secret_hash=secret_hash,
+        expires_at=old.expires_at,
+    )
+    was = old.expires_at
+    ends = timezone.now() + grace
+    old.expires_at = ends if was is None else min(was, ends)
+    old.replaced_by = new
+    old.save(update_fields=["expires_at", "replaced_by"])
+    audit_record(
+        actor=actor,
+        action="rotate",
+        entity="apikey",
+        key=prefix,
+        old={"expires_at": was.isoformat() if was else None},
+        new={"replaced_by": new_prefix, "expires_at": old.expires_at.isoformat()},
+    )
+    return new, full_key
 
 
 @transaction.atomic

@@ -164,7 +164,10 @@
       if (msg.queue && !offset) { rows = msg.queue.rows; receivedAt = Date.now(); renderRows(); renderCounts(msg.queue); cardFromRows(); }
       (msg.charges || []).forEach(addCharge);
       (msg.downgrades || []).forEach(function (d) { addEvent("downgrades", d.request_id + ": " + d.from + " → " + d.to + " (rule " + d.rule + ")"); });
-      (msg.alerts || []).forEach(function (a) { addEvent("alerts", a.budget + " crossed " + a.threshold_pct + "%: spent " + a.spent + " of " + a.limit); });
+      (msg.alerts || []).forEach(function (a) {
+        const what = a.runs_out_on ? " runs out on " + a.runs_out_on + " at the current burn" : " crossed " + a.threshold_pct + "%";
+        addEvent("alerts", a.budget + what + ": spent " + a.spent + " of " + a.limit);
+      });
       if (msg.budget) setBudget(msg.budget);
       if (msg.batches) BatchCards.render(msg.batches);
       if (msg.jobs) JobCards.render(msg.jobs);

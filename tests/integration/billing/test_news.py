@@ -11,6 +11,7 @@ import pytest
 from django.db import transaction
 
 import events
+from billing.models import TenantBilling
 from billing.services import ledger_adjust
 from events import bus
 from tests.integration.billing.helpers import hold, settle
@@ -32,6 +33,7 @@ def heard():
 
 
 def _book_a_charge_that_crosses_80_percent(world, capture):
+    TenantBilling.objects.create(tenant=world["alpha"], alert_thresholds_pct=[80, 100])  # the seed crosses no other
     with capture(execute=False) as callbacks:  # not committed yet: nothing sent
         ledger_adjust(tenant_slug="alpha", amount=D("799.99"), reason="seed", author="t")
         hold("n1")

@@ -81,7 +81,7 @@ def test_a_member_cancels_its_own_batch_and_not_another_tenants(member_a, member
     batch = _batch(world[A], 3)
     assert member_b.client.post(f"/console/batches/{batch.id}/cancel/").status_code == 404
     assert Batch.objects.get(pk=batch.pk).status == Batch.Status.IN_PROGRESS
-    response = member_a.client.post(f"/console/batches/{batch.id}/cancel/")
+    response = member_a.client.post(f"/console/batches/{batch.id}/cancel/", {"confirm": "yes"})
     assert response.status_code == 302 and response["Location"] == "/console/queue/"
     assert Batch.objects.get(pk=batch.pk).status == Batch.Status.CANCELLING
     assert set(batch.lines.values_list("state", flat=True)) == {State.CANCELLED}

@@ -117,7 +117,7 @@ def test_revoke_own_key_but_not_another_tenants(member_a, member_b):
     assert member_b.client.post(f"/console/keys/{key.prefix}/revoke/").status_code == 404
     key.refresh_from_db()
     assert key.is_active
-    assert member_a.client.post(f"/console/keys/{key.prefix}/revoke/").status_code == 302
+    assert member_a.client.post(f"/console/keys/{key.prefix}/revoke/", {"confirm": "yes"}).status_code == 302
     key.refresh_from_db()
     assert not key.is_active
 
@@ -149,3 +149,21 @@ def test_an_admin_picks_a_tenants_queue_and_a_refusal_is_a_styled_page(admin, me
     assert refused.status_code == 403
     body = refused.content.decode()
     assert "This page is not for your role" in body and 'href="/console/"' in body and "console.css" in body
+
+
+def test_undelivered_alerts_are_listed_for_admins(world, admin, member_a):
+    from billing.alerts import MAX_DELIVERY_ATTEMPTS
+    from billing.models import Budget, BudgetAlert
+
+    budget = Budget.objects.filter(tenant=world[A]).first()
+    BudgetAlert.objects.create(
+        budget=budget,
+        threshold_pct=80,
+        spent=1,
+        limit=1,
+        delivery_attempts=MAX_DELIVERY_ATTEMPTS,
+        delivery_error="webhook: 500 from hooks.example",
+    )
+    page = admin.client.get("/console/ops/").content.decode()
+    assert 'id="failed-alerts"' in page and "webhook: 500 from hooks.example" in page
+    assert member_a.client.get("/console/ops/").status_code == 403

@@ -1,6 +1,7 @@
 """The embedded default runs real Celery: with CELERY_BROKER_URL=filesystem://localhost/ (what `make demo`
 sets) a task goes through kombu's file transport in var/celery to a real `celery -A config worker`
-process, and beat's schedule reaches the worker — no server installed, no eager mode."""
+process, and beat's schedule reaches the worker — no server installed, no eager mode. The
+webhook's receiver checks the delivery's signature (billing.webhooks) before it takes the body."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from billing.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_valid
 from tests.support.livestack import REPO_ROOT, wait_until
 
 pytestmark = pytest.mark.live
@@ -24,7 +26,12 @@ from decimal import Decimal
 from billing.models import TenantBilling
 from billing.services import ledger_adjust
 from tenants.models import Tenant
-TenantBilling.objects.create(tenant=Tenant.objects.get(slug="acme"), webhook_url={url!r})
+TenantBilling.objects.create(
+    tenant=Tenant.objects.get(slug="acme"),
+    webhook_url={url!r},
+    webhook_secret={secret!r},
+    alert_thresholds_pct=[80, 100],
+)
 ledger_adjust(tenant_slug="acme", amount=Decimal("80"), reason="seed", author="test")
 """
 SWEPT = re.compile(r"Task billing\.holds_release_orphaned\[[0-9a-f-]+\] succeeded")
@@ -34,14 +41,23 @@ print([(a.threshold_pct, a.webhook_delivered_at is not None) for a in BudgetAler
 """
 
 
+SECRET = "test-endpoint-secret"
+
+
 @pytest.fixture
 def receiver():
-    """A webhook endpoint: the JSON bodies POSTed to it."""
+    """A webhook endpoint: the JSON bodies POSTed to it whose signature is valid (others: 401)."""
     bodies: list[dict] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            raw = self.rfile.read(int(self.headers["Content-Length"]))
+            stamp, given = self.headers.get(TIMESTAMP_HEADER, ""), self.headers.get(SIGNATURE_HEADER, "")
+            if not signature_valid(SECRET, stamp, raw, given):
+                self.send_response(401)
+                self.end_headers()
+                return
+            bodies.append(json.loads(raw))
             self.send_response(204)
             self.end_headers()
 
@@ -99,7 +115,9 @@ def test_an_alert_waits_in_the_file_broker_until_a_real_worker_delivers_it(tmp_p
     env = _env(tmp_path)
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "tenant", "create", "acme", "--name", "Acme", "--quota-share", "0.3", "--annual-budget", "100")
-    _manage(env, "shell", "-v", "0", "-c", SETUP.format(url=url))  # crosses 80 %: the alert's task is sent
+    _manage(
+        env, "shell", "-v", "0", "-c", SETUP.format(url=url, secret=SECRET)
+    )  # crosses 80 %: the alert's task is sent
     assert _manage(env, "shell", "-v", "0", "-c", DELIVERED).strip() == "[(80, False)]"  # nobody ran it
     queued = list((tmp_path / "celery" / "queue").iterdir())
     assert len(queued) == 1  # the task, as a message file of the broker

@@ -263,7 +263,10 @@ def test_member_follows_a_batch_job_card_live_and_cancels_it(stack, gate, browse
     page.screenshot(path=str(SHOTS / "batch-running.png"), full_page=True)
 
     page.locator(f"#batch-cards article[data-id='{batch.id}'] button.danger").click()
-    page.wait_for_load_state()
+    page.wait_for_selector("#confirm")  # what cancelling stops, before it does
+    assert "2 waiting lines never start" in page.locator("#confirm").text_content()
+    page.click("#confirm-action")
+    page.wait_for_selector(".messages")
     assert "no more of its lines start" in page.locator(".messages").text_content()
     card_says(page, batch.id, "cancelling", "2 failed", "1 running", what="the job cancelling, its running line left")
     assert page.locator(f"#batch-cards article[data-id='{batch.id}'] button.danger").count() == 0

@@ -31,7 +31,7 @@ from django.core.management import call_command
 from billing.models import LedgerEntry
 from billing.services import budget_hold, charge_settle
 from gateway.services import apikey_create
-from scheduling.models import AuditLog, PriceVersion, PriorityClass
+from audit.models import AuditLog, PriceVersion, PriorityClass
 from scheduling.services import price_set
 from tenants.models import Tenant, User
 
