@@ -23,7 +23,7 @@ class Evidence:
 
     def unknown_service_ms(self, name: str, now_ms: int) -> float:
         """Admission's service time for a backlog that began before its class completed anything, with
-        ``prior_weight`` ``n0`` (module docstring, *unknown class*): the prior over the margin, worth
+        ``prior_weight`` ``n0`` (docs/engine.md, *unknown class*): the prior over the margin, worth
         ``n0`` completions, blended with the ``n`` measured since; at least the censored mean of the
         backlog's requests (those completed, and those running for as long as they have run)."""
         mean, n0 = self.engine._cls_service.get(name), self.engine._prior_weight

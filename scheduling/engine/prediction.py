@@ -102,9 +102,9 @@ class Prediction:
         return Drain(rate, rate, max(rate, usable / live_ms), False)
 
     def _assumed_rate(self, name: str, usable: int, service_ms: float, now_ms: int) -> float:
-        """``(S - O - L) / service_ms + sum(L_c / service_c)`` (the module docstring)."""
+        """``(S - O - L) / service_ms + sum(L_c / service_c)`` (docs/engine.md, "Prediction")."""
         services, prior = self.engine._cls_service, self.engine._config.queue.service_ms_prior
-        busy_ms = 0.0  # slot-ms higher classes took over 60 s: / 60 s, the slots they hold (Little's law)
+        busy_ms = 0.0  # slot-ms higher classes took over the window: over it, the slots they hold (Little's law)
         for window, higher in self.engine._higher_rates[name]:
             dispatched = window.count(now_ms)
             if dispatched:
@@ -143,7 +143,7 @@ class Prediction:
     # ------------------------------------------------------------------ admission
     def _fresh_deficit(self, cls: str, free: int, horizon_ms: float, now_ms: int) -> float:
         """``G``: the starts a rate ``R`` over-counts within ``horizon_ms`` because the slots the
-        class fills are fresh (module docstring, *fresh slots*)."""
+        class fills are fresh (docs/engine.md, *fresh slots*)."""
         service_ms = self._service_now(cls)
         if horizon_ms <= 0 or service_ms <= 0:
             return 0.0
@@ -159,7 +159,7 @@ class Prediction:
         self, plan: ClassPlan, book: TenantInClass, tenant: str, deadline_ms: int, now_ms: int
     ) -> Admission | None:
         """None when the model admits a new request of ``tenant`` (its ``book`` in the class; rules in
-        the module docstring)."""
+        docs/engine.md)."""
         cls = plan.spec.name
         depth = self.engine._depth_by_cls.get(cls, 0)
         capacity = self.engine._capacity
@@ -205,7 +205,7 @@ class Prediction:
         self, cls: str, must: float, free: int, rate: float, left_ms: int, now_ms: int, after_ms: int = 0
     ) -> Admission | None:
         """A ``queue_full`` when the wait fits on average but a slot-turnover count as likely as not
-        reaching ``must`` by the deadline is too likely (module docstring, *chance*); else None."""
+        reaching ``must`` by the deadline is too likely (docs/engine.md, *chance*); else None."""
         if (left_ms >= self._service_now(cls) and left_ms > after_ms) or must <= 0:
             return None  # the slots turn over more than once: the count is close to its mean
         need = math.ceil(must + self._fresh_deficit(cls, free, left_ms, now_ms))
@@ -272,7 +272,7 @@ class Prediction:
         return drain.fail_rate_per_ms * before_ms + drain.preempt_rate_per_ms * first_for_ms < must
 
     def fast_fail(self, now_ms: int, failed: list[Ticket]) -> None:
-        """End every hopeless tail (see the module docstring); appends them to ``failed``."""
+        """End every hopeless tail (docs/engine.md, *early fast-fail*); appends them to ``failed``."""
         self.engine._fast_fail_due_ms = now_ms + FAST_FAIL_EVERY_MS
         for cls, grouped in groupby(self.engine._lane_list, key=lambda lane: lane.name):  # by level: higher first
             plan = self.engine._plans.get(cls)
