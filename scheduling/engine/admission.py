@@ -1,29 +1,10 @@
-"""Admission with a dynamic depth limit per class, fair between tenants.
+"""The depth rule's arithmetic, and the rate windows and service means admission and prediction read.
 
-Depth limit of class ``c`` (only when ``QueuePolicy.enforce_depth``)::
-
-    limit = clamp(throughput_60s * sla_s, floor, depth_cap)
-    throughput_60s = dispatches of c in the last 60 s / 60   (counted in 250 ms entries: `RateWindow`)
-    floor = free_slots * sla_ms / mean_service_ms(c)
-    free_slots = slots of enabled primary backends (less reserved slots unless c is the top
-                 class) - slots held by running requests of higher classes (lower level)
-
-``mean_service_ms`` is an exponential moving average of dispatch-to-completion times of the
-class (``QueuePolicy.service_ms_prior`` until one has completed). The floor keeps a burst after
-an idle period from being refused by a measured rate of zero; a lower class drains at what
-higher ones leave it, and the floor shrinks accordingly. Capacity is pooled across models.
-Only ``throughput_1m * sla_sec`` is implemented; ``depth_formula`` is not evaluated.
-
-Tenant room: a tenant is admitted while the class is below its limit, or while its own depth
-in the class is below its guaranteed room ``max(1, floor(weight * limit))`` (its weighted
-share, weights as in fairness), up to a hard ceiling of twice the limit. One department
-flooding a class fills it to the limit and is then refused, while every other tenant can still
-queue its share. The class may thus exceed its limit by the unused shares of others (at most
-the limit again).
-
-Retry-after for ``queue_full``: time for the queue to drain the excess over the limit at the
-class's drain rate (measured dispatch rate, or, with none measured, its slots over the mean
-service time), clamped to ``[1 ms, sla_ms]``.
+Depth limit of a class: ``clamp(throughput_60s x sla_s, floor, depth_cap)``, the floor being what the
+free slots could serve within the SLA; each tenant keeps room for its weighted share of it; a
+refusal's retry-after is the time to drain the excess. :class:`RateWindow` counts events over the
+last window, :class:`ServiceMean` keeps a class's mean service time and its dispersion. The rule
+(``admission_rules.DepthAdmission``) and why it is so: docs/engine.md, "Admission by the depth limit".
 """
 
 from __future__ import annotations

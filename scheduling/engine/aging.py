@@ -1,20 +1,8 @@
 """Piecewise aging: how many class levels a request's wait is worth, and when it preempts.
 
-``wait_ratio = waited_ms / sla_ms`` of the request's class. With the field report's segments
-(``0-0.5`` none, ``0.5-0.8`` linear k1, ``0.8-0.95`` quadratic k2, ``>=0.95`` preempt) the boost is
-
-* ``r < a1``: 0
-* ``a1 <= r < a2``: ``k1 * (r - a1) / (a2 - a1)``
-* ``a2 <= r < a3``: ``k1 + k2 * ((r - a2) / (a3 - a2)) ** 2``
-* ``r >= a3``: preempt (dispatched before everything that is not at preempt, EDF).
-
-Generalised to any ordered segment list: each linear/quadratic segment adds its shape on top
-of the value reached at the end of the previous segments, so the curve is continuous and rising.
-A gap between segments keeps the last value; an open (``hi is None``) linear segment rises by
-``k`` per unit of ratio, an open quadratic one by ``k * (r - lo) ** 2``.
-
-Modes: ``piecewise`` (segments), ``linear`` (boost = wait_ratio, never preempts, the
-``linear`` preset), ``none`` (no boost, no preempt).
+The boost is a function of ``wait_ratio = waited_ms / sla_ms`` built from ordered segments (none,
+linear, quadratic, preempt); modes ``piecewise``, ``linear`` (boost = wait ratio) and ``none``. The
+curve and its generalisation: docs/engine.md, "Aging".
 """
 
 from __future__ import annotations

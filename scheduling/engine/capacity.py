@@ -1,14 +1,9 @@
 """Backend capacity: which backend, if any, can take a request now.
 
-A backend takes a request when it is enabled, serves the request's model, is not under a 429
-hold, has a free slot, and its 60 s sliding windows admit the request: RPM counts requests,
-TPM sums *estimated* tokens (prompt + expected output), corrected with the actual tokens at
-completion (a request that alone exceeds the TPM passes only through an empty window, so it is
-never stuck forever). ``reserved_slots`` are usable only by privileged requests: the top class
-(lowest configured level) and VIP tenants. Among the backends that can take a request the one
-with most free slots wins (ties: configuration order). A fallback backend
-(``fallback_for`` set) serves VIP requests only, and only when no primary backend of the model
-can take the request. Windows live in the store (shared across gateway processes later).
+A backend takes a request when it is enabled, serves its model, is not under a 429 hold, has a free
+slot, and its sliding TPM/RPM windows admit it; reserved slots are the top class's and VIP tenants';
+a fallback backend serves VIP requests only, when no primary can. The rules: docs/engine.md,
+"Capacity".
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class BackendHealth:
     open_until_ms: int = 0
     half_open: bool = False
     in_use: int = 0
-    # Tokens of the requests completed in the last 60 s, in entries of 250 ms (RateWindow): bounded
+    # Tokens of the requests completed over the rate window, in RateWindow entries: bounded
     # whatever the rate, and whether or not anyone reads it (one entry per completion, dropped only
     # when read, grew without end in a gateway whose /metrics nobody scraped).
     tokens: RateWindow = field(default_factory=RateWindow)

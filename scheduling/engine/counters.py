@@ -1,15 +1,9 @@
 """Event counters per class and per tenant, with wait-time histograms.
 
-``Tally`` fields: enqueued (admitted), dispatched, completed, failed, requeued (429 put back),
-rejected_queue_full, rejected_no_backend, queue_timeout, fast_failed (of queue_timeout, those
-ended before their deadline because their predicted dispatch was past it), cancelled, boosted
-(dispatched ahead of a waiting lower-level class thanks to aging), preempted (dispatched at
-preempt), and
-``wait_hist``: enqueue-to-dispatch waits counted per bucket of :data:`WAIT_BUCKETS_MS`
-(bucket ``i`` holds waits ``<= WAIT_BUCKETS_MS[i]``; the last bucket is everything above).
-
-Conservation: for every class and tenant,
-``enqueued == completed + failed + queue_timeout + cancelled + waiting + running``.
+A :class:`Tally` counts what happened to requests (admitted, dispatched, completed, failed,
+requeued, refused, timed out, fast-failed, cancelled, boosted, preempted) and their waits per bucket
+of :data:`WAIT_BUCKETS_MS`. For every class and tenant, ``enqueued == completed + failed +
+queue_timeout + cancelled + waiting + running``.
 """
 
 from __future__ import annotations

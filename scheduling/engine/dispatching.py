@@ -1,70 +1,26 @@
-"""The dispatch decision (mixed into :class:`~scheduling.engine.scheduler.Scheduler`).
+"""The dispatch order: which waiting request gets a free slot, and the preempt and rescue heaps.
 
-Order of a dispatch round at ``now_ms`` (one round fills every slot it can):
-
-1. **Preempt stage.** Requests whose wait ratio reached the preempt bound ``a3`` are moved
-   from their lane's age heap into their model's preempt heap, keyed
-   ``(deadline, level, enqueued_ms, id)`` with deadline ``min(enqueued + sla, client deadline)``.
-   While any such request waits, its lane is served before everything that is not at preempt,
-   earliest deadline first across classes (and so across lanes), bypassing the cross-class
-   choice. The slot goes to the lane's *fair-share pick*, not necessarily to the promoted
-   request itself. Preempt answers "which class is owed service now"; fairness still answers
-   "who inside the class". This departs from a per-request EDF on purpose: when one class is
-   overloaded (admission lets about one SLA of work in, so most of its requests reach ``a3``),
-   a per-request EDF turns the class into one FIFO and a flooding tenant buries the small ones
-   (measured on ``sim/scenarios/small-tenant.json``: small tenants' mean wait 8.9 s with
-   per-request EDF, 0.8 s with the fair pick; Jain index on ``on-off`` 0.80 → 0.9997). The
-   promoted request is its tenant's FIFO head, so it goes as soon as fairness reaches its
-   tenant; an over-share tenant's requests may then time out, which is where overload belongs.
-2. **Cross-class choice.** Every lane (class x model) with waiting requests competes with
-   ``level - boost(wait_ratio of its oldest waiting request)``; ties go to the lower level, then
-   the earlier enqueue, then the request id. The oldest request has the highest ratio of its
-   class (one SLA per class), so this costs O(lanes) per decision, not O(requests).
-3. **Fair pick.** The winning lane serves its fair-share pick (see ``fairness``), which may be
-   a younger request of another tenant than the oldest one that lifted the class. This is
-   intended: aging decides *which class* is owed service; fairness decides *who inside the
-   class* receives it, so a flooding tenant's old requests cannot drag its own younger ones
-   ahead of other tenants. The oldest request is not left behind for long: its own ratio keeps
-   rising, and at ``a3`` the preempt stage gives its class every slot until fairness reaches it.
-
-**Deadline rescue** (``headroom.rescue_ms`` > 0, off by default and in the presets). Whichever
-stage gives a lane the slot, a waiting request of that lane whose deadline is within ``rescue_ms``
-is served before the fair-share pick, earliest deadline first among those at risk (ties: earlier
-enqueue, then id); its tenant is charged as usual, but the lane's virtual time does not move to it.
-It answers the one case the fair pick gets wrong: a few requests of one class waiting while slots
-turn over slowly (the top class at a ramp's peak, its held slots used up), where the fair order
-serves other tenants' newer requests and the oldest one expires. The margin keeps it narrow: an
-overloaded class whose requests all come within the margin becomes earliest deadline first for that
-last stretch only, the fair pick having ordered them until then (``bench/REPORT.md``). Each lane
-keeps its waiting requests in a deadline heap (one push per request; entries of those that left
-are dropped lazily at the top and compacted like the age heap); off, nothing is kept or read.
-
-Head-of-line blocking across models: lanes are per model, and a pick that no backend can take
-now (slots, reserved slots, TPM/RPM, 429 hold) blocks only its own lane (or, in the preempt
-stage, its model's preempt heap) for the rest of the round; other lanes and models go on.
-Before blocking a lane whose pick is not VIP, the lane's best VIP tenant head is tried, since
-reserved slots and fallback backends may still take it (not in FIFO lanes: strict order).
-A blocked big request may thus be overtaken by smaller ones of other lanes while a TPM window
-is nearly full. With ``single_queue`` there is one lane per model holding every class in FIFO
-order, level 0, no boost (the ``fifo`` preset).
+A round at ``now_ms`` fills every slot it can: first the preempt stage (requests whose wait ratio
+reached the preempt bound, their lanes earliest deadline first), then the lane of smallest
+``level - boost``, each lane serving its fair-share pick (``fairness``) or, with the deadline
+rescue, its request closest to its deadline. :class:`DispatchOrder` is a part of the engine over its
+lanes and heaps. The order and why it is so: docs/engine.md, "Dispatch order".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from typing import Never, TypeAlias
+from typing import TYPE_CHECKING, Never, TypeAlias
 
-from .admission import RateWindow
-from .aging import AgingCurve
-from .capacity import Capacity
-from .class_plans import ClassPlan
-from .counters import Counters, Tally, TenantInClass, wait_bucket
+from .counters import Tally, wait_bucket
 from .fairness import Lane, Rank
-from .headroom import Headroom
 from .outcomes import Grant
-from .store import RUNNING, WAITING, SchedulerStore, Ticket
+from .queues import unqueue
+from .store import RUNNING, WAITING, Ticket
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
 
 # A preempt-heap entry: (deadline ms, level, enqueued_ms, id, ticket).
 PreemptEntry: TypeAlias = tuple[int, int, int, str, Ticket]
@@ -76,47 +32,28 @@ _NO_RANK: Rank = (float("inf"),)
 _NOTHING_BLOCKED: frozenset[Never] = frozenset()  # empty, so it stands for no models and for no lanes
 
 
-class DispatchMixin:
-    """Needs the attributes that :class:`Scheduler` sets up (lanes, heaps, capacity, plans, ...)."""
+class DispatchOrder:
+    """The engine's dispatch order: ``dispatch`` (a round), and what the engine's queue keeping calls
+    (``promote``, ``rank``, ``oldest``, ``rescue_push``, ``rescue_compact``)."""
 
-    # Set up and kept by Scheduler (declared here for the type checker; no values at class level).
-    counters: Counters
-    _store: SchedulerStore
-    _store_holds_live_tickets: bool
-    _capacity: Capacity
-    _aging: AgingCurve
-    _lanes_age: bool
-    _plans: dict[str, ClassPlan]
-    _books: dict[tuple[str, str], TenantInClass]
-    _lane_list: list[Lane]
-    _preempt: dict[str, list[PreemptEntry]]
-    _promote_due_ms: float
-    _waiting: int
-    _promoted: int
-    _running_by_cls: dict[str, int]
-    _started_sum: dict[str, int]
-    _model_rate: dict[str, RateWindow]
-    _unqueue: Callable[[Ticket], None]
-    headroom: Headroom
-    _rescue_ms: int
-    _rescue: dict[tuple[str, str], list[RescueEntry]]
-    rescued: int
+    def __init__(self, engine: Scheduler) -> None:
+        self.engine = engine
 
     def dispatch(self, *, now_ms: int) -> list[Grant]:
         grants: list[Grant] = []
-        capacity = self._capacity
-        headroom = self.headroom
+        capacity = self.engine._capacity
+        headroom = self.engine.headroom
         if headroom.holds:  # ended holds go, those beyond the need or the free slots go (``headroom``)
             headroom.refresh(now_ms)
-        if not self._waiting or not capacity.any_free(now_ms):
+        if not self.engine._waiting or not capacity.any_free(now_ms):
             return grants
-        if self._aging.preempt_ratio is not None and self._promote_due_ms <= now_ms:
-            self._promote(now_ms)
+        if self.engine._aging.preempt_ratio is not None and self.engine._promote_due_ms <= now_ms:
+            self.promote(now_ms)
         # Lanes and models that cannot be placed this round; sets only once something blocks.
         blocked_models: set[str] | frozenset[str] = _NOTHING_BLOCKED
         blocked_lanes: set[Lane] | frozenset[Lane] = _NOTHING_BLOCKED
         while True:
-            ticket = self._preempt_top(blocked_models) if self._promoted else None
+            ticket = self._preempt_top(blocked_models) if self.engine._promoted else None
             if ticket is not None:
                 assert ticket.lane is not None, "a ticket at preempt is waiting, so in a lane"
                 pick, rescued = self._pick(ticket.lane, now_ms)  # the class is owed the slot; fairness picks who
@@ -132,34 +69,34 @@ class DispatchMixin:
                 if vip is None or not self._try_grant(vip, now_ms, vip.promoted, boosted, grants):
                     blocked_lanes = blocked_lanes | {lane}
                 continue
-            if not self._waiting or not capacity.any_free(now_ms):
+            if not self.engine._waiting or not capacity.any_free(now_ms):
                 break
         return grants
 
     def _pick(self, lane: Lane, now_ms: int) -> tuple[Ticket | None, bool]:
         """The lane's next request and whether the rescue chose it: its earliest deadline when that is
         within ``rescue_ms`` of ``now_ms``, else its fair-share pick."""
-        if self._rescue_ms:
-            heap = self._rescue.get(lane.key)
+        if self.engine._rescue_ms:
+            heap = self.engine._rescue.get(lane.key)
             while heap:
                 deadline_ms, _, _, ticket = heap[0]
                 if ticket.state == WAITING and ticket.lane is lane:
-                    if deadline_ms - now_ms <= self._rescue_ms:
+                    if deadline_ms - now_ms <= self.engine._rescue_ms:
                         return ticket, True
                     break
                 heappop(heap)
         return lane.peek(), False
 
-    def _rescue_push(self, lane: Lane, ticket: Ticket, deadline_ms: int) -> None:
-        heap = self._rescue.get(lane.key)
+    def rescue_push(self, lane: Lane, ticket: Ticket, deadline_ms: int) -> None:
+        heap = self.engine._rescue.get(lane.key)
         if heap is None:
-            heap = self._rescue[lane.key] = []
+            heap = self.engine._rescue[lane.key] = []
         heappush(heap, (deadline_ms, ticket.enqueued_ms, ticket.id, ticket))
 
-    def _rescue_compact(self, lane: Lane) -> None:
+    def rescue_compact(self, lane: Lane) -> None:
         """Drop the lane's rescue entries of requests that left it, once they outnumber the waiting
         ones by far (only the top is checked lazily). The live entries keep their total order."""
-        heap = self._rescue.get(lane.key)
+        heap = self.engine._rescue.get(lane.key)
         if heap is None or len(heap) <= 2 * lane.live + RESCUE_SLACK:
             return
         seen: set[str] = set()
@@ -172,15 +109,15 @@ class DispatchMixin:
         heap[:] = live
         heapify(heap)
 
-    def _promote(self, now_ms: int) -> None:
+    def promote(self, now_ms: int) -> None:
         """Move every request at or past the preempt bound into its model's preempt heap.
 
         Also sets ``_promote_due_ms`` to the earliest preempt time still ahead (the smallest live
-        age-heap top); ``_enqueue`` lowers it. Until then no request can reach preempt, so
+        age-heap top); ``queues.enqueue`` lowers it. Until then no request can reach preempt, so
         dispatch skips this scan of every lane.
         """
         due_ms = float("inf")
-        for lane in self._lane_list:
+        for lane in self.engine._lane_list:
             age = lane.age
             while age:
                 key_ms, rid, ticket = age[0]
@@ -195,24 +132,24 @@ class DispatchMixin:
                 ticket.promoted = True
                 lane.promoted += 1
                 ticket.tq.promoted += 1
-                self._promoted += 1
+                self.engine._promoted += 1
                 heappush(self._preempt_heap(ticket.model), self._preempt_key(ticket))
-        self._promote_due_ms = due_ms
+        self.engine._promote_due_ms = due_ms
 
     def _preempt_key(self, ticket: Ticket) -> PreemptEntry:
-        plan = self._plans[ticket.cls]
+        plan = self.engine._plans[ticket.cls]
         deadline = plan.deadline_ms(ticket.enqueued_ms, ticket.request.deadline_ms)
         return (deadline, plan.level, ticket.enqueued_ms, ticket.id, ticket)
 
     def _preempt_heap(self, model: str) -> list[PreemptEntry]:
-        heap = self._preempt.get(model)
+        heap = self.engine._preempt.get(model)
         if heap is None:
-            heap = self._preempt[model] = []
+            heap = self.engine._preempt[model] = []
         return heap
 
     def _preempt_top(self, blocked_models: set[str] | frozenset[str]) -> Ticket | None:
         best: PreemptEntry | None = None
-        for model, heap in self._preempt.items():
+        for model, heap in self.engine._preempt.items():
             if model in blocked_models:
                 continue
             while heap:
@@ -224,7 +161,7 @@ class DispatchMixin:
                 best = heap[0]
         return None if best is None else best[-1]
 
-    def _oldest(self, lane: Lane) -> Ticket | None:
+    def oldest(self, lane: Lane) -> Ticket | None:
         """The lane's oldest waiting request not yet in the preempt stage (lazy heap top)."""
         age = lane.age
         while age:
@@ -234,14 +171,7 @@ class DispatchMixin:
             heappop(age)
         return None
 
-    def _book(self, cls: str, tenant: str) -> TenantInClass:
-        key = (cls, tenant)
-        book = self._books.get(key)
-        if book is None:
-            book = self._books[key] = TenantInClass(*self.counters.pair(cls, tenant))
-        return book
-
-    def _rank(self, lane: Lane, now_ms: int) -> Rank:
+    def rank(self, lane: Lane, now_ms: int) -> Rank:
         """``(level - boost, level, enqueued_ms, id)`` of the lane's oldest request not at preempt.
 
         Cached on the lane: the rank changes only when the oldest request changes (a new age-heap
@@ -261,7 +191,7 @@ class DispatchMixin:
                 and not ticket.promoted
             ):
                 return lane.rank
-        oldest = self._oldest(lane)  # drops entries of requests that left
+        oldest = self.oldest(lane)  # drops entries of requests that left
         if oldest is None:
             return _NO_RANK
         lane.rank, lane.rank_valid_ms = self._fresh_rank(lane, oldest, now_ms)
@@ -271,9 +201,9 @@ class DispatchMixin:
     def _fresh_rank(self, lane: Lane, oldest: Ticket, now_ms: int) -> tuple[Rank, tuple[float, float]]:
         """The rank of ``lane`` whose oldest request is ``oldest``, and the ms range it holds for."""
         level = lane.level
-        if not self._lanes_age:
+        if not self.engine._lanes_age:
             return (level, level, oldest.enqueued_ms, oldest.id), (-math.inf, math.inf)
-        aging = self._aging
+        aging = self.engine._aging
         ratio = (now_ms - oldest.enqueued_ms) / lane.sla_ms
         if ratio < aging.no_boost_below:  # no boost yet, none before no_boost_until_ms (ratio rises with time)
             valid_ms = (-math.inf, aging.no_boost_until_ms(oldest.enqueued_ms, lane.sla_ms))
@@ -285,10 +215,10 @@ class DispatchMixin:
         best = None
         best_rank = _NO_RANK
         min_level = None  # of the lanes that compete; the first one's, as ``_lane_list`` is sorted by level
-        for lane in self._lane_list:
+        for lane in self.engine._lane_list:
             if lane.live <= lane.promoted or lane in blocked:
                 continue
-            rank = self._rank(lane, now_ms)
+            rank = self.rank(lane, now_ms)
             if rank is _NO_RANK:
                 continue
             if min_level is None:
@@ -301,9 +231,9 @@ class DispatchMixin:
     def _try_grant(
         self, ticket: Ticket, now_ms: int, preempt: bool, boosted: bool, grants: list[Grant], rescued: bool = False
     ) -> bool:
-        plan = self._plans[ticket.cls]
-        capacity = self._capacity
-        headroom = self.headroom
+        plan = self.engine._plans[ticket.cls]
+        capacity = self.engine._capacity
+        headroom = self.engine.headroom
         if headroom.hold_idle and not preempt and not plan.privileged:
             headroom.hold_idle_slot(ticket.model, now_ms)  # an idle slot may become a hold first (``headroom``)
         if headroom.holds and not preempt and not plan.privileged and headroom.held_back(ticket.model, now_ms):
@@ -313,22 +243,22 @@ class DispatchMixin:
             return False
         lane, tq = ticket.lane, ticket.tq
         assert lane is not None and tq is not None, "a waiting ticket is in a lane and a tenant queue"
-        self._unqueue(ticket)
+        unqueue(self.engine, ticket)
         lane.charge(ticket, tq, not preempt and not rescued)  # only the fair pick moves the lane's virtual time
         if rescued:
-            self.rescued += 1
+            self.engine.rescued += 1
         ticket.state = RUNNING
         ticket.backend = backend.name
         ticket.dispatched_ms = now_ms
         ticket.window_handle = capacity.occupy(backend, ticket.est_tokens, now_ms)
-        self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
-        self._started_sum[ticket.cls] = self._started_sum.get(ticket.cls, 0) + now_ms
+        self.engine._running_by_cls[ticket.cls] = self.engine._running_by_cls.get(ticket.cls, 0) + 1
+        self.engine._started_sum[ticket.cls] = self.engine._started_sum.get(ticket.cls, 0) + now_ms
         if headroom.holds and plan.privileged:
             headroom.used(ticket.model, now_ms)
         plan.dispatch_rate.add(now_ms)
-        self._model_rate[ticket.model].add(now_ms)  # created with the model's first lane
-        if not self._store_holds_live_tickets:
-            self._store.ticket_put(ticket)
+        self.engine._model_rate[ticket.model].add(now_ms)  # created with the model's first lane
+        if not self.engine._store_holds_live_tickets:
+            self.engine._store.ticket_put(ticket)
         waited_ms = now_ms - ticket.enqueued_ms
         book = ticket.book
         assert book is not None, "set on admission"

@@ -1,26 +1,9 @@
 """Fair sharing between tenants inside one lane (a class, for one model).
 
-Weights: ``max(quota_share, min_share)`` per configured tenant, renormalised to sum to 1; a
-tenant missing from the configuration weighs ``min_share`` on the same scale.
-
-Modes:
-
-* ``weighted_fair_tokens`` (default): each tenant has a virtual counter charged
-  ``(prompt_tokens + 2 * expected_output_tokens) / weight`` at dispatch and corrected with the
-  actual tokens at completion; the backlogged tenant with the smallest counter is served next
-  (ties: the earlier head request). A tenant whose queue goes from empty to backlogged has its
-  counter lifted to the smallest counter among backlogged tenants (or, if none, to the counter
-  of the last tenant served), so idle time is not saved up as credit (Virtual Token Counter,
-  Sheng et al., OSDI 2024). Between two continuously backlogged tenants the weight-normalised
-  service differs by at most about two of the largest normalised request costs.
-* ``weighted_round_robin``: the same counter charged ``1 / weight`` per request (the field
-  report's rule, counting requests, not tokens).
-* ``fifo``: no tenant fairness; one FIFO for the lane.
-
-FIFO within a tenant. Requests leaving other than from a queue head (cancel, expiry, preempt)
-are removed lazily: they stay in the deque, marked, until they reach its head (or its tail,
-which early fast-fail reads). Picking is O(log tenants) via a heap of counters with lazy
-(versioned) entries.
+Modes: ``weighted_fair_tokens`` (a virtual token counter per tenant, lifted on return from idle),
+``weighted_round_robin`` (the same counter per request) and ``fifo``. FIFO within a tenant; requests
+that leave other than from a queue head are removed lazily. Weights: ``max(quota_share,
+min_share)``, renormalised. The rules and why: docs/engine.md, "Fair sharing".
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Forecast of the top class's arrivals: a time-of-day profile blended with the recent rate.
 
-Two estimates of the arrival rate, both learned from the arrivals the engine sees (time is passed
-in; nothing here reads a clock):
-
-* **profile**: the day cut into buckets of ``bucket_ms`` (288 of 5 minutes by default); each
-  bucket holds an exponentially weighted average, over the days seen, of the arrivals counted in
-  it (``profile_alpha``: the newest day's weight). A bucket no day has covered yet has no value.
-  The rate at an instant is interpolated linearly between the centres of its two nearest buckets
-  (a morning ramp rises smoothly, not in 5-minute steps).
-* **recent**: arrivals per ms, exponentially decayed with time constant ``recent_ms`` (each
-  arrival adds ``1 / recent_ms``; between arrivals the rate decays by ``exp(-dt / recent_ms)``).
-
-The forecast rate is ``w x profile + (1 - w) x recent`` (``w``: ``profile_weight``), or the recent
-rate alone where the profile has no value. The profile foresees what the last minute cannot (the
-morning's first arrivals after a quiet night, a ramp that the recent rate follows a minute late);
-the recent rate corrects a day unlike the others.
-
-State: one float per bucket, the bucket being counted and its count, the recent rate and when it
-was last updated (about 300 numbers). It is part of the engine, so the shared dispatcher's
-snapshot carries it and replaying the logged steps (the same arrivals at the same instants)
-rebuilds it exactly; an engine built fresh (a restart of the embedded dispatcher) starts with no
-profile and learns it again (the recent rate within a minute). The day's phase is ``now_ms``
-modulo a day: any clock that advances with real time keeps it consistent (the embedded
-dispatcher's monotonic clock as well as the shared one's wall clock); the first bucket after a
-start is partial and is not learned.
+The profile is an exponentially weighted average per time-of-day bucket over the days seen; the
+recent rate decays with ``recent_ms``; the forecast is ``profile_weight`` of the one and the rest of
+the other (the recent rate alone where the profile has no value). Its state is part of the engine,
+so the shared dispatcher's snapshot carries it. Details and why: docs/engine.md, "The arrival
+forecast".
 """
 
 from __future__ import annotations

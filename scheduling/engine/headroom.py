@@ -1,48 +1,10 @@
 """Predictive headroom: a freed slot stays free briefly when the top class is about to need it.
 
-With ``headroom.enabled``, the engine forecasts the top class's arrivals (``forecast``: a
-time-of-day profile blended with the recent rate; every request submitted to a class of the top
-level counts, admitted or not) and keeps a few slots free for them instead of handing each freed
-slot to a lower class at once:
-
-* **need**: ``ceil(E)`` slots, at most ``max_slots``, where ``E`` is the number of top-class
-  arrivals expected within ``horizon_ms``; 0 while ``E < min_expected``.
-* **turnover** (``miss_share`` > 0): the need is also bounded by what the pool's turnover asks.
-  Held slots are a stock that top-class arrivals (rate ``λ``, the forecast's) draw down and freed
-  slots (rate ``f``, measured like the recent arrival rate: every slot that frees counts) fill up
-  again; as a birth-death chain, an arrival finds none held with probability
-  ``(a - 1) / (a^(B+1) - 1)`` for ``B`` held and ``a = f / λ``. The bound is the smallest ``B``
-  (at least 1) that keeps it within ``miss_share``. A pool that turns over fast refills a few
-  holds before the next arrivals come, so it holds fewer than a slow one (a long service, a
-  small pool), and the slot-time given up shrinks where holding more buys nothing; while
-  ``f <= λ`` there is no bound. Nothing of this measures the future: ``f`` is the recent past.
-* **hold**: when a slot frees (a completion, a failure, an upstream 429) while a lower class has
-  requests waiting and fewer slots are held than the need, that slot is held until
-  ``now + hold_ms``. A hold is never renewed: when it ends
-  its slot goes to whoever the dispatch order picks, and only a later freed slot may be held.
-  So a slot idles at most ``hold_ms`` per hold, and the slot-time given up is at most
-  ``hold_ms`` per freed slot.
-* **dispatch**: first the holds that ended are dropped and those beyond the need at ``now`` (the
-  soonest ending first) or beyond the free slots are released; then a request of a lower class
-  (any level below the top, outside the preempt stage) takes a slot only while more slots of its
-  model are free than are held. A top-class request takes any free slot, held ones included (it
-  uses up the hold that ends first). A request at preempt (aging's last stage) is owed service
-  now and is not held back.
-* **idle slots** (``hold_idle``): a slot can also be held without having just freed. When a
-  lower-class request would take a free slot while fewer slots are held than the need, and more
-  slots are free than are held plus those whose hold ended at this very instant, one more slot is
-  held instead (then the request takes a free slot if one is left beyond the holds). So a pool that
-  was idle and that a BATCH burst fills at once keeps its headroom, and a hold is still never
-  renewed: the slots whose holds just ended go to the dispatch order. Off by default (then holds
-  start only when a slot frees).
-* **wake-up**: ``next_wakeup_ms`` includes the earliest hold end while requests wait, so a driver
-  that follows it (the simulator, the embedded and the shared dispatchers) grants a held slot at
-  its hold's end, never later.
-
-Holds count slots pooled across backends and models (as the depth limit's capacity does); with
-several models a hold blocks lower classes of each model until that model has more free slots
-than holds. The holds are a few integers in the engine; like the forecast they are rebuilt by a
-standby from the snapshot and the replayed steps.
+With ``headroom.enabled`` the engine forecasts the top class's arrivals (``forecast``) and keeps up
+to the slots they need free (``need``, bounded by ``max_slots`` and, with ``miss_share``, by the
+pool's turnover) instead of handing each freed slot to a lower class at once; a hold ends after
+``hold_ms`` and is never renewed. :class:`Headroom` is the engine's part for it; it owns its holds
+and its forecast, both carried by the snapshot. The rules and why: docs/engine.md, "Headroom".
 """
 
 from __future__ import annotations

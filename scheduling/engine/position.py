@@ -1,28 +1,9 @@
-"""Position of a waiting request, cheap with tens of thousands waiting (no sort per query).
+"""Position of a waiting request and its ETA, cheap with many waiting (no sort per query).
 
-Position = 1 + the waiting requests *for the same model* that the ordering at ``now_ms`` would
-dispatch first, assuming no arrivals, aging or expiry (lane ranks frozen at ``now_ms``):
-
-1. requests already at preempt (EDF stage) come first. For a request itself at preempt its rank
-   in that stage is counted by one scan of the model's preempt heap: exact, O(requests at
-   preempt).
-2. whole lanes (classes) ranked ahead of the request's lane: O(lanes), from live counts.
-3. inside its lane: the requests of its own tenant ahead of it (from FIFO numbering, less its
-   tenant's preempt-stage requests, which are its oldest: exact unless cancelled/expired
-   requests are still marked inside that tenant's deque, then estimated by spreading them
-   evenly), plus a fair-share projection of other tenants: tenant
-   ``u`` serves while its counter stays below the counter the request's tenant will have when
-   the request comes up, ``ceil((C - c_u) / unit_u)`` requests (at most its backlog), where
-   ``unit_u`` is its mean queued cost over its weight. O(tenants in the lane).
-
-``exact`` is True when the answer equals a brute-force replay of dispatch at frozen ``now_ms``:
-no lane of the model is boosted (a boost changes as a lane's oldest request leaves), the
-preempt-stage requests of its lane all belong to its own tenant, the tenant deque has no marked entries ahead
-and the lane is FIFO or has a single backlogged tenant. Otherwise it is an estimate (the fair
-projection assumes every tenant's queued requests cost their mean).
-
-The ETA divides the requests that must start before it by the model's dispatch rate: the
-larger of the rate measured over 60 s and the model's slots over the mean service time.
+Position is 1 + the waiting requests for the same model that the dispatch order at ``now_ms`` would
+start first (preempt stage, lanes ranked ahead, its tenant's earlier requests, a fair-share
+projection of other tenants); ``exact`` says whether it equals a replay of dispatch. How it is
+counted: docs/engine.md, "Position and ETA".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Named policies as configurations of the same engine (``--policy`` of the simulator).
 
-* ``fairgate``: the configuration as written.
-* ``fifo``: the field report's old gateway: one global FIFO across classes and tenants, no
-  aging, no depth limit, no expiry, cancellation ignored (the request is still served).
-* ``strict``: class priority with FIFO inside each class, no aging; depth, expiry and
-  cancellation as written.
-* ``linear``: boost = wait ratio (no preempt), otherwise as written.
-
-Prediction (``queue.admission: predicted``, ``queue.fast_fail``) and predictive headroom
-(``headroom``) are Fairgate's: every preset but ``fairgate`` turns them off (admission by the
-depth limit, expiry at the deadline only, no held slots), so the presets stay the baselines
-they were.
+``fairgate`` (the configuration as written), ``fifo`` (one global FIFO, no aging, depth limit,
+expiry or cancellation), ``strict`` (class priority, FIFO inside a class, no aging) and ``linear``
+(boost = wait ratio). Every preset but ``fairgate`` turns prediction and headroom off, so the
+presets stay the baselines they were. Details: docs/engine.md, "Presets".
 """
 
 from __future__ import annotations

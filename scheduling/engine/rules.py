@@ -1,18 +1,9 @@
 """The downgrade-rule language: the ``if:`` conditions of ``downgrade_check``.
 
-A condition is parsed once into a small immutable tree (never ``eval``)::
-
-    expr       := or_expr
-    or_expr    := and_expr ("or" and_expr)*
-    and_expr   := not_expr ("and" not_expr)*
-    not_expr   := "not" not_expr | "(" expr ")" | comparison | membership
-    comparison := ("class" | "tenant") ("==" | "!=") (NAME | STRING)
-                | ("prompt_tokens" | "max_tokens") OP INTEGER
-    membership := ("src_cidr" | "src_ip") ["not"] "in" NETWORK_NAME
-
-``classify`` turns a declared class into the effective one: first the tenant's allowed
-classes (rule name ``undeclared``), then every enabled rule; the lowest resulting class wins
-and a rule never raises a request's class.
+A condition is parsed once into a small immutable tree (never ``eval``); ``classify`` turns a
+declared class into the effective one (the tenant's allowed classes, then every enabled rule; the
+lowest resulting class wins, a rule never raises a class). The grammar: docs/engine.md, "Downgrade
+rules".
 """
 
 from __future__ import annotations
@@ -432,6 +423,6 @@ def classify(
     networks: Mapping[str, Sequence[str | IpNetwork]],
     allowed: Sequence[str] = (),
 ) -> tuple[str, str | None]:
-    """Effective class for a request: see the module docstring. Parses are cached, but the
+    """Effective class for a request: see docs/engine.md, "Downgrade rules". Parses are cached, but the
     gateway should hold a ``compile_rules(...)`` result instead of calling this per request."""
     return CompiledRules(rules, networks, classes).classify(declared=declared, facts=facts, allowed=allowed)

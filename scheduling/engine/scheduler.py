@@ -1,55 +1,65 @@
-"""The scheduler facade: admission, queues, dispatch, terminal states, positions.
+"""The engine's facade: admission, queues, dispatch, terminal states, positions.
 
-See ``dispatching`` for the decision order (preempt EDF, then class by ``level - boost`` of
-its oldest request, then the fair-share pick) and its consequences. Every admitted request
-ends in exactly one terminal state: completed, failed, queue_timeout or cancelled; rejected
-requests (queue_full, no_backend) were never admitted. Nothing here reads the clock; callers
-pass a non-decreasing ``now_ms``. The same inputs give the same decisions (dicts in insertion
-order, heaps keyed on total orders, no randomness).
-
-Configuration changes (:meth:`reconfigure`) rebuild the in-memory indexes from the store's
-tickets in queue order: waiting requests keep their place, take the new SLA (ratio and
-expiry deadline) and the new weights for future picks, and fair counters are kept. A class
-removed from the configuration keeps its old spec (level, SLA) for requests it already
-holds, which are served and expired as before; it takes no new requests. A removed backend
-finishes its running requests; waiting requests of a model left without backends stay queued
-until they expire. The per-class values every decision reads (:class:`ClassPlan`: preempt
-wait, deadline rule, privilege) are recomputed whenever the configuration is applied.
-
-Admission is by the dynamic depth limit (``admission``) or, with ``queue.admission: predicted``,
-by predicted dispatch time; ``queue.fast_fail`` ends a waiting request as ``queue_timeout`` as
-soon as its predicted dispatch is past its deadline (``prediction``). With ``headroom.enabled`` a
-freed slot may stay free briefly for the top class's forecast arrivals (``headroom``).
+:class:`Scheduler` keeps the queues (lanes, age and deadline heaps), the counts and the rates, and
+composes the parts that decide on them: the admission rule (``admission_rules``), the dispatch
+order (``dispatching``), the prediction model (``prediction``, with ``evidence``) and the headroom
+(``headroom``). Every admitted request ends in exactly one terminal state. Nothing here reads the
+clock (callers pass a non-decreasing ``now_ms``) and the same inputs give the same decisions.
+How it decides, and how a reconfiguration treats waiting requests: docs/engine.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from heapq import heapify, heappop, heappush
+from heapq import heappop
 
 from . import admission as adm
+from .admission_rules import AdmissionRule, DepthAdmission, PredictedAdmission
 from .aging import AgingCurve
 from .capacity import Capacity
 from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
-from .dispatching import DispatchMixin, PreemptEntry, RescueEntry
+from .dispatching import DispatchOrder, PreemptEntry, RescueEntry
 from .fairness import Lane, tenant_weights
 from .headroom import Headroom
-from .model import BackendSpec, ClassSpec, FairnessMode, Request, RequestId, SchedulerConfig, TenantSpec
-from .outcomes import ADMITTED, NO_BACKEND, Admission, Live, QueuePosition
+from .model import BackendSpec, ClassSpec, Request, RequestId, SchedulerConfig, TenantSpec
+from .outcomes import ADMITTED, NO_BACKEND, Admission, Grant, Live, QueuePosition
 from .position import eta_ms, requests_ahead
-from .prediction import UNKNOWN_MS, PredictMixin
+from .prediction import UNKNOWN_MS, Prediction
+from .queues import apply_config, count_queued, enqueue, rebuild, unqueue
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
-
-DEADLINE_SLACK = 1024  # stale deadline entries tolerated beyond twice the waiting ones before a compaction
-AGE_SLACK = 1024  # stale age-heap entries tolerated beyond twice a lane's waiting requests before a compaction
 
 
 def _live(ticket: Ticket) -> Live:
     return Live(ticket.request, STATE_NAMES[ticket.state], ticket.backend, ticket.dispatched_ms)
 
 
-class Scheduler(DispatchMixin, PredictMixin):
+class Scheduler:
+    # Set by ``queues.apply_config`` from the configuration (declared here for the type checker).
+    _config: SchedulerConfig
+    _classes: dict[str, ClassSpec]
+    _top_level: int
+    _aging: AgingCurve
+    _aging_on: bool
+    _single_queue: bool
+    _lanes_age: bool
+    _enforce_depth: bool
+    _plans: dict[str, ClassPlan]
+    _higher: dict[str, tuple[str, ...]]
+    _higher_rates: dict[str, tuple[tuple[adm.RateWindow, str], ...]]
+    _lower: dict[str, tuple[str, ...]]
+    _predicted: bool
+    _fast_fail_on: bool
+    _tracks_backlogs: bool
+    _fair_lanes: bool
+    _predict_margin: float
+    _prior_weight: int
+    _margin_after_ms: int
+    _depth_cap: int
+    _rescue_ms: int
+    _tenant_weight: dict[str, float]
+    _unknown_weight: float
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -73,7 +83,7 @@ class Scheduler(DispatchMixin, PredictMixin):
         self._deadlines: list[tuple[int, str, Ticket]] = []
         self._rescue: dict[tuple[str, str], list[RescueEntry]] = {}  # by lane key: waiting requests by deadline
         self.rescued = 0  # grants the deadline rescue took out of the fair order
-        self._promote_due_ms: float = 0  # no waiting request reaches preempt before this (see _promote)
+        self._promote_due_ms: float = 0  # no waiting request reaches preempt before this (``DispatchOrder.promote``)
         self._waiting = 0
         self._promoted = 0
         self._depth_by_cls: dict[str, int] = {}
@@ -91,62 +101,15 @@ class Scheduler(DispatchMixin, PredictMixin):
         self._model_service: dict[str, adm.ServiceMean] = {}
         self._next_seq = 1
         self._next_front = 0
-        self._apply_config(config)
-        self._rebuild()
+        self.order = DispatchOrder(self)  # the dispatch order (``dispatching``)
+        self.prediction = Prediction(self)  # predicted admission's model and fast-fail (``prediction``)
+        self._depth_admission = DepthAdmission(self)
+        self._predicted_admission = PredictedAdmission(self, self.prediction)
+        self.admission: AdmissionRule = self._depth_admission  # picked from the configuration
+        apply_config(self, config)
+        rebuild(self)
 
     # ----------------------------------------------------------------- configuration
-    def _apply_config(self, config: SchedulerConfig) -> None:
-        old = getattr(self, "_config", None)
-        self._config = config
-        self._classes = {c.name: c for c in config.classes}
-        if old is not None:
-            held = {t.cls for t in self._store.tickets()}
-            for spec in (*old.classes, *self._retired.values()):
-                if spec.name not in self._classes and spec.name in held:
-                    self._retired[spec.name] = spec
-        self._retired = {k: v for k, v in self._retired.items() if k not in self._classes}
-        self._top_level = min((c.level for c in config.classes), default=0)
-        self._aging = AgingCurve(config.aging)
-        self._aging_on = self._aging.active
-        self._single_queue = config.queue.single_queue
-        self._lanes_age = self._aging_on and not self._single_queue  # a lane's rank rises with its oldest wait
-        queue = config.queue
-        self._enforce_depth = queue.enforce_depth
-        self._plans = {name: self._make_plan(spec) for name, spec in (*self._classes.items(), *self._retired.items())}
-        self._higher = {
-            name: tuple(other for other, p in self._plans.items() if p.level < plan.level)
-            for name, plan in self._plans.items()
-        }
-        self._higher_rates = {  # (their dispatch-rate window, name), read on every predicted admission
-            name: tuple((adm.rate_window(self._cls_rate, other), other) for other in higher)
-            for name, higher in self._higher.items()
-        }
-        self._lower = {
-            name: tuple(other for other, p in self._plans.items() if p.level > plan.level)
-            for name, plan in self._plans.items()
-        }
-        self._predicted = queue.enforce_depth and queue.admission == "predicted" and not self._single_queue
-        self._fast_fail_on = queue.fast_fail and queue.enforce_deadline and not self._single_queue
-        self._tracks_backlogs = self._predicted or self._fast_fail_on  # backlog starts: only prediction reads them
-        self._fair_lanes = config.fairness.mode != FairnessMode.FIFO and not self._single_queue
-        self._predict_margin = queue.predict_margin
-        self._prior_weight = queue.prior_weight if self._predicted else 0
-        self._margin_after_ms = queue.margin_after_ms if self._predicted else 0
-        self._depth_cap = queue.depth_cap
-        self.headroom.apply(config.headroom, single_queue=self._single_queue)
-        # the deadline rescue needs deadlines (expiry) and a fair order to step out of
-        self._rescue_ms = config.headroom.rescue_ms if queue.enforce_deadline and not self._single_queue else 0
-        self._weights()
-
-    def _make_plan(self, spec: ClassSpec) -> ClassPlan:
-        return ClassPlan(
-            spec,
-            self._aging,
-            expires=self._config.queue.enforce_deadline,
-            top_level=self._top_level,
-            dispatch_rate=adm.rate_window(self._cls_rate, spec.name),
-        )
-
     def _weights(self) -> None:
         fairness = self._config.fairness
         self._tenant_weight, self._unknown_weight = tenant_weights(self._tenant_specs.values(), fairness.min_share)
@@ -172,80 +135,19 @@ class Scheduler(DispatchMixin, PredictMixin):
         if tenants is not None:
             self._tenant_specs = {t.slug: t for t in tenants}
         if config is not None:
-            self._apply_config(config)
+            apply_config(self, config)
         elif tenants is not None:
             self._weights()
         if backends is not None:
             self._capacity.reconfigure(backends)
-        self._rebuild()
+        rebuild(self)
 
-    def _rebuild(self) -> None:
-        """Recreate lanes and heaps from the store's waiting tickets, in queue order."""
-        old_vt = {key: lane.vt for key, lane in self._lanes.items()}
-        old_since, old_base = self._backlog_since, self._backlog_base
-        self._lanes, self._lane_list, self._preempt, self._deadlines = {}, [], {}, []
-        self._rescue = {}
-        self._class_lanes = {}
-        self._promote_due_ms = float("inf")
-        self._promoted = self._waiting = 0
-        self._depth_by_cls, self._running_by_cls, self._started_sum = {}, {}, {}
-        self._backlog_since, self._backlog_base = {}, {}
-        old_book_since = {key: (book.since_ms, book.base) for key, book in self._books.items()}
-        for book in self._books.values():
-            book.waiting, book.since_ms = 0, None
-        tickets = sorted(self._store.tickets(), key=lambda t: t.qseq)
-        for ticket in tickets:
-            ticket.book = self._book(ticket.cls, ticket.tenant)
-            if ticket.state == RUNNING:
-                self._running_by_cls[ticket.cls] = self._running_by_cls.get(ticket.cls, 0) + 1
-                self._started_sum[ticket.cls] = self._started_sum.get(ticket.cls, 0) + (ticket.dispatched_ms or 0)
-            elif ticket.state == WAITING:
-                ticket.promoted = False
-                self._enqueue(ticket, front=False, lift=False)
-                self._count_queued(ticket, +1)
-        for key, lane in self._lanes.items():
-            lane.vt = old_vt.get(key, 0.0)
-        for key, book in self._books.items():  # a tenant still backlogged keeps its start
-            if book.waiting and old_book_since[key][0] is not None:
-                book.since_ms, book.base = old_book_since[key]
-        for cls in self._backlog_since:  # a class still backlogged keeps its start
-            if cls in old_since:
-                self._backlog_since[cls], self._backlog_base[cls] = old_since[cls], old_base[cls]
-        since = self._backlog_since
-        self._backlog_service = {c: v for c, v in self._backlog_service.items() if since.get(c) == v[0]}
-
-    def _lane_for(self, cls: str, model: str) -> Lane:
-        key = ("*", model) if self._single_queue else (cls, model)
-        lane = self._lanes.get(key)
-        if lane is None:
-            level = 0 if self._single_queue else self._class_spec(cls).level
-            mode = FairnessMode.FIFO if self._single_queue else self._config.fairness.mode
-            lane = Lane(key[0], model, level, mode, self._tenant_weight, self._unknown_weight, self._store)
-            lane.sla_ms = 0 if self._single_queue else self._class_spec(cls).sla_ms
-            self._lanes[key] = lane
-            adm.rate_window(self._model_rate, model)  # dispatch counts into it without a lookup miss
-            self._lane_list.append(lane)
-            self._lane_list.sort(key=lambda ln: (ln.level, ln.name, ln.model))
-            self._class_lanes.setdefault(lane.name, []).append(lane)
-        return lane
-
-    def _enqueue(self, ticket: Ticket, front: bool, lift: bool = True) -> None:
-        plan = self._plans[ticket.cls]
-        lane = self._lane_for(ticket.cls, ticket.model)
-        lane.push(ticket, front, lift)
-        enqueued = ticket.enqueued_ms
-        # age heap key: when it reaches preempt, or (never preempting) when it was enqueued
-        age_key_ms = enqueued if plan.preempt_wait_ms is None else enqueued + plan.preempt_wait_ms
-        heappush(lane.age, (age_key_ms, ticket.id, ticket))
-        if age_key_ms < self._promote_due_ms:
-            self._promote_due_ms = age_key_ms
-        if plan.expires:
-            ticket.deadline_ms = plan.deadline_ms(enqueued, ticket.request.deadline_ms)
-            heappush(self._deadlines, (ticket.deadline_ms, ticket.id, ticket))
-            if self._rescue_ms:
-                self._rescue_push(lane, ticket, ticket.deadline_ms)
-        else:
-            ticket.deadline_ms = None
+    def _book(self, cls: str, tenant: str) -> TenantInClass:
+        key = (cls, tenant)
+        book = self._books.get(key)
+        if book is None:
+            book = self._books[key] = TenantInClass(*self.counters.pair(cls, tenant))
+        return book
 
     # ----------------------------------------------------------------- admission
     def submit(self, request: Request, *, now_ms: int) -> Admission:
@@ -264,12 +166,7 @@ class Scheduler(DispatchMixin, PredictMixin):
             tenant_tally.rejected_no_backend += 1
             return NO_BACKEND
         if self._enforce_depth:
-            if self._predicted:
-                plan = self._plans[request.cls]
-                deadline_ms = plan.deadline_ms(request.enqueued_ms, request.deadline_ms)
-                refusal = self._predicted_refusal(plan, book, request.tenant, deadline_ms, now_ms)
-            else:
-                refusal = self._refusal(request, book.waiting, now_ms)
+            refusal = self.admission.refusal(request, book, now_ms)
             if refusal is not None:
                 cls_tally.rejected_queue_full += 1
                 tenant_tally.rejected_queue_full += 1
@@ -278,48 +175,20 @@ class Scheduler(DispatchMixin, PredictMixin):
         ticket.book = book
         self._next_seq += 1
         self._clock_ms = now_ms
-        self._enqueue(ticket, front=False)
-        self._count_queued(ticket, +1)
+        enqueue(self, ticket, front=False)
+        count_queued(self, ticket, +1)
         self._store.ticket_put(ticket)
         cls_tally.enqueued += 1
         tenant_tally.enqueued += 1
         return ADMITTED
 
-    def _refusal(self, request: Request, own: int, now_ms: int) -> Admission | None:
-        """Refuse with ``queue_full`` unless depth admits it (``own``: the tenant's depth in the class)."""
-        spec = self._classes[request.cls]
-        limit = self.depth_limit(request.cls, now_ms=now_ms)
-        depth = self._depth_by_cls.get(request.cls, 0)
-        room = adm.tenant_room(self._tenant_weight.get(request.tenant, self._unknown_weight), limit)
-        if adm.admits(depth, own, limit, room):
-            return None
-        drain_per_ms = adm.rate_window(self._cls_rate, request.cls).count(now_ms) / adm.WINDOW_MS
-        if drain_per_ms <= 0:
-            drain_per_ms = self._free_slots_for(spec) / self._service(self._cls_service, request.cls)
-        retry = adm.retry_after_ms(depth - limit + 1, drain_per_ms, spec.sla_ms)
-        return Admission(False, "queue_full", retry)
-
     def depth(self, cls: str) -> int:
         return self._depth_by_cls.get(cls, 0)
 
     def depth_limit(self, cls: str, *, now_ms: int) -> int:
-        """The class's dynamic depth limit (computed even when the policy does not enforce it); with
-        predicted admission, the depth the prediction admits (``prediction``)."""
-        if self._predicted:
-            return self._predicted_limit(self._plans[cls], now_ms)
-        spec = self._class_spec(cls)
-        mean_ms = self._service(self._cls_service, cls)
-        floor = adm.floor_depth(self._free_slots_for(spec), spec.sla_ms, mean_ms)
-        dispatched = adm.rate_window(self._cls_rate, cls).count(now_ms)
-        return adm.depth_limit(dispatched, spec.sla_ms, floor, self._config.queue.depth_cap)
-
-    def _free_slots_for(self, spec: ClassSpec) -> int:
-        capacity = self._capacity
-        slots = capacity.total_slots - (0 if spec.level <= self._top_level else capacity.total_reserved)
-        for cls, running in self._running_by_cls.items():
-            if running and self._class_spec(cls).level < spec.level:
-                slots -= running
-        return max(slots, 0)
+        """The class's depth limit by the admission rule (computed even when the policy does not enforce
+        it): the depth rule's, or with predicted admission the depth the prediction admits."""
+        return self.admission.depth_limit(cls, now_ms)
 
     def service_ms(self, cls: str) -> float:
         """The class's mean service time (dispatch to completion): measured, else the configured prior."""
@@ -329,65 +198,10 @@ class Scheduler(DispatchMixin, PredictMixin):
         mean = table.get(key)
         return mean.value(self._config.queue.service_ms_prior) if mean else float(self._config.queue.service_ms_prior)
 
-    def _count_queued(self, ticket: Ticket, delta: int) -> None:
-        book = ticket.book
-        assert book is not None, "set on admission"
-        self._waiting += delta
-        waiting = book.waiting = book.waiting + delta
-        cls = ticket.cls
-        depth = self._depth_by_cls[cls] = self._depth_by_cls.get(cls, 0) + delta
-        if self._tracks_backlogs:  # when a tenant's and a class's queue last became non-empty (prediction)
-            if waiting == 0:
-                book.since_ms = None
-            elif waiting == delta:
-                book.since_ms, book.base = self._clock_ms, book.dispatched
-            if depth == 0:
-                self._backlog_since.pop(cls, None)
-                self._backlog_service.pop(cls, None)
-            elif depth == delta:
-                self._backlog_since[cls], self._backlog_base[cls] = self._clock_ms, book.tallies[0].dispatched
-
-    def _unqueue(self, ticket: Ticket) -> None:
-        """Take a waiting ticket out of every index (lazily where heaps hold it)."""
-        if ticket.promoted:
-            self._promoted -= 1
-        lane = ticket.lane
-        assert lane is not None, "a waiting ticket is in a lane"
-        lane.detach(ticket)
-        ticket.promoted = False
-        self._count_queued(ticket, -1)
-        if len(self._deadlines) > 2 * self._waiting + DEADLINE_SLACK:
-            self._compact_deadlines()
-        if len(lane.age) > 2 * lane.live + AGE_SLACK:
-            self._compact_age(lane)
-        if self._rescue_ms:
-            self._rescue_compact(lane)
-
-    def _compact_deadlines(self) -> None:
-        """Drop the deadline heap's entries of tickets no longer waiting (left lazily when they were
-        dispatched or cancelled; with long SLAs they never reach the top). In place: `expire` may be
-        popping this very list. The live entries keep their total order, so nothing else changes."""
-        heap = self._deadlines
-        heap[:] = [entry for entry in heap if entry[2].state == WAITING and entry[2].deadline_ms == entry[0]]
-        heapify(heap)
-
-    @staticmethod
-    def _compact_age(lane: Lane) -> None:
-        """Drop the lane's age-heap entries of requests that left it (left lazily: only the top is
-        checked, so while one request waits long, the entries of every request dispatched after it
-        stayed, as many as the lane dispatched meanwhile, each holding its finished ticket — in the
-        shared dispatcher's snapshot too). In place, like the deadlines. The entries left are those
-        the lazy checks would accept, one per request (a request put back by a 429 may have two,
-        alike): their order is total, so the top, and every decision, stay the same."""
-        seen: set[str] = set()
-        live: list[tuple[int, str, Ticket]] = []
-        for entry in lane.age:
-            ticket = entry[2]
-            if ticket.state == WAITING and ticket.lane is lane and not ticket.promoted and entry[1] not in seen:
-                seen.add(entry[1])
-                live.append(entry)
-        lane.age[:] = live
-        heapify(lane.age)
+    # ----------------------------------------------------------------- dispatch
+    def dispatch(self, *, now_ms: int) -> list[Grant]:
+        """Grant every free slot it can, in the dispatch order (``dispatching``)."""
+        return self.order.dispatch(now_ms=now_ms)
 
     # ----------------------------------------------------------------- terminal states
     def _running_ticket(self, request_id: RequestId) -> Ticket:
@@ -461,8 +275,8 @@ class Scheduler(DispatchMixin, PredictMixin):
         self._next_front -= 1
         ticket.qseq = self._next_front
         self._clock_ms = now_ms
-        self._enqueue(ticket, front=True)
-        self._count_queued(ticket, +1)
+        enqueue(self, ticket, front=True)
+        count_queued(self, ticket, +1)
         if not self._store_holds_live_tickets:
             self._store.ticket_put(ticket)
         assert ticket.book is not None, "set on admission"
@@ -474,7 +288,7 @@ class Scheduler(DispatchMixin, PredictMixin):
         ticket = self._store.ticket_get(request_id)
         if ticket is None or ticket.state != WAITING or not self._config.queue.honour_cancel:
             return False
-        self._unqueue(ticket)
+        unqueue(self, ticket)
         self._terminate(ticket, "cancelled")
         return True
 
@@ -488,12 +302,12 @@ class Scheduler(DispatchMixin, PredictMixin):
             deadline_ms, _, ticket = heappop(heap)
             if ticket.state != WAITING or ticket.deadline_ms != deadline_ms:
                 continue
-            self._unqueue(ticket)
+            unqueue(self, ticket)
             self._terminate(ticket, "queue_timeout")
             expired.append(ticket.request)
         if self._fast_fail_on and self._waiting and now_ms >= self._fast_fail_due_ms:
             failed: list[Ticket] = []
-            self._fast_fail(now_ms, failed)
+            self.prediction.fast_fail(now_ms, failed)
             expired.extend(ticket.request for ticket in failed)
         return expired
 
@@ -511,6 +325,10 @@ class Scheduler(DispatchMixin, PredictMixin):
             del self._retired[ticket.cls]
 
     # ----------------------------------------------------------------- queries
+    def predicted_wait_ms(self, cls: str, tenant: str, *, now_ms: int) -> float:
+        """The prediction model's wait for a new request of ``tenant`` in ``cls`` (``prediction``)."""
+        return self.prediction.predicted_wait_ms(cls, tenant, now_ms=now_ms)
+
     def headroom_need(self, *, now_ms: int) -> int:
         """Slots the forecast wants free for the top class at ``now_ms`` (0: headroom off or no need)."""
         return self.headroom.need(now_ms)
@@ -557,9 +375,9 @@ class Scheduler(DispatchMixin, PredictMixin):
         if ticket is None or ticket.state != WAITING:
             return None
         if self._aging.preempt_ratio is not None:
-            self._promote(now_ms)  # neutral: dispatch would promote the same requests at now_ms
+            self.order.promote(now_ms)  # neutral: dispatch would promote the same requests at now_ms
         lanes = [lane for lane in self._lane_list if lane.model == ticket.model]
-        ranks = {lane.key: self._rank(lane, now_ms) for lane in lanes}
+        ranks = {lane.key: self.order.rank(lane, now_ms) for lane in lanes}
         boosted = self._aging_on and any(r[0] != r[1] for r in ranks.values() if len(r) > 1)
         ahead, exact = requests_ahead(
             ticket, lanes, lambda ln: ranks[ln.key], self._preempt.get(ticket.model, []), boosted
@@ -582,7 +400,7 @@ class Scheduler(DispatchMixin, PredictMixin):
             times.append(heap[0][0] + 1)
         if self._aging.preempt_ratio is not None:
             for lane in self._lane_list:
-                if self._oldest(lane) is not None:
+                if self.order.oldest(lane) is not None:
                     times.append(lane.age[0][0])
         reopen = self._capacity.next_reopen_ms(now_ms)
         if reopen is not None:

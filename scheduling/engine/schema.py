@@ -26,7 +26,8 @@ from scheduling.engine.model import (
     TenantSpec,
 )
 from scheduling.engine.schema_headroom import headroom_dict
-from scheduling.engine.schema_sections import build_sections, format_ratio, kind_of
+from scheduling.engine.schema_parties import kind_of
+from scheduling.engine.schema_sections import build_sections, format_ratio
 from scheduling.engine.schema_upstream import upstream_dict
 
 _REQUIRED = object()

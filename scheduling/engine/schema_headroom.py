@@ -1,19 +1,6 @@
 """The ``headroom:`` section of the scheduler configuration (predictive headroom, ``headroom.py``).
 
-headroom:
-  enabled: true          # off unless set (and off in the fifo/strict/linear presets)
-  horizon_ms: 4000       # hold when top-class arrivals are expected within this long
-  hold_ms: 8000          # a freed slot stays free at most this long
-  max_slots: 6           # at most this many slots held at once
-  min_expected: 0.5      # expected arrivals within the horizon that justify a hold
-  bucket_ms: 300000      # the time-of-day profile's bucket (must divide a day)
-  profile_alpha: 0.5     # weight of the newest day in a bucket's average
-  recent_ms: 60000       # time constant of the recent arrival rate
-  profile_weight: 0.5    # the profile's share of the forecast (the rest: the recent rate)
-  hold_idle: false       # also hold free slots that did not just free (an idle pool a lower class fills at once)
-  miss_share: 0          # > 0: at most the slots the pool's turnover needs for this share of arrivals to find none held
-  rescue_ms: 0           # > 0: inside a class, a request this close to its deadline is served before the fair order
-                         # (earliest deadline first among those at risk); applies with or without enabled
+Its keys, their defaults and what each does: docs/configuration.md, "The headroom section".
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """A backend's upstream fields in the scheduler YAML: its credential, extra headers and dialect.
 
-backends:
-  - name: azure-eu
-    url: https://myres.openai.azure.com
-    api_key_env: AZURE_EU_KEY        # the variable's NAME; its value is read by each process
-    headers: {X-Team: llm, X-Secret: "env:AZURE_EU_TAG"}
-    dialect: azure                   # api-key header, /openai/deployments/{deployment}/...
-    deployment: gpt-4o-eu            # default: the request's model
-    api_version: "2024-06-01"        # required with dialect: azure
-
-Only names of environment variables are configuration: a header whose name says it carries a
-credential (authorization, api-key, token, secret, cookie) must take its value from ``env:NAME``.
+``api_key_env`` (a variable's name), ``headers`` (a credential-looking header must take its value
+from ``env:NAME``), ``dialect`` (``azure``: with ``api_version`` and ``deployment``). Only names of
+environment variables are configuration. The fields: docs/upstreams.md.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from .config_record import backend_from_record, config_from_record, from_plain, 
 from .counters import Tally
 from .fairness import Lane, TenantQueue
 from .model import ClassSpec, FairnessMode, Request, RequestId
+from .queues import apply_config
 from .scheduler import Scheduler
 from .store import DONE, MemoryStore, Ticket, _Sample, _Window
 
@@ -279,7 +280,7 @@ def from_record(record: object) -> Scheduler:
     sched._cls_service = {name: _mean_of(m) for name, m in record["cls_service"].items()}
     sched._model_service = {name: _mean_of(m) for name, m in record["model_service"].items()}
     sched._retired = {spec["name"]: from_plain(ClassSpec, spec) for spec in record["retired"]}
-    sched._apply_config(config)  # plans and rate references over the restored windows
+    apply_config(sched, config)  # plans and rate references over the restored windows
     capacity = sched._capacity
     capacity.states = {}
     for spec, busy, hold_until_ms, enabled, removed in record["backends"]:

@@ -1,23 +1,9 @@
 """Storage behind the scheduler: the few primitives the policy needs, and the in-memory twin.
 
-The policy keeps *derived* indexes in memory (per-tenant deques, heaps): they are rebuilt from
-the store by :meth:`Scheduler.reconfigure` or at start-up. What must survive a process and be
-shared is in the store:
-
-* tickets: one record per admitted, not yet terminal request (``Ticket.as_record`` is plain
-  JSON-able data; index references are not part of it);
-* fair-share virtual counters, keyed ``(lane_class, model, tenant)``;
-* sliding windows (TPM/RPM per backend): append a sample, correct it later, read the sum (the
-  in-memory twin counts samples in entries of 250 ms, never less than exactly: `_Window`).
-
-A Redis store maps these to a hash per ticket, one hash of counters and a sorted set per
-window (a Lua script per primitive, as dramatiq's rate limiters do). The engine assumes one
-dispatcher owns the indexes at a time; other processes read positions through it.
-
-Optional attribute ``holds_live_tickets`` (default False): True when the stored record of a
-ticket is the engine's own ``Ticket`` object (the in-memory twin), so a ticket that is already
-stored needs no ``ticket_put`` after it changes; the engine then skips those writes. A store
-that keeps copies is sent every change.
+What must survive a process is in the store: the tickets (``Ticket.as_record``), the fair-share
+counters, and the backends' sliding TPM/RPM windows; the indexes (deques, heaps) are derived and
+rebuilt from it. :class:`MemoryStore` is the in-memory twin the engine runs on. What a store must
+do: docs/engine.md, "The store".
 """
 
 from __future__ import annotations
@@ -167,7 +153,7 @@ class _Window:
 class MemoryStore:
     """Dicts and deques; ticket records are the live objects (no copy on put)."""
 
-    holds_live_tickets = True  # see the module docstring
+    holds_live_tickets = True  # see docs/engine.md, "The store"
 
     def __init__(self) -> None:
         self._tickets: dict[RequestId, Ticket] = {}

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from scheduling.engine.admission_rules import DepthAdmission
 from scheduling.engine.model import Request
 from sim import engine_speed
 from sim.scenario import scenario_from_dict
@@ -201,12 +202,13 @@ def check_rows(sizes: tuple[int, ...], calls: int = 10_000, rounds: int = 8) -> 
                 sched.complete(running[step % len(running)], now_ms=step + 1, prompt_tokens=500, output_tokens=200)
                 running[step % len(running)] = sched.dispatch(now_ms=step + 1)[0].request.id
             totals = {"depth": 0.0, "predicted": 0.0}
+            depth_rule = DepthAdmission(sched)  # the same state under the other rule
             for cls in ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY"):
-                plan, book = sched._plans[cls], sched._book(cls, "t01")
+                book = sched._book(cls, "t01")
                 request = Request("x", "t01", cls, "m", 500, 200, 300)
                 checks = {
-                    "depth": lambda s=sched, r=request, b=book: s._refusal(r, b.waiting, 300),
-                    "predicted": lambda s=sched, p=plan, b=book: s._predicted_refusal(p, b, "t01", 300 + p.sla_ms, 300),
+                    "depth": lambda a=depth_rule, r=request, b=book: a.refusal(r, b, 300),
+                    "predicted": lambda a=sched.admission, r=request, b=book: a.refusal(r, b, 300),
                 }
                 best = dict.fromkeys(checks, float("inf"))
                 gc.disable()

@@ -220,7 +220,8 @@ def render(data: dict) -> str:
         ]
     if data.get("checks"):
         parts += [
-            "The admission check alone (`_refusal` against `_predicted_refusal`), on one engine state for both, "
+            "The admission check alone (`DepthAdmission.refusal` against `PredictedAdmission.refusal`), on one engine "
+            "state for both, "
             "interleaved, mean over a request of each class, fastest of eight rounds: the figure the machine's "
             "drift between runs does not enter.",
             "",

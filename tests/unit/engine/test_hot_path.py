@@ -73,7 +73,7 @@ class CheckedHarness(Harness):
     def check_shortcuts(self):
         sched, now = self.sched, self.now
         for lane in sched._lane_list:
-            assert sched._rank(lane, now) == reference_rank(sched, lane, now), lane.key
+            assert sched.order.rank(lane, now) == reference_rank(sched, lane, now), lane.key
         waiting = [t for t in sched._store.tickets() if t.state == WAITING]
         for (cls, tenant), book in sched._books.items():
             assert book.waiting == sum(1 for t in waiting if t.cls == cls and t.tenant == tenant), (cls, tenant)

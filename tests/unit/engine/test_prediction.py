@@ -325,7 +325,7 @@ def test_requests_running_longer_than_assumed_lower_the_admitted_depth_before_an
     # nothing has completed; once the running requests have run past 25 s their mean must be above it
     assert limits[0] < limits[1] == limits[2]  # (at 0 the 10 slots just filled are fresh)
     assert limits[2] > limits[3] > limits[4]
-    assert sched._unknown_service_ms("BATCH", 50_000) == 50_000  # 10 requests, each running for 50 s
+    assert sched.prediction.evidence.unknown_service_ms("BATCH", 50_000) == 50_000  # 10 requests, each running for 50 s
 
 
 def test_the_first_completions_of_a_burst_do_not_pull_the_prior_down_at_once():
@@ -334,7 +334,7 @@ def test_the_first_completions_of_a_burst_do_not_pull_the_prior_down_at_once():
     grants = sched.dispatch(now_ms=0)
     sched.complete(grants[0].request.id, now_ms=5_000, prompt_tokens=100, output_tokens=100)  # a short one
     # (10 x 25 s + 1 x 5 s) / 11, and the 9 still running for 5 s do not raise it
-    assert sched._unknown_service_ms("BATCH", 5_000) == pytest.approx((10 * 25_000 + 5_000) / 11)
+    assert sched.prediction.evidence.unknown_service_ms("BATCH", 5_000) == pytest.approx((10 * 25_000 + 5_000) / 11)
     plain = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
     admitted(plain, *burst("b", 100))
     grants = plain.dispatch(now_ms=0)
@@ -356,22 +356,22 @@ def test_a_class_served_before_its_backlog_is_not_planned_on_the_prior():
 
 def test_within_margin_after_the_wait_may_take_the_whole_time_and_the_margin_of_the_rest():
     sched = scheduler(predicting(margin_after_ms=MIN), slots=10, tenant_specs=tenants(("a", 1.0)))
-    assert sched._kept_ms(30_000, MIN) == 30_000
-    assert sched._kept_ms(MIN, MIN) == MIN
-    assert sched._kept_ms(1_800_000, MIN) == pytest.approx(MIN + 0.8 * (1_800_000 - MIN))
-    assert sched._kept_ms(30_000, 0) == pytest.approx(0.8 * 30_000)
+    assert sched.prediction.evidence.kept_ms(30_000, MIN) == 30_000
+    assert sched.prediction.evidence.kept_ms(MIN, MIN) == MIN
+    assert sched.prediction.evidence.kept_ms(1_800_000, MIN) == pytest.approx(MIN + 0.8 * (1_800_000 - MIN))
+    assert sched.prediction.evidence.kept_ms(30_000, 0) == pytest.approx(0.8 * 30_000)
 
 
 def test_margin_after_applies_to_an_assumed_rate_on_a_horizon_of_at_least_the_service_time():
     sched = scheduler(predicting(margin_after_ms=MIN), slots=10, tenant_specs=tenants(("a", 1.0)))
-    assert sched._after_ms("BATCH", False, 30_000) == 0  # never served: its service time is unknown
+    assert sched.prediction.evidence.after_ms("BATCH", False, 30_000) == 0  # never served: its service time is unknown
     admitted(sched, req("h", tenant="a", cls="BATCH"))
     (grant,) = sched.dispatch(now_ms=0)
     sched.complete(grant.request.id, now_ms=20_000, prompt_tokens=100, output_tokens=100)
-    assert sched._after_ms("BATCH", False, 30_000) == MIN  # 20 s measured: 30 s covers it
-    assert sched._after_ms("BATCH", False, 10_000) == 0  # a shorter horizon waits on others' slots
-    assert sched._after_ms("BATCH", True, 30_000) == 0  # a measured rate keeps the margin
-    assert scheduler(predicting(), slots=10)._after_ms("BATCH", False, 30_000) == 0  # off by default
+    assert sched.prediction.evidence.after_ms("BATCH", False, 30_000) == MIN  # 20 s measured: 30 s covers it
+    assert sched.prediction.evidence.after_ms("BATCH", False, 10_000) == 0  # a shorter horizon waits on others' slots
+    assert sched.prediction.evidence.after_ms("BATCH", True, 30_000) == 0  # a measured rate keeps the margin
+    assert scheduler(predicting(), slots=10).prediction.evidence.after_ms("BATCH", False, 30_000) == 0  # off by default
 
 
 def test_a_short_burst_that_fits_its_sla_is_admitted_within_margin_after_and_taken_as_a_chance():

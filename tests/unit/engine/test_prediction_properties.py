@@ -110,16 +110,16 @@ class Predicting:
         assert ticket is not None and ticket.state == WAITING
         assert wait_ms <= ticket.deadline_ms - now, (rid, wait_ms, ticket.deadline_ms - now)
         plan = sched._plans[ticket.cls]
-        usable = sched._usable_slots(plan)
-        drain = sched._drain(plan, usable, now)
-        higher, free = sched._higher_waiting(plan), sched._free_now(usable)
-        assert not sched._hopeless(ticket, plan, higher, free, drain, now), rid
+        usable = sched.prediction._usable_slots(plan)
+        drain = sched.prediction._drain(plan, usable, now)
+        higher, free = sched.prediction._higher_waiting(plan), sched.prediction._free_now(usable)
+        assert not sched.prediction._hopeless(ticket, plan, higher, free, drain, now), rid
         left = ticket.deadline_ms - now
-        must = higher + sched._ahead(ticket.cls, ticket.tenant, 0) - free
-        after = sched._after_ms(ticket.cls, drain.measured, left)
-        short = left < sched._service_now(ticket.cls)
+        must = higher + sched.prediction._ahead(ticket.cls, ticket.tenant, 0) - free
+        after = sched.prediction.evidence.after_ms(ticket.cls, drain.measured, left)
+        short = left < sched.prediction._service_now(ticket.cls)
         if must > 0 and (short or left <= after):  # a short horizon (or within margin_after_ms): a chance
-            need = math.ceil(must + sched._fresh_deficit(ticket.cls, free, left, now))
+            need = math.ceil(must + sched.prediction._fresh_deficit(ticket.cls, free, left, now))
             mean = sched._cls_service.get(ticket.cls)
             own = after and mean is not None and not short
             dispersion = mean.dispersion() if own else 1.0  # its own slots' renewal count, else Poisson
