@@ -19,7 +19,7 @@ TOP_LEVEL += ("sim", "simbackend", "tenants", "tests", ".ci")
 EXTENSIONS = (".py", ".md", ".json", ".yaml", ".yml", ".toml", ".txt", ".html", ".js", ".css", ".cfg", ".lock")
 # Made at run time or by the wheel's build, not kept in the repository; and a reader's own file.
 GENERATED = ("var/", "artifacts/", "dist/", "node_modules/", ".venv/", "console/static/console-vendor/")
-NOT_IN_REPOSITORY = {"my-scheduler.yaml", "scheduler.yaml"}
+NOT_IN_REPOSITORY = {"my-scheduler.yaml", "scheduler.yaml", "my-signin.yaml"}
 PACKAGES = ("batches", "bench", "billing", "config", "console", "gateway", "scheduling", "sim", "simbackend", "tenants")
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
