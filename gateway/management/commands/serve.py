@@ -15,12 +15,9 @@ import importlib.util
 import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.metrics import multiprocess_prepare
-from scheduling.selectors import backend_specs
-from scheduling.upstreams import missing_env
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
 
@@ -128,6 +125,13 @@ class Command(BaseCommand):
 
 def _credentials_check() -> None:
     """Refuse to start when an enabled backend names an environment variable that is not set."""
+    # Here, not at the top: `serve --workers N` spawns processes that import this module (for its
+    # protocol class) before Django is set up, and these import models.
+    from django.db import DatabaseError  # noqa: PLC0415 -- see above
+
+    from scheduling.selectors import backend_specs  # noqa: PLC0415 -- see above
+    from scheduling.upstreams import missing_env  # noqa: PLC0415 -- see above
+
     try:
         missing = missing_env(backend_specs())
     except DatabaseError:  # not migrated yet, or down: /readyz says so
