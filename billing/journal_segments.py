@@ -86,9 +86,12 @@ def _files(owner: str | None) -> Iterable[Path]:
     return sorted(directory.glob(f"{safe_owner(owner)}.*{SUFFIX}"))
 
 
-def journals_orphaned(owner: str | None = None) -> list[tuple[Path, int, list[SettleAsk]]]:
+def journals_orphaned(
+    owner: str | None = None, *, busy: list[Path] | None = None
+) -> list[tuple[Path, int, list[SettleAsk]]]:
     """Journals of processes that are gone (their lock is free), of ``owner`` only if given:
-    (path, locked fd, settlements). The caller books them, then calls ``journal_retire``."""
+    (path, locked fd, settlements). The caller books them, then calls ``journal_retire``. Those
+    whose lock is still held are appended to ``busy`` if given."""
     found = []
     for path in _files(owner):
         try:
@@ -97,8 +100,10 @@ def journals_orphaned(owner: str | None = None) -> list[tuple[Path, int, list[Se
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # its process is alive
+        except BlockingIOError:  # its process is alive, or not quite gone
             os.close(fd)
+            if busy is not None:
+                busy.append(path)
             continue
         found.append((path, fd, _pending(path)))
     return found
@@ -133,3 +138,11 @@ def journal_replay(owner: str, book, *, batch: int = 256) -> tuple[int, int]:
         else:
             journal_retire(path, fd)
     return booked, left
+
+
+def journals_locked(owner: str) -> int:
+    """How many of ``owner``'s journals are still locked (its process alive, or not quite gone)."""
+    busy: list[Path] = []
+    for _path, fd, _asks in journals_orphaned(owner, busy=busy):
+        os.close(fd)  # free: not this question's
+    return len(busy)

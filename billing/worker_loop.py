@@ -23,7 +23,7 @@ from billing.cache import caches_refresh_one
 from billing.errors import BillingError, DatabaseUnavailable
 from billing.heartbeats import Housekeeper
 from billing.inflight import HeldEntry, held_forget, held_remember
-from billing.journal_segments import journal_replay
+from billing.journal_segments import journal_replay, journals_locked
 from billing.pricing import UnitPrices, backends_cached
 from billing.worker_protocol import READY, BatchAnswer
 
@@ -84,6 +84,7 @@ def _gateway_gone(owner: str, gateway_pid: int, keeper) -> None:
     while True:
         done, left = journal_replay(owner, booked)
         total += done
+        left += journals_locked(owner)  # its dead gateway's lock not released yet: look again
         if not left or time.monotonic() - started_s > ORPHAN_GRACE_S - 10.0:
             break
         if keeper is not None:

@@ -18,7 +18,7 @@ from billing.booking_asks import Charged, SettleAsk
 from billing.client.unbooked import Unbooked
 from billing.errors import BillingError, DatabaseUnavailable, HoldNotFound, transient
 from billing.journal import Journal
-from billing.journal_segments import journal_replay, journal_retire, journals_orphaned
+from billing.journal_segments import journal_replay, journal_retire, journals_locked, journals_orphaned
 
 AT = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -139,10 +139,12 @@ sys.stdin.read()
         assert holder.stdout.readline().strip() == "locked"
         assert journals_orphaned() == []
         assert journal_replay("host:2:b", lambda asks: pytest.fail("booked a live process's journal")) == (0, 0)
+        assert journals_locked("host:2:b") == 1  # a dead gateway's worker looks again while it is locked
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
-    (found,) = journals_orphaned()  # now its process is gone
+    assert journals_locked("host:2:b") == 0  # now its process is gone
+    (found,) = journals_orphaned()
     assert [a.request_id for a in found[2]] == ["t/r9"]
     journal_retire(found[0], found[1])
 
