@@ -9,6 +9,7 @@ from decimal import Decimal
 from django.db.models import Exists, OuterRef, Sum
 
 from billing.models import LedgerEntry
+from billing.money import MICRO
 
 Kind = LedgerEntry.Kind
 DAY = timedelta(days=1)
@@ -24,5 +25,5 @@ def class_exposure(class_name: str, now: datetime) -> dict[str, object]:
         .count()
     )
     spent = LedgerEntry.objects.filter(kind=Kind.CHARGE, class_name=class_name, at__gte=now - DAY, at__lte=now)
-    day_spend = spent.aggregate(total=Sum("amount"))["total"] or Decimal(0)
+    day_spend = Decimal(spent.aggregate(total=Sum("amount"))["total"] or 0).quantize(MICRO)  # SQLite sums floats
     return {"open_holds": open_holds, "day_spend": day_spend}

@@ -1,7 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 urlpatterns = [
+    path("", RedirectView.as_view(url="/console/", permanent=False)),  # the admin's "View site" too
     path("admin/", admin.site.urls),
     path("api/billing/", include("billing.urls")),
     path("console/", include("console.urls")),

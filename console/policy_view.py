@@ -62,7 +62,7 @@ def _versions(class_names: list[str]) -> dict[str, list[PriceVersion]]:
     return out
 
 
-def policy_context() -> dict:
+def policy_context(feedback: dict | None = None) -> dict:
     config = config_live()
     classes = list(classes_with_price())
     versions = _versions([c.name for c in classes])
@@ -70,6 +70,7 @@ def policy_context() -> dict:
         c.versions = versions.get(c.name, [])
         c.price_factor = factor_text(c.price_factor)
     return {
+        "feedback": feedback or {},
         "classes": classes,
         "aging": config.aging,
         "segments_text": segments_text(config.aging),

@@ -62,6 +62,7 @@ def queue_page(request: HttpRequest) -> HttpResponse:
         "batches": batch_cards([tenant.pk]).get(tenant.pk, []),
         "key_classes": services.key_classes(tenant),
         "ws_query": f"?tenant={tenant.slug}" if access.is_admin(request.user) else "",
+        "own_queue": getattr(request.user, "tenant_id", None) == tenant.pk,
     }
     return render(request, "console/queue.html", context)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.messages.storage.base import Message
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -21,29 +22,39 @@ from django.views.decorators.http import require_POST
 from console import policy
 from console.access import ADMIN, role_required
 from console.policy_view import policy_context
+from console.wording import sla_minutes
 from scheduling.prices import MAX_STEP, ConfirmNeeded
+from scheduling.selectors import config_live
 
 SAVED = "Saved: the running scheduler picks it up within a second."
+AT = "at:"
+MS_PER_MINUTE = 60_000
 
 
 @role_required(ADMIN)
 def policy_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/policy.html", policy_context())
+    return render(request, "console/policy.html", policy_context(_feedback(request)))
 
 
 def _actor(request: HttpRequest) -> str:
     return f"console:{request.user.username}"
 
 
-def _apply(request: HttpRequest, anchor: str, action: Callable[[], str | None]) -> HttpResponse:
+def _apply(request: HttpRequest, target: str, action: Callable[[], str | None]) -> HttpResponse:
+    """Run one change; its outcome is shown next to the form it came from (``target``)."""
     try:
         note = action()
-        messages.success(request, note or SAVED)
+        messages.success(request, note or SAVED, extra_tags=AT + target)
     except ConfirmNeeded:
         raise  # the caller's confirm step
     except ValidationError as exc:
-        messages.error(request, "Refused: " + "; ".join(exc.messages))
-    return redirect(f"/console/policy/#{anchor}")
+        messages.error(request, "Refused: " + "; ".join(exc.messages), extra_tags=AT + target)
+    return redirect(f"/console/policy/#{target}")
+
+
+def _feedback(request: HttpRequest) -> dict[str, Message]:
+    """The outcomes of the last changes, by the form they belong to."""
+    return {m.extra_tags[len(AT) :]: m for m in messages.get_messages(request) if m.extra_tags.startswith(AT)}
 
 
 def _note(result) -> str:
@@ -81,23 +92,36 @@ def class_edit(request: HttpRequest, name: str) -> HttpResponse:
                 f"{name} price ×{version.price_factor} (version {version.pk}) "
                 f"from {timezone.localtime(version.effective_at):%Y-%m-%d %H:%M:%S %Z}"
             )
-        sla_ms = policy.number(_post(request, "sla_ms"), what="SLA (ms)", kind=int)
+        sla_ms = _sla_ms(request)
         if sla_ms is not None:
             policy.class_sla_set(class_name=name, sla_ms=sla_ms, actor=_actor(request))
-            notes.append(f"{name} SLA {sla_ms} ms")
+            notes.append(f"{name} target wait {sla_minutes(sla_ms)} min")
         if not notes:
             raise ValidationError("nothing to change: give an SLA or a price factor")
         return "Saved: " + "; ".join(notes) + "."
 
     try:
-        return _apply(request, "classes", action)
+        return _apply(request, f"class-{name}", action)
     except ConfirmNeeded as asked:
         return _price_confirm(request, name, asked)
 
 
+def _sla_ms(request: HttpRequest) -> int | None:
+    """The SLA posted in minutes (the form) or in milliseconds (scripts), in milliseconds."""
+    minutes = policy.number(_post(request, "sla_min"), what="target wait (minutes)")
+    if minutes is None:
+        return policy.number(_post(request, "sla_ms"), what="SLA (ms)", kind=int)
+    if not minutes.is_finite():
+        raise ValidationError(f"target wait: {minutes} is not a number of minutes")
+    sla_ms = int(minutes * MS_PER_MINUTE)
+    if sla_ms < 1:
+        raise ValidationError("target wait: give more than 0 minutes")
+    return sla_ms
+
+
 def _price_confirm(request: HttpRequest, name: str, asked: ConfirmNeeded) -> HttpResponse:
     """The confirm step: what the change touches, and the same change to post again, confirmed."""
-    posted = {field: _post(request, field) for field in ("price_factor", "effective_at", "sla_ms")}
+    posted = {field: _post(request, field) for field in ("price_factor", "effective_at", "sla_min", "sla_ms")}
     context = {
         "name": name,
         "impacts": asked.impacts,
@@ -137,7 +161,7 @@ def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
             raise ValidationError("give a quota share (0 < share <= 1)")
         policy.tenant_share_set(slug=slug, quota_share=share, actor=_actor(request))
 
-    return _apply(request, "tenants", action)
+    return _apply(request, f"tenant-{slug}", action)
 
 
 @require_POST
@@ -158,7 +182,8 @@ def rule_edit(request: HttpRequest) -> HttpResponse:
             )
         )
 
-    return _apply(request, "rules", action)
+    known = {rule.name for rule in config_live().downgrade_rules}
+    return _apply(request, f"rule-{name}" if name in known else "rule-new", action)
 
 
 def _backend_values(request: HttpRequest) -> dict:
@@ -183,6 +208,6 @@ def _backend_values(request: HttpRequest) -> dict:
 def backend_edit(request: HttpRequest, name: str) -> HttpResponse:
     return _apply(
         request,
-        "backends",
+        f"backend-{name}",
         lambda: _note(policy.backend_set(name=name, values=_backend_values(request), actor=_actor(request))),
     )

@@ -14,6 +14,7 @@ from billing.alerts import alerts_failed
 from billing.selectors import tenants_visible
 from console import selectors
 from console.access import ADMIN, FINANCE, role_required
+from console.wording import audit_changes
 
 FAILED_ALERTS_SHOWN = 50
 
@@ -35,6 +36,8 @@ def ops_page(request: HttpRequest) -> HttpResponse:
 def audit_page(request: HttpRequest) -> HttpResponse:
     entity = request.GET.get("entity") or ""
     page = Paginator(selectors.audit_rows(entity=entity), AUDIT_PAGE).get_page(request.GET.get("page"))
+    for row in page:
+        row.changes = audit_changes(row.field, row.old, row.new)
     return render(
         request, "console/audit.html", {"page": page, "entity": entity, "entities": selectors.audit_entities()}
     )

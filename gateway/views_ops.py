@@ -6,7 +6,8 @@ import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import Resolver404
 from django.views.defaults import page_not_found
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -70,10 +71,16 @@ def handler400(request: HttpRequest, exception=None) -> HttpResponse:
     return invalid_request("The request could not be read.").to_response()
 
 
+def _plain(exception) -> Http404:
+    """The 404 with its reason when a view gave one in words; none for an unknown path."""
+    reason = "" if isinstance(exception, Resolver404) or exception is None or not exception.args else exception.args[0]
+    return Http404(reason if isinstance(reason, str) else "")
+
+
 def handler404(request: HttpRequest, exception=None) -> HttpResponse:
     """An unknown path: the client's mistake, logged at INFO (Django would log a WARNING)."""
-    if request.path.startswith(BROWSER_PATHS):  # people in a browser get Django's page
-        return page_not_found(request, exception)
+    if request.path.startswith(BROWSER_PATHS):  # people in a browser get a page
+        return page_not_found(request, _plain(exception))
     unknown = request.path[:200]
     log.info("%s %s: 404 unknown path", request.method, unknown)
     return logged(not_found(f"Unknown path {unknown}. See /v1/openapi.json for the endpoints.").to_response())
