@@ -27,7 +27,7 @@ FAILURES_SHOWN = 10  # a card lists its latest failures, each a link to its requ
 
 def _batch_line(job: str | None, public_id: str) -> bool:
     """A batch's line: untagged (gateway.lifecycle.job_of), with a line's id (batches.service)."""
-    return bool(job) and job.startswith(UNTAGGED_JOB) and batch_of_line(public_id) is not None
+    return job is not None and job.startswith(UNTAGGED_JOB) and batch_of_line(public_id) is not None
 
 
 @dataclass

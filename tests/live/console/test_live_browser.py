@@ -268,7 +268,9 @@ def test_member_follows_a_batch_job_card_live_and_cancels_it(stack, gate, browse
     page.click("#confirm-action")
     page.wait_for_selector(".messages")
     assert "no more of its lines start" in page.locator(".messages").text_content()
-    card_says(page, batch.id, "cancelling", "2 cancelled", "1 running", what="the job cancelling, its running line left")
+    card_says(
+        page, batch.id, "cancelling", "2 cancelled", "1 running", what="the job cancelling, its running line left"
+    )
     assert page.locator(f"#batch-cards article[data-id='{batch.id}'] button.danger").count() == 0
     gate.open()  # the running line finishes: the card moves without a reload
     # each line once, under its true state (issue 49: cancelled lines are not also "failed")
