@@ -107,7 +107,7 @@
     if (request) {
       items.push(["State", request.state], ["Class", classCell(request)], ["Model", request.model || ""]);
       if (request.state === "queued") {
-        items.push(["Position", position(request)], ["Expected to start", Format.eta(request)]);
+        items.push(["Position", String(request.position)], ["Expected to start", Format.eta(request)]);
         if (Format.slip(request)) items.push(["Later than first shown", Format.slip(request)]);
       }
       if (request.ended_because && request.state !== "completed") items.push(["Why it ended", request.ended_because]);
