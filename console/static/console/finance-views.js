@@ -27,7 +27,7 @@
     const first = spent[0];
     const points = [{ at: new Date(new Date(first.at).getTime() - STEP_MS[step]).toISOString(), cumulative: "0" }].concat(spent);
     const pct = budget && budget.limit ? Format.percent(budget.spent, budget.limit) : null;
-    const used = pct !== null ? " · " + pct.toFixed(pct < 1 ? 2 : 0) + " % of " + money(budget.limit) : "";
+    const used = pct !== null ? " · " + (pct > 0 && pct < 0.01 ? "under 0.01" : pct.toFixed(pct < 1 ? 2 : 0)) + " % of " + money(budget.limit) : "";
     const box = el("figure", { "class": "multiple", "data-tenant": slug }, [
       el("figcaption", {}, [el("strong", { text: slug }), el("span", { "class": "muted", text: " spent " + money(points[points.length - 1].cumulative) + used })]),
     ]);
@@ -61,7 +61,8 @@
 
   function periodHead(p) {
     const since = p.starts_at ? " (from " + new Date(p.starts_at).toLocaleString() + ")" : "";
-    return p.period === 0 ? "Before" + since : "After " + p.opened_by + since;
+    if (p.period === 0) return (shift && shift.changes.length ? "Before the first price change" : "The whole period") + since;
+    return "After " + p.opened_by + since;
   }
 
   const STEP_WORD = { minute: "minute", hour: "hour", day: "day", week: "week" };
