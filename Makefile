@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test test-fast venv migrate lint import-graph bench clean assets surge wheel
+.PHONY: demo test test-fast venv migrate lint import-graph bench clean assets surge wheel screenshots
 
 venv: $(STAMP) assets
 
@@ -78,6 +78,13 @@ test: venv assets lint
 	  echo "--- the scheduling live tests with FAIRGATE_SCHEDULER=embedded"; \
 	  FAIRGATE_SCHEDULER=embedded $(PY) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS); \
 	else echo "(REDIS_URL unset: the suite ran with the embedded scheduler only)"; fi
+
+# The console's screenshots committed at docs/screenshots/ (the member's queue under live traffic on a
+# desktop and a phone, finance, policy), taken by the browser tests of issue 49 against a real stack
+# (tests/live/console/test_live_trust.py; the services' env as for `make test`). Tests run without
+# FAIRGATE_SCREENSHOTS write theirs to artifacts/ (ignored), never into the tree.
+screenshots: venv assets
+	FAIRGATE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -q -p no:cacheprovider tests/live/console/test_live_trust.py
 
 # The unit level only (no database, no servers): about half a minute.
 test-fast: venv

@@ -8,6 +8,7 @@ sent to Celery workers once granted, and ended by the worker (completed, failed)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +31,14 @@ Status = Batch.Status
 
 def batch_id_new() -> str:
     return ordered_id("batch_", 6)
+
+
+LINE_ID_RE = re.compile(r"batch_[0-9a-f]{24}\.\d+(~\d+)?")  # what `public_id_of` makes
+
+
+def batch_of_line(public_id: str) -> str | None:
+    """The batch whose line runs as ``public_id`` (`public_id_of`), else None."""
+    return public_id.partition(".")[0] if LINE_ID_RE.fullmatch(public_id) else None
 
 
 def public_id_of(line: BatchLine) -> str:
@@ -120,13 +129,41 @@ def batch_cards(tenant_ids: Iterable[int]) -> dict[int, list[dict]]:
         by_batch.setdefault(batch_id, {})[state] = n
     sums = BatchLine.objects.filter(batch__in=[b.id for b in found]).order_by().values_list("batch_id")
     charged = dict(sums.annotate(total=Sum("charge")))
+    failures = _failures([b.id for b in found if any(by_batch.get(b.id, {}).get(s) for s in FAILED)])
     cards: dict[int, list[dict]] = {}
     for batch in found:
         states = by_batch.get(batch.id, {})
         card = _card(batch, states, charged.get(batch.id), now)
+        card["failed_by_reason"], card["failures"] = failures.get(batch.id, ([], []))
         if len(cards.setdefault(batch.tenant_id, [])) < CARDS_MAX:
             cards[batch.tenant_id].append(card)
     return cards
+
+
+FAILED = (State.FAILED, State.EXPIRED)  # ended without an answer (a cancelled line is counted as cancelled)
+FAILURES_SHOWN = 10
+
+
+def _failures(batch_ids: list[str]) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per batch: its failed and expired lines by error code (most first) and its latest ones,
+    each with the request id it ran under (a console card links each to it)."""
+    out: dict[str, tuple[list[dict], list[dict]]] = {}
+    lines = BatchLine.objects.filter(batch__in=batch_ids, state__in=FAILED).order_by()
+    for batch_id, code, n in lines.values_list("batch_id", "error__code").annotate(n=Count("id")):
+        out.setdefault(batch_id, ([], []))[0].append({"reason": code or "unknown", "count": n})
+    for batch_id, (by_reason, latest) in out.items():
+        by_reason.sort(key=lambda r: (-r["count"], r["reason"]))
+        recent = lines.filter(batch_id=batch_id).order_by("-ended_at", "-number")[:FAILURES_SHOWN]
+        for line in recent.only("batch_id", "number", "feeds", "error"):
+            latest.append({"id": public_id_of(line), "reason": (line.error or {}).get("code") or "unknown"})
+    return out
+
+
+def _description(metadata) -> str:
+    """What the client said the batch is (its ``metadata`` description), else ""."""
+    if isinstance(metadata, dict) and isinstance(metadata.get("description"), str):
+        return metadata["description"][:500]
+    return ""
 
 
 def _card(batch: Batch, states: dict[str, int], charged, now) -> dict:
@@ -147,11 +184,14 @@ def _card(batch: Batch, states: dict[str, int], charged, now) -> dict:
         "status": batch.status,
         "endpoint": batch.endpoint,
         "class": batch.priority_class,
+        "description": _description(batch.metadata),
         "created_at": _ts(batch.created_at),
         "expires_at": _ts(batch.expires_at),
         "total": total,
         "completed": completed,
-        "failed": ended - completed,
+        "failed": states.get(State.FAILED, 0),  # each line once, under its true state
+        "cancelled": states.get(State.CANCELLED, 0),
+        "expired": states.get(State.EXPIRED, 0),
         "running": states.get(State.SENT, 0),
         "waiting": sum(states.get(s, 0) for s in WAITING),
         "charged": str(charged or 0),

@@ -12,17 +12,28 @@ its charges cost above the compute cost (charge - base cost): positive for a cla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, Min, QuerySet
+from django.db.models.functions import Trunc
 
 from billing.models import LedgerEntry, PriceVersion
 from billing.money import ZERO, MoneySum, or_zero
+from billing.periods import fiscal_tz
 from scheduling.models import PriorityClass
 from tenants.models import Tenant
 
 SHARE = Decimal("0.0001")
+# the share chart's bucket: days up to two months of charges, else weeks (shorter spans: finer)
+SHARE_STEPS = ((timedelta(hours=3), "minute"), (timedelta(days=3), "hour"), (timedelta(days=62), "day"))
+STEP = {
+    "minute": timedelta(minutes=1),
+    "hour": timedelta(hours=1),
+    "day": timedelta(days=1),
+    "week": timedelta(weeks=1),
+}
+MAX_BUCKETS = 500
 
 
 def factor_text(factor: Decimal) -> str:
@@ -151,3 +162,39 @@ def top_share_by_period(rows: list[dict]) -> list[dict]:
         share = Decimal(period["top_requests"]) / period["requests"] if period["requests"] else ZERO
         out.append({**period, "top_share": share.quantize(SHARE)})
     return out
+
+
+def share_series(
+    *, tenants: QuerySet[Tenant], since: datetime | None = None, until: datetime | None = None
+) -> tuple[str, list[dict]]:
+    """(step, rows): each class's share of all the requests of ``tenants`` per time bucket, with the
+    bucket's total (its volume); buckets between the first and the last with no request give
+    rows of 0 requests and no share. The incentive view's chart, price changes marked on its axis."""
+    charges = _in_period(tenants=tenants, start=since, end=until)
+    span = charges.aggregate(first=Min("at"), last=Max("at"))
+    if span["first"] is None:
+        return "day", []
+    step = next((s for limit, s in SHARE_STEPS if span["last"] - span["first"] <= limit), "week")
+    grouped = (
+        charges.annotate(bucket=Trunc("at", step, tzinfo=fiscal_tz()))
+        .values("bucket", "class_name")
+        .annotate(requests=Count("id"))
+        .order_by("bucket", "class_name")
+    )
+    cells: dict[datetime, dict[str, int]] = {}
+    for row in grouped:
+        cells.setdefault(row["bucket"], {})[row["class_name"]] = row["requests"]
+    classes = sorted({name for counts in cells.values() for name in counts})
+    buckets, at = set(cells), min(cells)
+    while at < max(cells) and len(buckets) < MAX_BUCKETS:  # the empty buckets between: volume fell to 0
+        at += STEP[step]
+        buckets.add(at)
+    out = []
+    for bucket in sorted(buckets):
+        counts = cells.get(bucket, {})
+        total = sum(counts.values())
+        for name in classes:
+            n = counts.get(name, 0)
+            share = (Decimal(n) / total).quantize(SHARE) if total else None
+            out.append({"at": bucket, "class": name, "requests": n, "bucket_requests": total, "share": share})
+    return step, out

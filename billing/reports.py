@@ -127,6 +127,30 @@ def class_mix(*, tenants: QuerySet[Tenant], since: datetime | None = None, until
     return out
 
 
+def class_mix_overall(rows: list[dict]) -> list[dict]:
+    """Month x class over every tenant of ``rows`` (class_mix's): each class's share of the whole
+    set's requests and spend that month (not an average of the tenants' shares)."""
+    cells: dict[tuple[str, str], list] = {}
+    totals: dict[str, list] = defaultdict(lambda: [0, ZERO])
+    for row in rows:
+        cell = cells.setdefault((row["month"], row["class"]), [0, ZERO])
+        cell[0] += row["requests"]
+        cell[1] += row["charge"]
+        totals[row["month"]][0] += row["requests"]
+        totals[row["month"]][1] += row["charge"]
+    return [
+        {
+            "month": month,
+            "class": class_name,
+            "requests": requests,
+            "request_share": _ratio(Decimal(requests), Decimal(totals[month][0])),
+            "charge": charge,
+            "spend_share": _ratio(charge, totals[month][1]),
+        }
+        for (month, class_name), (requests, charge) in sorted(cells.items())
+    ]
+
+
 def budget_burn(
     *, tenants: QuerySet[Tenant], fiscal_year: int | None = None, now: datetime | None = None, with_overrun: bool = True
 ) -> list[dict]:

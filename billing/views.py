@@ -93,7 +93,8 @@ class ClassMixView(ReportView):
 
     def get(self, request):
         since, until = self.period()
-        return self.rows(reports.class_mix(tenants=self.scope(), since=since, until=until))
+        rows = reports.class_mix(tenants=self.scope(), since=since, until=until)
+        return self.rows(rows, overall=reports.class_mix_overall(rows))
 
 
 class BurnView(ReportView):
@@ -135,8 +136,14 @@ class ClassShiftView(ReportView):
             }
             for c in incentives.price_changes(since=since, until=until)
         ]
+        step, series = incentives.share_series(tenants=self.scope(), since=since, until=until)
         return self.rows(
-            rows, top_class=incentives.top_class(), changes=changes, periods=incentives.top_share_by_period(rows)
+            rows,
+            top_class=incentives.top_class(),
+            changes=changes,
+            periods=incentives.top_share_by_period(rows),
+            step=step,
+            series=series,
         )
 
 

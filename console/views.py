@@ -17,9 +17,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from batches.files import FileRefused
-from batches.service import batch_cards
 from console import access, selectors, services
 from console.access import ADMIN, MEMBER, role_required
+from console.live.db import batches_for
 from console.live.jobs import JobMoney, job_cards, job_tallies, waits_by_minute
 from console.live.snapshot import MAX_ROWS, request_card, tenant_queue
 from gateway.api import current
@@ -59,7 +59,7 @@ def queue_page(request: HttpRequest) -> HttpResponse:
         "downgrades": selectors.downgrades_recent(tenant=tenant),
         "alerts": selectors.alerts_recent(tenant=tenant),
         "keys": selectors.keys_of(tenant=tenant),
-        "batches": batch_cards([tenant.pk]).get(tenant.pk, []),
+        "batches": batches_for([tenant.pk]).get(tenant.pk, []),
         "key_classes": services.key_classes(tenant),
         "ws_query": f"?tenant={tenant.slug}" if access.is_admin(request.user) else "",
         "own_queue": getattr(request.user, "tenant_id", None) == tenant.pk,
@@ -208,7 +208,7 @@ async def api_queue(request: HttpRequest) -> HttpResponse:
         queue = tenant_queue(d, tenant.slug, now_ms, offset=offset, limit=limit)
         tallies = job_tallies(d, tenant.slug, now_ms)
         jobs = await sync_to_async(job_cards)(tallies, tenant_id=tenant.pk, slug=tenant.slug, memo=JobMoney())
-    cards = await sync_to_async(batch_cards)([tenant.pk])
+    cards = await sync_to_async(batches_for)([tenant.pk])
     return JsonResponse({"tenant": tenant.slug, **queue, "jobs": jobs, "batches": cards.get(tenant.pk, [])})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from batches.service import batch_cards
 from console import selectors
+from console.formatting import ended_because
 from tenants.models import Tenant
 
 
@@ -27,5 +28,10 @@ def budgets_for(tenant_ids_: list[int]) -> dict[int, dict]:
 
 
 def batches_for(tenant_ids_: list[int]) -> dict[int, list[dict]]:
-    """Each tenant's batch cards (batches.service.batch_cards)."""
-    return batch_cards(tenant_ids_)
+    """Each tenant's batch cards (batches.service.batch_cards), with why its lines failed in words."""
+    cards = batch_cards(tenant_ids_)
+    for tenant_cards in cards.values():
+        for card in tenant_cards:
+            for row in card.get("failed_by_reason", []) + card.get("failures", []):
+                row["because"] = ended_because(row["reason"])
+    return cards

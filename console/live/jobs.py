@@ -5,19 +5,29 @@ waiting, running), the ETA to its last request, its charges so far and an estima
 Two halves: `job_tallies` reads the dispatcher on its event loop (live requests through every
 process; finished ones from this process's terminal log, an hour of them), `job_cards` adds the
 money from the ledger in a thread (each finished request's charge is read once, then memoised).
+A batch's lines are its batch's card (batches.service.batch_cards), never also an untagged job.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import zip_longest
 
+from batches.service import batch_of_line
 from billing.models import LedgerEntry
 from billing.money import ZERO, money
+from console.formatting import ended_because
 from gateway.api import UNTAGGED_JOB, Entry, Outcome, State
 
 SAMPLE_HOLDS = 200  # live requests whose holds price a job's remainder before any of it has ended
 MEMO_MAX = 200_000
+FAILURES_SHOWN = 10  # a card lists its latest failures, each a link to its request
+
+
+def _batch_line(job: str | None, public_id: str) -> bool:
+    """A batch's line: untagged (gateway.lifecycle.job_of), with a line's id (batches.service)."""
+    return job is not None and job.startswith(UNTAGGED_JOB) and batch_of_line(public_id) is not None
 
 
 @dataclass
@@ -26,6 +36,7 @@ class JobTally:
     classes: set[str] = field(default_factory=set)
     done_ids: list[str] = field(default_factory=list)
     failed_ids: list[str] = field(default_factory=list)  # ended otherwise (a stream cut short is charged too)
+    failed_reasons: list[str] = field(default_factory=list)  # the outcome of each of failed_ids, same order
     waiting: int = 0
     running: int = 0
     live_ids: list[str] = field(default_factory=list)
@@ -45,7 +56,7 @@ def _count_live(d, slug: str, tallies: dict[str, JobTally], levels: dict[str, in
     """Live requests by job, in a few passes of comprehensions (a tenant may have 12,000 waiting)."""
     by_job: dict[str, list] = {}
     for entry in d.entries_of(slug):
-        if entry.job:
+        if entry.job and not _batch_line(entry.job, entry.public_id):
             by_job.setdefault(entry.job, []).append(entry)
     for job, entries in by_job.items():
         tally = tallies.setdefault(job, JobTally(job))
@@ -64,6 +75,9 @@ def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
     tallies: dict[str, JobTally] = {}
     _count_live(d, slug, tallies, levels)
     for job, records in view.ended_jobs(slug, now_ms=now_ms).items():
+        records = [r for r in records if not _batch_line(job, r["id"])]
+        if not records:
+            continue
         tally = tallies.setdefault(job, JobTally(job))
         for record in records:
             tally.classes.add(record["class"])
@@ -71,6 +85,7 @@ def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
                 tally.done_ids.append(record["id"])
             else:
                 tally.failed_ids.append(record["id"])
+                tally.failed_reasons.append(str(record["state"]))
     for tally in tallies.values():
         if tally.last_waiting is not None:
             tally.eta_ms = d.live_view(tally.last_waiting, now_ms)["eta_ms"]
@@ -124,6 +139,19 @@ def _estimate(tally: JobTally, charged: Decimal, mean_hold: Decimal | None) -> t
     return None, None
 
 
+def failures_of(tally: JobTally) -> tuple[list[dict], list[dict]]:
+    """(why its requests failed, by reason, most first; its latest failures, each with its reason)."""
+    counts: dict[str, int] = {}
+    for reason in tally.failed_reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    by_reason = [
+        {"reason": r, "because": ended_because(r), "count": n}
+        for r, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    ]
+    latest = list(zip_longest(tally.failed_ids, tally.failed_reasons, fillvalue=""))[-FAILURES_SHOWN:][::-1]
+    return by_reason, [{"id": i, "reason": r, "because": ended_because(r)} for i, r in latest]
+
+
 def job_cards(tallies: dict[str, JobTally], *, tenant_id: int, slug: str, memo: JobMoney) -> list[dict]:
     """The cards, active jobs first (in a thread: reads the ledger)."""
     cards = []
@@ -134,6 +162,7 @@ def job_cards(tallies: dict[str, JobTally], *, tenant_id: int, slug: str, memo: 
             mean_hold = memo.mean_hold(tenant_id=tenant_id, slug=slug, public_ids=tally.live_ids)
         estimate, basis = _estimate(tally, charged, mean_hold)
         label, tagged = job_label(tally.job)
+        by_reason, failures = failures_of(tally)
         cards.append(
             {
                 "job": tally.job,
@@ -143,6 +172,8 @@ def job_cards(tallies: dict[str, JobTally], *, tenant_id: int, slug: str, memo: 
                 "total": tally.total,
                 "done": len(tally.done_ids),
                 "failed": tally.failed,
+                "failed_by_reason": by_reason,
+                "failures": failures,
                 "waiting": tally.waiting,
                 "running": tally.running,
                 "eta_ms": tally.eta_ms,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from console.formatting import ended_because
 from console.live.timeline import Sample, p95_ms
 from gateway.api import REJECTS, UPSTREAM_ERRORS, Entry, SchedulerPort
 from scheduling.engine.counters import WAIT_BUCKETS_MS
@@ -97,7 +98,10 @@ def request_card(d: SchedulerPort | None, slug: str, public_id: str) -> dict | N
     entry = d.entry_of(slug, public_id)
     if entry is not None:
         return entry_view(d, entry, now_ms)
-    return d.queue_view().ended(slug, public_id, now_ms=now_ms)
+    record = d.queue_view().ended(slug, public_id, now_ms=now_ms)
+    if record is None:
+        return None
+    return {**record, "ended_because": ended_because(str(record["state"]))}  # why, in words
 
 
 # --- operations ---------------------------------------------------------------------------

@@ -5,19 +5,28 @@ const BatchCards = (function () {
   const box = document.getElementById("batch-cards");
   const template = document.getElementById("batch-cancel-template");
   const el = Live.el;
-  const PARTS = ["completed", "failed", "running", "waiting"];
+  const PARTS = ["completed", "failed", "cancelled", "expired", "running", "waiting"];
+  const STATUS = { in_progress: "running", finalizing: "writing its results", completed: "finished", expired: "expired: its window ended",
+    cancelling: "cancelling", cancelled: "cancelled" };
 
   function eta(card) {
-    if (card.status !== "in_progress" && card.status !== "cancelling") return card.status;
+    if (card.status !== "in_progress" && card.status !== "cancelling") return STATUS[card.status] || card.status;
     if (card.eta_s === null || card.eta_s === undefined) return "not known yet";
-    return "about " + Live.ms(card.eta_s * 1000);
+    return Format.eta(Object.assign({}, card, { eta_ms: card.eta_s * 1000 }));
+  }
+
+  function counts(card) {  // each line once, under its true state
+    const ended = card.completed + card.failed + (card.cancelled || 0) + (card.expired || 0);
+    const parts = [card.completed + " completed"];
+    ["failed", "cancelled", "expired"].forEach(function (k) { if (card[k]) parts.push(card[k] + " " + k); });
+    return ended + " of " + card.total + " ended (" + parts.join(", ") + ") · " + card.running + " running · " + card.waiting + " waiting";
   }
 
   function progress(card) {
     const bar = el("div", { "class": "bar progress", role: "img",
       "aria-label": PARTS.map(function (p) { return card[p] + " " + p; }).join(", ") + " of " + card.total });
     PARTS.forEach(function (part) {
-      const width = card.total ? (100 * card[part]) / card.total : 0;
+      const width = card.total ? (100 * (card[part] || 0)) / card.total : 0;
       bar.appendChild(el("span", { "class": part, style: "width:" + width + "%" }));
     });
     return bar;
@@ -34,15 +43,19 @@ const BatchCards = (function () {
   }
 
   function one(card) {
-    const done = card.completed + card.failed;
-    const money = "charged " + card.charged + (card.cost_bound ? " of at most " + card.cost_bound : "");
+    const money = "charged " + Live.money(card.charged) + (card.cost_bound ? " of at most " + Live.money(card.cost_bound) : "");
     const node = el("article", { "class": "job " + card.status, "data-id": card.id }, [
-      el("h3", { text: card.id + " · " + card["class"] + " · " + card.status }),
+      el("h3", {}, [card.description || card.id, el("small", { "class": "muted" }, [" · " + card["class"] + " · " + (STATUS[card.status] || card.status)])]),
+      card.description ? el("p", { "class": "muted small", "data-field": "batch-id", text: "Batch " + card.id }) : "",
       progress(card),
-      el("p", { "class": "figures", text: done + " of " + card.total + " done (" + card.completed + " completed, " +
-        card.failed + " failed) · " + card.running + " running · " + card.waiting + " waiting" }),
-      el("p", { "class": "figures", text: "ETA to the last line: " + eta(card) + " · " + money }),
+      el("p", { "class": "figures", "data-field": "counts", text: counts(card) }),
+      el("p", { "class": "figures" }, ["When done: ", el("span", { "data-field": "eta", text: eta(card) })]),
+      el("p", { "class": "figures", "data-field": "money", text: money[0].toUpperCase() + money.slice(1) }),
     ]);
+    const slip = card.waiting ? Format.slip(card) : "";
+    if (slip) node.appendChild(el("p", { "class": "slip", text: slip }));
+    const failed = Live.failures(card);
+    if (failed) node.appendChild(failed);
     if (card.fits_window === false && card.status === "in_progress") {
       node.appendChild(el("p", { "class": "error", text: "Forecast at create: it cannot finish within its window; what is left then expires." }));
     }

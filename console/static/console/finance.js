@@ -3,7 +3,8 @@
 (function () {
   const el = Live.el;
   const PALETTE = ["#2563eb", "#16a34a", "#d97706", "#dc2626", "#7c3aed", "#0891b2", "#be185d", "#4b5563"];
-  let mixChart = null, mixRows = [];
+  let mixChart = null, mixRows = [], mixOverall = [];
+  const money = Live.money;
 
   function params(extra) {
     const p = new URLSearchParams();
@@ -60,22 +61,21 @@
     p.set("format", "csv");
     document.getElementById("drill-csv").href = "/api/billing/ledger/?" + p;
     fill(document.querySelector("#drill-table tbody"), rows, function (r) {
-      return [r.request_id, Live.when(r.at), r.model, r.backend_name, r.prompt_tokens + "/" + r.completion_tokens, r.base_cost, r.factor, r.amount];
+      return [r.request_id, Live.when(r.at), r.model, r.backend_name, r.prompt_tokens + "/" + r.completion_tokens, money(r.base_cost), r.factor, money(r.amount)];
     });
   }
 
   function mixChartDraw() {
+    // one department: its own rows; all of them: the server's shares over the whole set (not an
+    // average of the departments' shares)
     const measure = document.getElementById("mix-measure").value;
-    const months = Array.from(new Set(mixRows.map(function (r) { return r.month; }))).sort();
-    const classes = Array.from(new Set(mixRows.map(function (r) { return r["class"]; }))).sort();
-    const tenantPicked = document.getElementById("f-tenant").value;
+    const rowsShown = document.getElementById("f-tenant").value ? mixRows : mixOverall;
+    const months = Array.from(new Set(rowsShown.map(function (r) { return r.month; }))).sort();
+    const classes = Array.from(new Set(rowsShown.map(function (r) { return r["class"]; }))).sort();
     const datasets = classes.map(function (cls, i) {
       return { label: cls, backgroundColor: PALETTE[i % PALETTE.length], data: months.map(function (m) {
-        const rows = mixRows.filter(function (r) { return r.month === m && r["class"] === cls; });
-        if (tenantPicked || rows.length <= 1) return rows.length ? 100 * parseFloat(rows[0][measure] || 0) : 0;
-        // all tenants: average the tenants' shares weighted by their requests
-        const weight = rows.reduce(function (s, r) { return s + r.requests; }, 0);
-        return weight ? rows.reduce(function (s, r) { return s + 100 * parseFloat(r[measure] || 0) * r.requests; }, 0) / weight : 0;
+        const row = rowsShown.find(function (r) { return r.month === m && r["class"] === cls; });
+        return row && row[measure] !== null ? Format.percent(row[measure], "1") : 0;
       }) };
     });
     if (mixChart) mixChart.destroy();
@@ -87,9 +87,10 @@
     setCsv();
     const [charges, mix] = await Promise.all([report("charges"), report("class-mix")]);
     fill(document.querySelector("#charges-table tbody"), charges.rows, function (r) {
-      return [r.tenant, r.month, r["class"], r.requests, r.prompt_tokens, r.completion_tokens, r.base_cost, r.charge, r.price_factor, effective(r), r.unbilled];
+      return [r.tenant, r.month, r["class"], r.requests, r.prompt_tokens, r.completion_tokens, money(r.base_cost), money(r.charge), r.price_factor, effective(r), money(r.unbilled)];
     }, drill);
     mixRows = mix.rows;
+    mixOverall = mix.overall || [];
     mixChartDraw();
     Finance.views.forEach(function (view) { view(); });
   }
@@ -106,7 +107,7 @@
     p.set("format", "csv");
     document.getElementById("whatif-csv").href = "/api/billing/what-if/?" + p;
     fill(document.querySelector("#whatif-table tbody"), response.ok ? data.rows : [], function (r) {
-      return [r.tenant, r.actual, r.from_class_charge, r.what_if, r.saving];
+      return [r.tenant, money(r.actual), money(r.from_class_charge), money(r.what_if), money(r.saving)];
     });
   });
 
@@ -116,6 +117,6 @@
       reloadTimer = setTimeout(function () { reloadTimer = null; load(); }, 5000);
     }
   });
-  window.Finance = { report: report, fill: fill, el: el, PALETTE: PALETTE, views: [] };
+  window.Finance = { report: report, fill: fill, el: el, PALETTE: PALETTE, views: [], mixChart: function () { return mixChart; } };
   document.addEventListener("DOMContentLoaded", load);
 })();

@@ -18,23 +18,31 @@ const JobCards = (function () {
   }
 
   function eta(card) {
-    if (!card.waiting && !card.running) return "finished";
+    if (!card.waiting && !card.running) return card.failed ? "ended (" + card.failed + " of " + card.total + " without an answer)" : "finished";
     if (!card.waiting) return "last requests running";
-    return card.eta_ms === null || card.eta_ms === undefined ? "not known yet" : "about " + Live.ms(card.eta_ms);
+    return Format.eta(card);
   }
 
   function field(name, text) { return el("span", { "data-field": name, text: text }); }
 
+  const BASIS = { "mean so far": "from the mean charge so far", "holds (at most)": "at most: what is held for it" };
+
   function one(card) {
-    const total = card.estimated_total === null ? "not known yet" : (card.estimate_basis === "charged" ? card.estimated_total : "≈ " + card.estimated_total + " (" + card.estimate_basis + ")");
-    return el("article", { "class": "job http", "data-job": card.job }, [
+    const total = card.estimated_total === null ? "not known yet" : (card.estimate_basis === "charged" ? Live.money(card.estimated_total) :
+      "about " + Live.money(card.estimated_total) + " (" + (BASIS[card.estimate_basis] || card.estimate_basis) + ")");
+    const node = el("article", { "class": "job http", "data-job": card.job }, [
       el("h3", { text: card.label + " · " + card.classes.join(", ") }),
       progress(card),
       el("p", { "class": "figures" }, [field("done", String(card.done)), " done · ", field("failed", String(card.failed)), " failed · ",
         field("running", String(card.running)), " running · ", field("waiting", String(card.waiting)), " waiting · of ", field("total", String(card.total))]),
-      el("p", { "class": "figures" }, ["ETA to the last request: ", field("eta", eta(card))]),
-      el("p", { "class": "figures" }, ["Charged so far ", field("charged", card.charged), " · estimated total ", field("estimate", total)]),
+      el("p", { "class": "figures" }, ["When done: ", field("eta", eta(card))]),
+      el("p", { "class": "figures" }, ["Charged so far ", field("charged", Live.money(card.charged)), " · estimated total ", field("estimate", total)]),
     ]);
+    const slip = card.waiting ? Format.slip(card) : "";
+    if (slip) node.appendChild(el("p", { "class": "slip", "data-field": "slip", text: slip }));
+    const failed = Live.failures(card);
+    if (failed) node.appendChild(failed);
+    return node;
   }
 
   function render(cards) {

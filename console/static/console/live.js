@@ -30,13 +30,7 @@ window.Live = (function () {
     return { send: function (obj) { if (socket && socket.readyState === 1) socket.send(JSON.stringify(obj)); } };
   }
 
-  function ms(value) {
-    if (value === null || value === undefined) return "—";
-    if (value < 1000) return value + " ms";
-    if (value < 60000) return (value / 1000).toFixed(1) + " s";
-    if (value < 3600000) return Math.floor(value / 60000) + " min " + Math.round((value % 60000) / 1000) + " s";
-    return (value / 3600000).toFixed(1) + " h";
-  }
+  const ms = Format.duration;  // console/static/console/format.js
 
   function el(tag, attrs, children) {
     const node = document.createElement(tag);
@@ -47,6 +41,18 @@ window.Live = (function () {
     return node;
   }
 
+  // A card's failures: how many and why (in words), and its latest ones, each a link that follows
+  // that request on the page ("Follow one request").
+  function failures(card) {
+    if (!card.failed_by_reason || !card.failed_by_reason.length) return null;
+    const why = card.failed_by_reason.map(function (r) { return r.count + " × " + (r.because || r.reason); }).join("; ");
+    const list = el("ul", { "class": "failure-list" });
+    (card.failures || []).forEach(function (f) {
+      list.appendChild(el("li", {}, [el("a", { href: "#follow", "data-follow": f.id, text: f.id }), " — " + (f.because || f.reason)]));
+    });
+    return el("details", { "class": "failures" }, [el("summary", { text: "Why they failed: " + why }), list]);
+  }
+
   function when(iso) {
     if (!iso) return "";
     const d = new Date(iso);
@@ -54,5 +60,5 @@ window.Live = (function () {
   }
 
   document.querySelectorAll(".when").forEach(function (n) { n.textContent = when(n.textContent.trim()); });
-  return { connect: connect, ms: ms, el: el, when: when };
+  return { connect: connect, ms: ms, el: el, when: when, money: Format.money, failures: failures };
 })();

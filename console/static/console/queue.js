@@ -50,13 +50,13 @@
     }
     rows.forEach(function (r) {
       tbody.appendChild(el("tr", { "data-id": r.id, "class": r.state }, [
-        el("td", { text: r.id }), el("td", { text: classCell(r) }), el("td", { "class": "opt", text: r.model }),
-        el("td", { text: r.state }),
-        el("td", { "class": "position", "data-position": r.position === null ? "—" : String(r.position), text: position(r) }),
-        el("td", { "class": "eta", text: r.state === "running" ? "running" : ms(r.eta_ms) }),
-        el("td", { "class": "waited opt", text: ms(waited(r)) }),
-        el("td", { "class": "money opt", text: r.estimated_charge === null || r.estimated_charge === undefined ? "—" : "≤ " + r.estimated_charge }),
-        el("td", { "class": "opt", text: jobName(r.job) }),
+        el("td", { "data-label": "Request", text: r.id }), el("td", { "data-label": "Class", text: classCell(r) }), el("td", { "data-label": "Model", "class": "opt", text: r.model }),
+        el("td", { "data-label": "State", text: r.state }),
+        el("td", { "data-label": "Position", "class": "position", "data-position": r.position === null ? "—" : String(r.position), text: position(r) }),
+        el("td", { "data-label": "Expected to start", "class": "eta", title: Format.slip(r), text: r.state === "running" ? "running" : Format.eta(r) + (Format.slip(r) ? " (later than first shown)" : "") }),
+        el("td", { "data-label": "Waited", "class": "waited opt", text: ms(waited(r)) }),
+        el("td", { "data-label": "Charge held", "class": "money opt", text: r.estimated_charge === null || r.estimated_charge === undefined ? "—" : "at most " + Live.money(r.estimated_charge) }),
+        el("td", { "data-label": "Job", "class": "opt", text: jobName(r.job) }),
       ]));
     });
   }
@@ -106,12 +106,16 @@
     const items = [["Request", watchId]];
     if (request) {
       items.push(["State", request.state], ["Class", classCell(request)], ["Model", request.model || ""]);
-      if (request.state === "queued") items.push(["Position", String(request.position)], ["ETA", ms(request.eta_ms)]);
+      if (request.state === "queued") {
+        items.push(["Position", String(request.position)], ["Expected to start", Format.eta(request)]);
+        if (Format.slip(request)) items.push(["Later than first shown", Format.slip(request)]);
+      }
+      if (request.ended_because && request.state !== "completed") items.push(["Why it ended", request.ended_because]);
       items.push(["Waited", ms(request.waited_ms)]);
     }
-    if (charge) items.push(["Charge", charge.amount + " (×" + charge.factor + ", " + charge.prompt_tokens + "/" + charge.completion_tokens + " tokens)"]);
+    if (charge) items.push(["Charge", Live.money(charge.amount) + " (price ×" + charge.factor + ", " + charge.prompt_tokens + " tokens in, " + charge.completion_tokens + " out)"]);
     const dl = el("dl");
-    items.forEach(function ([k, v]) { dl.appendChild(el("dt", { text: k })); dl.appendChild(el("dd", { "data-field": k.toLowerCase(), text: v })); });
+    items.forEach(function ([k, v]) { dl.appendChild(el("dt", { text: k })); dl.appendChild(el("dd", { "data-field": k.toLowerCase().replace(/ /g, "-"), text: v })); });
     card.appendChild(dl);
   }
 
@@ -125,7 +129,7 @@
     const table = document.querySelector("#charges tbody");
     table.insertBefore(el("tr", { "data-id": c.request_id }, [
       el("td", { text: c.request_id }), el("td", { text: c["class"] }), el("td", { "class": "opt", text: c.prompt_tokens + "/" + c.completion_tokens }),
-      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: c.amount }), el("td", { "class": "opt", text: Live.when(c.at) }),
+      el("td", { text: "×" + c.factor }), el("td", { "class": "money", text: Live.money(c.amount) }), el("td", { "class": "opt", text: Live.when(c.at) }),
     ]), table.firstChild);
     while (table.children.length > 20) table.removeChild(table.lastChild);
     if (watchId && c.request_id === watchId) {
@@ -145,17 +149,17 @@
   function setBudget(b) {
     ["spent", "held", "remaining", "limit"].forEach(function (k) {
       const node = document.getElementById("budget-" + k);
-      if (node && b[k] !== null && b[k] !== undefined) node.textContent = b[k];
+      if (node && b[k] !== null && b[k] !== undefined) { node.dataset.amount = b[k]; node.textContent = Live.money(b[k]); }
     });
     drawBar(b);
   }
 
-  function drawBar(b) {
-    const limit = parseFloat(b.limit);
+  function drawBar(b) {  // widths from the decimal texts (Format.percent): never parsed as floats
     const spent = document.getElementById("bar-spent"), held = document.getElementById("bar-held");
-    if (!spent || !(limit > 0)) return;
-    spent.style.width = Math.min(100, 100 * parseFloat(b.spent) / limit) + "%";
-    held.style.width = Math.min(100, 100 * parseFloat(b.held) / limit) + "%";
+    const spentPct = Format.percent(b.spent, b.limit), heldPct = Format.percent(b.held, b.limit);
+    if (!spent || spentPct === null) return;
+    spent.style.width = Math.min(100, spentPct) + "%";
+    held.style.width = Math.min(100, heldPct || 0) + "%";
   }
 
   const socket = Live.connect(window.CONSOLE_WS, function (msg) {
@@ -166,7 +170,7 @@
       (msg.downgrades || []).forEach(function (d) { addEvent("downgrades", d.request_id + ": " + d.from + " → " + d.to + " (rule " + d.rule + ")"); });
       (msg.alerts || []).forEach(function (a) {
         const what = a.runs_out_on ? " runs out on " + a.runs_out_on + " at the current burn" : " crossed " + a.threshold_pct + "%";
-        addEvent("alerts", a.budget + what + ": spent " + a.spent + " of " + a.limit);
+        addEvent("alerts", a.budget + what + ": spent " + Live.money(a.spent) + " of " + Live.money(a.limit));
       });
       if (msg.budget) setBudget(msg.budget);
       if (msg.batches) BatchCards.render(msg.batches);
@@ -194,6 +198,16 @@
   }, 1000);
 
   const b = document.getElementById("budget");
-  drawBar({ limit: document.getElementById("budget-limit").textContent, spent: document.getElementById("budget-spent").textContent,
-            held: document.getElementById("budget-held").textContent });
+  drawBar({ limit: document.getElementById("budget-limit").dataset.amount, spent: document.getElementById("budget-spent").dataset.amount,
+            held: document.getElementById("budget-held").dataset.amount });
+
+  // a failure's link on a job or batch card follows that request here
+  document.addEventListener("click", function (event) {
+    const link = event.target.closest("[data-follow]");
+    if (!link) return;
+    event.preventDefault();
+    document.getElementById("watch-id").value = link.dataset.follow;
+    document.getElementById("watch-form").requestSubmit();
+    document.getElementById("follow").scrollIntoView({ block: "start" });
+  });
 })();

@@ -109,3 +109,28 @@ def test_incentive_and_series_over_http_csv_and_scoped(shift, finance, member_b)
     assert member_b.get("/api/billing/burn-series/", {"tenant": "alpha"}).status_code == 404
     series = finance.get("/api/billing/burn-series/", {"format": "csv"})
     assert series.status_code == 200 and "burn-series.csv" in series["Content-Disposition"]
+
+
+def test_share_series_is_per_day_with_every_bucket_and_its_volume(shift):
+    """Issue 49: share per class per day (not one column per price change), with each day's
+    volume, empty days between included (the chart shows volume falling, not a class emptying)."""
+    step, rows = incentives.share_series(tenants=Tenant.objects.all())
+    assert step == "day"
+    days = sorted({r["at"] for r in rows})
+    assert len(days) == ((CHANGE + timedelta(days=1)).date() - MON.date()).days + 1  # every day, first to last
+    by = {(r["at"].date().isoformat(), r["class"]): r for r in rows}
+    first, last = MON.date().isoformat(), (CHANGE + timedelta(days=1)).date().isoformat()
+    assert (by[(first, "INTERACTIVE")]["requests"], by[(first, "INTERACTIVE")]["bucket_requests"]) == (10, 11)
+    assert by[(first, "INTERACTIVE")]["share"] == D("0.9091") and by[(last, "INTERACTIVE")]["share"] == D("0.2727")
+    quiet = [r for r in rows if r["bucket_requests"] == 0]
+    assert quiet and all(r["share"] is None for r in quiet)  # no traffic that day: no share, not 0 %
+    for day in days:  # each day's shares cover all of its requests
+        cells = [r for r in rows if r["at"] == day]
+        assert sum(r["requests"] for r in cells) == cells[0]["bucket_requests"]
+
+
+def test_class_shift_api_gives_the_series_and_the_changes_on_its_axis(shift, finance):
+    body = finance.get("/api/billing/class-shift/", {"since": "2025-03-03"}).json()
+    assert body["step"] == "day" and body["series"]
+    assert [c["at"][:10] for c in body["changes"]] == [CHANGE.date().isoformat()]
+    assert isinstance(body["series"][0]["share"], str | None)  # decimals travel as text

@@ -146,3 +146,28 @@ def test_member_cannot_what_if_another_tenant_and_anonymous_is_refused(traffic, 
     assert member_b.get("/api/billing/what-if/", {"tenant": "alpha"}).status_code == 404
     assert member_b.get("/api/billing/what-if/").json()["rows"][0]["tenant"] == "beta"
     assert client.get("/api/billing/charges/").status_code == 403
+
+
+def test_class_mix_for_all_tenants_is_shares_of_the_whole_set_as_in_the_ledger(traffic, finance):
+    """Issue 49: the chart's data for "all" (the API's ``overall``) is each class's share of every
+    request that month, counted here straight from the ledger (not the tenants' shares averaged)."""
+    body = finance.get("/api/billing/class-mix/").json()
+    overall = {(r["month"], r["class"]): r for r in body["overall"]}
+    charges = LedgerEntry.objects.filter(kind="charge")
+    for month, start, end in (
+        ("2025-01", JAN.replace(day=1), FEB.replace(day=1)),
+        ("2025-02", FEB.replace(day=1), None),
+    ):
+        in_month = charges.filter(at__gte=start) if end is None else charges.filter(at__gte=start, at__lt=end)
+        total, spend = in_month.count(), in_month.aggregate(t=Sum("amount"))["t"]
+        for cls in ("INTERACTIVE", "BATCH"):
+            of_class = in_month.filter(class_name=cls)
+            row = overall[(month, cls)]
+            assert row["requests"] == of_class.count()
+            assert D(row["request_share"]) == (D(of_class.count()) / total).quantize(D("0.0001"))
+            assert D(row["spend_share"]) == (of_class.aggregate(t=Sum("amount"))["t"] / spend).quantize(D("0.0001"))
+        assert sum(D(overall[(month, c)]["request_share"]) for c in ("INTERACTIVE", "BATCH")) == pytest.approx(
+            1, abs=0.001
+        )
+    # January: alpha 3 of 4 INTERACTIVE, beta 1 of 2; the whole set 4 of 6 (an average would say 62.5 %)
+    assert D(overall[("2025-01", "INTERACTIVE")]["request_share"]) == D("0.6667")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+from decimal import Decimal
 
 import pytest
 
@@ -120,7 +121,9 @@ def test_member_follows_a_job_by_its_progress_bar(stack, gate, browser):
         "the job finished",
     )
     wait_until(
-        lambda: float(job_field(page, "report-7", "charged") or 0) > 0, limit_s=LIMIT_S, what="the job's charges"
+        lambda: Decimal((job_field(page, "report-7", "charged") or "USD 0").split()[-1].replace(",", "")) > 0,
+        limit_s=LIMIT_S,
+        what="the job's charges",
     )
     api = page.evaluate("() => fetch('/console/api/queue/').then(r => r.json())")
     [job] = [j for j in api["jobs"] if j["job"] == "report-7"]
@@ -154,7 +157,7 @@ def test_finance_finds_the_class_shift_and_premium_after_a_price_change(stack, b
     before, after = (row.locator(f"td[data-period='{p}'] .share").text_content() for p in (0, 1))
     assert (before, after) == ("75 %", "25 %")
     premium = row.locator("td[data-period='0'] .premium").text_content() or ""
-    assert float(premium.split()[-1]) > 0, premium  # INTERACTIVE at 1.6: paid above compute cost
+    assert Decimal(premium.split()[-1].replace(",", "")) > 0, premium  # INTERACTIVE at 1.6: paid above compute cost
     heads = page.locator("#shift-table thead th").all_text_contents()
     assert any("INTERACTIVE 1.6 → 2" in h for h in heads), heads
     page.select_option("#f-tenant", "beta")  # the story for one department: its own shares
