@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from batches.models import Batch, BatchLine
 from batches.service import batch_id_new, batch_of_line
+from console.formatting import duration_text
 from console.live.db import batches_for
 from console.live.jobs import JobMoney, job_cards, job_tallies
 from console.live.snapshot import request_card
@@ -101,3 +102,12 @@ def test_the_page_shows_the_description_and_amounts_in_the_currency(member_a, wo
     assert "Quarterly \\u003Creport\\u003E" in page  # in the cards' JSON, escaped
     assert 'data-currency="USD"' in page and "USD " in page  # the budget, formatted on the server
     assert "60000.000000" not in page
+
+
+def test_the_policy_page_shows_targets_in_minutes_not_milliseconds(admin):
+    from scheduling.models import PriorityClass
+
+    page = admin.client.get("/console/policy/").content.decode()
+    for cls in PriorityClass.objects.all():
+        assert f'<td class="sla" title="{cls.sla_ms} ms">{duration_text(cls.sla_ms)}</td>' in page
+        assert f"<td>{cls.sla_ms}</td>" not in page
