@@ -101,6 +101,8 @@ def test_one_screen_answers_where_when_and_cost_for_a_batch_and_a_job(stack, gat
         wait_until(lambda card=card: answered(three_answers(page, card)), limit_s=LIMIT_S, what=f"{card} answers")
     # one piece of work, one card: the batch's lines are not also an untagged job
     assert page.locator("#job-cards article[data-job^='key/']").count() == 0, text_of(page, "#job-cards")
+    line_job = f"#queue-table tr[data-id='{batch.id}.3'] td[data-label='Job']"
+    assert text_of(page, line_job) == f"batch {batch.id}", text_of(page, line_job)  # its batch, not "untagged"
     assert "USD " in text_of(page, "#budget-spent") and "000000" not in text_of(page, "#budget")
     shot(page, "queue-desktop" if DOCS_SHOTS else "trust-queue-desktop")
 
