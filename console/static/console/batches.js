@@ -12,6 +12,7 @@ const BatchCards = (function () {
   function eta(card) {
     if (card.status !== "in_progress" && card.status !== "cancelling") return STATUS[card.status] || card.status;
     if (card.eta_s === null || card.eta_s === undefined) return "not known yet";
+    if (card.eta_s === 0 && card.waiting) return "later than forecast when it was created (that time has passed)";
     return Format.eta(Object.assign({}, card, { eta_ms: card.eta_s * 1000 }));
   }
 

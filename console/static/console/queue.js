@@ -33,9 +33,11 @@
     return ordinal(r.position) + " in line" + mine;
   }
 
-  function jobName(job) {
-    if (!job) return "—";
-    return job.indexOf("key/") === 0 ? "untagged" : job;
+  function jobName(r) {  // a batch's line is its batch's (console/live/jobs.py), else its X-Job-Id
+    const line = /^(batch_[0-9a-f]{24})\.\d+(~\d+)?$/.exec(r.id);
+    if (!r.job) return "—";
+    if (r.job.indexOf("key/") === 0) return line ? "batch " + line[1] : "untagged";
+    return r.job;
   }
 
   function waited(r) {
@@ -56,7 +58,7 @@
         el("td", { "data-label": "Expected to start", "class": "eta", title: Format.slip(r), text: r.state === "running" ? "running" : Format.eta(r) + (Format.slip(r) ? " (later than first shown)" : "") }),
         el("td", { "data-label": "Waited", "class": "waited opt", text: ms(waited(r)) }),
         el("td", { "data-label": "Charge held", "class": "money opt", text: r.estimated_charge === null || r.estimated_charge === undefined ? "—" : "at most " + Live.money(r.estimated_charge) }),
-        el("td", { "data-label": "Job", "class": "opt", text: jobName(r.job) }),
+        el("td", { "data-label": "Job", "class": "opt", text: jobName(r) }),
       ]));
     });
   }

@@ -101,6 +101,8 @@ def test_one_screen_answers_where_when_and_cost_for_a_batch_and_a_job(stack, gat
         wait_until(lambda card=card: answered(three_answers(page, card)), limit_s=LIMIT_S, what=f"{card} answers")
     # one piece of work, one card: the batch's lines are not also an untagged job
     assert page.locator("#job-cards article[data-job^='key/']").count() == 0, text_of(page, "#job-cards")
+    line_job = f"#queue-table tr[data-id='{batch.id}.3'] td[data-label='Job']"
+    assert text_of(page, line_job) == f"batch {batch.id}", text_of(page, line_job)  # its batch, not "untagged"
     assert "USD " in text_of(page, "#budget-spent") and "000000" not in text_of(page, "#budget")
     shot(page, "queue-desktop" if DOCS_SHOTS else "trust-queue-desktop")
 
@@ -140,6 +142,30 @@ def test_one_screen_answers_where_when_and_cost_for_a_batch_and_a_job(stack, gat
         thread.join(LIMIT_S * 2)
     assert set(results) == {"job-0", "job-1"}
     wait_until(lambda: "3 of 3 ended (3 completed)" in text_of(page, batch_card), limit_s=LIMIT_S, what="batch done")
+    # the engine's optional ETA fields (range, confidence, slip), as a card renders them: drawn and
+    # read in one turn of the page, so no push comes between
+    shown = page.evaluate(
+        """() => {
+        const base = {label: "x", tagged: true, classes: ["BATCH"], total: 5, done: 1, failed: 0, running: 1,
+          waiting: 3, charged: "0.054522", estimated_total: "0.2655", estimate_basis: "mean so far",
+          failed_by_reason: [], failures: []};
+        const cards = [
+          Object.assign({job: "ranged", eta_ms: 120000, eta_upper_ms: 240000, eta_confidence: "measured"}, base),
+          Object.assign({job: "prior", eta_ms: 30000, eta_upper_ms: 60000, eta_confidence: "prior"}, base),
+          Object.assign({job: "slipped", eta_ms: 300000, eta_upper_ms: 600000, eta_confidence: "measured",
+            eta_slip_reason: "fair_share", eta_first_at_ms: Date.now() - 60000}, base),
+        ];
+        JobCards.render(cards);
+        const field = (job, name) => (document.querySelector(
+          `#job-cards article[data-job='${job}'] [data-field='${name}']`) || {}).textContent || "";
+        return {ranged: field("ranged", "eta"), prior: field("prior", "eta"), slipped: field("slipped", "slip"),
+          charged: field("ranged", "charged"), estimate: field("ranged", "estimate")};
+      }"""
+    )
+    assert shown["ranged"] == "about 2–4 min", shown
+    assert shown["prior"] == "no estimate yet: first requests of this class today", shown
+    assert shown["slipped"].startswith("Later than first shown") and "fair turns" in shown["slipped"], shown
+    assert (shown["charged"], shown["estimate"]) == ("USD 0.05", "about USD 0.27 (from the mean charge so far)"), shown
     charged = text_of(page, batch_card + " [data-field='money']")
     assert charged.startswith("Charged USD ") and Decimal(charged.split()[2].replace(",", "")) > 0, charged
     page.context.close()
