@@ -135,7 +135,8 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         d = current()
         if self.tenant is not None and d is not None:
             queue = publisher.queue_of(d, self.tenant.slug, d.now_ms())
-            await self.send_json({"type": "update", "queue": queue})
+            jobs = await publisher.jobs_now(d, self.tenant.pk, self.tenant.slug)
+            await self.send_json({"type": "update", "queue": queue, "jobs": jobs})
         if access.is_admin(self.scope["user"]) and publisher.ops_text:
             await self.send(text_data=publisher.ops_text)
 

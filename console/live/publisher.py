@@ -260,16 +260,17 @@ class Publisher:
             found = await sync_to_async(db.tenant_slugs)(unknown)
             self.slugs.update(found)
             self.tenant_ids.update({v: k for k, v in found.items()})
-        now_ms = d.now_ms()
-        tallies = {t: job_tallies(d, self.slugs[t], now_ms) for t in self.watched if t in self.slugs}
-        for tenant_id, tenant_tallies in tallies.items():
-            cards = await sync_to_async(job_cards)(
-                tenant_tallies, tenant_id=tenant_id, slug=self.slugs[tenant_id], memo=self.job_money
-            )
+        for tenant_id in [t for t in self.watched if t in self.slugs]:
+            cards = await self.jobs_now(d, tenant_id, self.slugs[tenant_id])
             signature = dumps(cards)
             if self.job_signatures.get(tenant_id, "[]") != signature:
                 self.job_signatures[tenant_id] = signature
                 messages.setdefault(tenant_id, {"type": "update"})["jobs"] = cards
+
+    async def jobs_now(self, d, tenant_id: int, slug: str) -> list[dict]:
+        """The tenant's job cards as they are now (also a new viewer's first update)."""
+        tallies = job_tallies(d, slug, d.now_ms())
+        return await sync_to_async(job_cards)(tallies, tenant_id=tenant_id, slug=slug, memo=self.job_money)
 
     # --- operations ----------------------------------------------------------------------
 

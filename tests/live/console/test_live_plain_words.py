@@ -1,6 +1,6 @@
 """The console's words and dead ends in a real browser, on a desktop and on a 390 x 844 phone:
 a refused change said beside its field where the eye is, target waits in minutes, the login that
-keeps the username, a 404 page in words, / leading to the console, another department's queue."""
+keeps the username, a 404 page in words, / leading to the console, another department's (idle) queue."""
 
 from __future__ import annotations
 
@@ -60,3 +60,6 @@ def test_plain_words_and_no_dead_ends(stack, screen):
 
     page.goto(f"{stack.url}/console/queue/?tenant=alpha")
     assert page.locator("h1").inner_text().startswith("Queue — Alpha")
+    page.wait_for_function(  # an idle department: said as soon as the socket is up, not "waiting" forever
+        "() => document.querySelector('#job-cards').textContent.includes('No requests in the last hour')"
+    )
