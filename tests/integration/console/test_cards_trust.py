@@ -101,4 +101,3 @@ def test_the_page_shows_the_description_and_amounts_in_the_currency(member_a, wo
     assert "Quarterly \\u003Creport\\u003E" in page  # in the cards' JSON, escaped
     assert 'data-currency="USD"' in page and "USD " in page  # the budget, formatted on the server
     assert "60000.000000" not in page
-
