@@ -44,6 +44,7 @@ from bench.loadgen import percentile
 
 NO_LANES = "100000"
 PROBE_GAP_S = 0.02
+FLOOD_SOURCE = "127.0.0.2"  # --random-keys: the flood's client address (the probes' is 127.0.0.1)
 SLOWEST_SHOWN = 5  # --random-keys: the slowest probes of each run, with when they started
 WORDS = "revenue quarter region growth margin forecast ledger invoice report audit".split()
 YAML = """
@@ -75,9 +76,9 @@ def _body(rng: random.Random, chars: int) -> bytes:
     return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 5}).encode()
 
 
-async def _one(base: str, key: str, body: bytes, cls: str) -> tuple[int, float]:
+async def _one(base: str, key: str, body: bytes, cls: str, source: str | None = None) -> tuple[int, float]:
     host, port = rawhttp.split_url(base)
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0) if source else None)
     started_s = time.perf_counter()
     headers = {"Authorization": f"Bearer {key}", "X-Priority-Class": cls}
     writer.write(rawhttp.request_bytes(host, port, "/v1/chat/completions", body, headers))
@@ -103,8 +104,8 @@ async def _random_flood(url: str, bodies: list[bytes], rng: random.Random, durat
     async def one(body: bytes) -> None:
         async with connections:
             try:
-                status, _ = await _one(url, _random_key(rng), body, "BATCH")
-            except OSError:
+                status, _ = await _one(url, _random_key(rng), body, "BATCH", FLOOD_SOURCE)
+            except (OSError, asyncio.IncompleteReadError):
                 status = 0
         statuses.append(status)
 
@@ -176,7 +177,7 @@ def _profiler(pid: int, out: Path | None, duration_s: float) -> subprocess.Popen
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None) -> launch.Server:
+def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None, **env: str) -> launch.Server:
     """A fresh gateway run by this checkout's code, or by ``tree``'s (the baseline)."""
     this_tree = launch.REPO_ROOT
     launch.REPO_ROOT = tree or this_tree  # start_gateway runs manage.py from there
@@ -187,17 +188,18 @@ def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None) -> laun
             {"chat": ("chat", "INTERACTIVE"), "fin": ("fin", "BATCH")},
             FAIRGATE_BILLING="0",
             FAIRGATE_INTAKE_CONCURRENCY=concurrency,
+            **env,
         )
     finally:
         launch.REPO_ROOT = this_tree
 
 
 async def _run_random(
-    sim_url: str, var: Path, setting: tuple[bool, Path | None], flood: int, rate: float, seed: int
+    sim_url: str, var: Path, setting: tuple[bool, Path | None, dict[str, str]], flood: int, rate: float, seed: int
 ) -> dict:
     """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so."""
-    flooded, tree = setting
-    gateway = _start(var, sim_url, "2", tree)
+    flooded, tree, env = setting
+    gateway = _start(var, sim_url, "2", tree, **env)
     rng = random.Random(seed)
     try:
         probe = _body(rng, 800)
@@ -228,9 +230,13 @@ async def main_random(args: argparse.Namespace) -> None:
     """``--random-keys``: no flood and a random-key flood, alternated, the order flipped each round."""
     root = Path(tempfile.mkdtemp(prefix="fg-keyflood-"))
     sim = start_sim(root / "sim", slots=64, ttft_ms=5, tokens_per_s=5000)
-    settings: dict[str, tuple[bool, Path | None]] = {"no flood": (False, None), "random-key flood": (True, None)}
+    settings: dict[str, tuple[bool, Path | None, dict[str, str]]] = {
+        "no flood": (False, None, {}),
+        "random-key flood": (True, None, {}),
+        "random-key flood, no connection limit": (True, None, {"FAIRGATE_CONNECTIONS_PER_ADDRESS": "0"}),
+    }
     if args.baseline:
-        settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve())
+        settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve(), {})
     rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
     print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
@@ -244,7 +250,7 @@ async def main_random(args: argparse.Namespace) -> None:
             for name in order:
                 found = await _run_random(
                     sim.url,
-                    root / f"{index}-{len(pooled[name])}-{name[:20].replace(' ', '-')}",
+                    root / f"{index}-{len(pooled[name])}-{name[:40].replace(' ', '-').replace(',', '')}",
                     settings[name],
                     args.flood,
                     args.flood_rate,

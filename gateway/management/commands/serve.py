@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.connlimit import HELD_ANSWER, connection_limit
 from gateway.metrics import multiprocess_prepare
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
@@ -36,13 +37,46 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     of the request's first byte (later ones on a keep-alive connection); if not, the client gets a
     408 and the connection is closed. This covers every path (API, console, admin, WebSocket
     handshakes); the body's deadline is the gateway handler's (FAIRGATE_BODY_TIMEOUT_MS).
+
+    Before any of that, a connection from an address that already has
+    FAIRGATE_CONNECTIONS_PER_ADDRESS being read is not read at all (gateway.connlimit): held
+    paused, then answered 429 and closed, without a parser, a request or a task.
     """
 
     header_timer: asyncio.TimerHandle | None = None
+    counted: str | None = None  # the address this connection counts under (gateway.connlimit)
+    held: asyncio.TimerHandle | None = None  # a connection not read: when it is answered and closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self.counted, readable = connection_limit().admit(peer[0] if isinstance(peer, tuple) and peer else None)
+        if not readable:
+            self._hold(transport)
+            return
         super().connection_made(transport)
         self._header_timer_start()
+
+    def _hold(self, transport: asyncio.Transport) -> None:
+        limit = connection_limit()
+        self.transport = transport
+        transport.pause_reading()
+        hold_s = limit.hold_for()
+        if hold_s <= 0:
+            self._held_end()
+            return
+        limit.held += 1
+        self.held = self.loop.call_later(hold_s, self._held_end)
+
+    def data_received(self, data: bytes) -> None:
+        if self.flow is None:  # held (uvloop may start reading after connection_made): dropped, not parsed
+            self.transport.pause_reading()
+            return
+        super().data_received(data)
+
+    def _held_end(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(HELD_ANSWER)
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -53,6 +87,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.held is not None or self.flow is None:  # a held connection: never read
+            if self.held is not None:
+                self.held.cancel()
+                self.held = None
+                connection_limit().held -= 1
+            return
+        if self.counted is not None:
+            connection_limit().closed(self.counted)
+            self.counted = None
         self._header_timer_stop()
         super().connection_lost(exc)
 

@@ -1,0 +1,149 @@
+"""Connections per client address (gateway.connlimit) in `manage.py serve`'s protocol: past the limit a
+connection is never read (paused at once, no request parsed, the app never called), then answered
+429 and closed; a trusted proxy is never limited; a closed connection gives its place back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from gateway import connlimit
+from gateway.connlimit import ConnectionLimit
+from gateway.management.commands.serve import HeaderTimeoutProtocol
+
+PROXY = "10.0.0.7"
+STRANGER = "192.0.2.1"
+REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer fg_x\r\ncontent-length: 2\r\n\r\n{}"
+
+
+class Transport(asyncio.Transport):
+    def __init__(self, peer: str) -> None:
+        super().__init__()
+        self.peer = peer
+        self.paused = False
+        self.written = b""
+        self.closed = False
+        self.protocol: HeaderTimeoutProtocol | None = None
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": (self.peer, 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def write(self, data) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            assert self.protocol is not None
+            self.protocol.connection_lost(None)
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+
+@pytest.fixture
+def limit(settings):
+    settings.FAIRGATE_TRUSTED_PROXIES = [PROXY]
+    settings.FAIRGATE_HEADER_TIMEOUT_MS = 60_000
+    made = ConnectionLimit(per_address=2, hold_s=0.01, max_held=3, jitter=lambda: 0.5)
+    saved, connlimit._limit = connlimit._limit, made
+    yield made
+    connlimit._limit = saved
+
+
+def connect(loop: asyncio.AbstractEventLoop, peer: str, calls: list[dict]) -> Transport:
+    async def app(scope, receive, send):
+        calls.append(scope)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = Config(app=app, http=HeaderTimeoutProtocol, lifespan="off", log_level="critical")
+    config.load()
+    protocol = HeaderTimeoutProtocol(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+    transport = Transport(peer)
+    transport.protocol = protocol
+    protocol.connection_made(transport)
+    return transport
+
+
+async def until(check, what: str) -> None:
+    async with asyncio.timeout(30):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+def test_past_the_limit_a_connection_is_not_read_then_answered_429_and_closed(limit):
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[dict] = []
+        read = [connect(loop, STRANGER, calls) for _ in range(2)]
+        assert limit.read == {STRANGER: 2}
+        assert not any(t.paused for t in read)
+        held = connect(loop, STRANGER, calls)
+        assert held.paused and held.written == b"" and not held.closed
+        assert limit.held == 1 and limit.read == {STRANGER: 2}
+        held.protocol.data_received(REQUEST)  # data arriving anyway (uvloop starts reading after connection_made)
+        assert held.paused and held.written == b""
+        read[0].protocol.data_received(REQUEST)  # a counted connection is served as before
+        await until(lambda: read[0].written.startswith(b"HTTP/1.1 204"), "the first connection's answer")
+        await until(lambda: held.closed, "the held connection closed")
+        assert held.written.startswith(b"HTTP/1.1 429 ") and b"too_many_connections" in held.written
+        assert limit.held == 0
+        assert [c["client"][0] for c in calls] == [STRANGER]  # the held one never reached the app
+        read[1].close()
+        assert limit.read == {STRANGER: 1}
+        again = connect(loop, STRANGER, calls)  # its place given back
+        assert not again.paused and limit.read == {STRANGER: 2}
+        read[0].close()
+        again.close()
+        assert limit.read == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_trusted_proxy_and_other_addresses_are_not_limited(limit):
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[dict] = []
+        proxied = [connect(loop, PROXY, calls) for _ in range(5)]
+        others = [connect(loop, STRANGER, calls) for _ in range(2)] + [connect(loop, "192.0.2.2", calls)]
+        assert not any(t.paused for t in proxied + others)
+        assert limit.read == {STRANGER: 2, "192.0.2.2": 1} and limit.held == 0
+        for transport in proxied + others:
+            transport.close()
+        assert limit.read == {}
+
+    asyncio.run(scenario())
+
+
+def test_past_the_bound_of_held_connections_one_is_answered_at_once(limit):
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[dict] = []
+        for _ in range(2):
+            connect(loop, STRANGER, calls)
+        held = [connect(loop, STRANGER, calls) for _ in range(3)]
+        assert limit.held == 3 and not any(t.closed for t in held)
+        at_once = connect(loop, STRANGER, calls)
+        assert at_once.closed and at_once.written.startswith(b"HTTP/1.1 429 ")
+        assert limit.held == 3
+
+    asyncio.run(scenario())
+
+
+def test_no_limit_when_set_to_zero():
+    limit = ConnectionLimit(per_address=0, hold_s=5.0, max_held=10, exempt=lambda _: False)
+    assert [limit.admit(STRANGER) for _ in range(100)] == [(None, True)] * 100
+    assert limit.read == {}
