@@ -41,6 +41,7 @@ from pathlib import Path
 from bench import launch, rawhttp
 from bench.launch import start_gateway, start_sim
 from bench.loadgen import percentile
+from bench.nginx_front import start_nginx
 
 NO_LANES = "100000"
 PROBE_GAP_S = 0.02
@@ -195,34 +196,51 @@ def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None, **env: 
 
 
 async def _run_random(
-    sim_url: str, var: Path, setting: tuple[bool, Path | None, dict[str, str]], flood: int, rate: float, seed: int
+    sim_url: str,
+    var: Path,
+    setting: tuple[bool, Path | None, dict[str, str]],
+    flood: int,
+    rate: float,
+    seed: int,
+    via_nginx: bool = False,
 ) -> dict:
-    """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so."""
+    """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so;
+    both through nginx in front of the gateway if ``via_nginx``."""
     flooded, tree, env = setting
+    if via_nginx:
+        env = {"FAIRGATE_TRUSTED_PROXIES": "127.0.0.1", **env}
     gateway = _start(var, sim_url, "2", tree, **env)
+    front = start_nginx(var / "nginx", gateway.url) if via_nginx else None
+    url = front.url if front is not None else gateway.url
     rng = random.Random(seed)
     try:
         probe = _body(rng, 800)
-        await _probes(gateway.url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
-        child = await _flood_child(gateway.url, min(flood, 1_000), rate, seed) if flooded else None
+        await _probes(url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
+        front_cpu_s = launch._cpu_s(front.process.pid) if front is not None else 0.0
+        child = await _flood_child(url, min(flood, 1_000), rate, seed) if flooded else None
         started_s = time.perf_counter()
         if child is not None:
             child.stdin.write(b"go\n")  # type: ignore[union-attr]
         starts: list[float] = []
-        during = await _probes(gateway.url, gateway.keys["chat"], probe, 6.0, starts)
+        during = await _probes(url, gateway.keys["chat"], probe, 6.0, starts)
         sent = json.loads((await child.communicate())[0]) if child is not None else {"statuses": [], "cpu_s": 0.0}
         flood_s = time.perf_counter() - started_s
+        front_cpu_s = launch._cpu_s(front.process.pid) - front_cpu_s if front is not None else 0.0
         statuses = sent["statuses"]
         return {
             "during": sorted(t for s, t in during if s == 200),
             "slowest": sorted(zip((t for _, t in during), starts), reverse=True)[:SLOWEST_SHOWN],
             "probe_failed": sum(1 for s, _ in during if s != 200),
             "refused": sum(1 for s in statuses if s == 401),
-            "other": sum(1 for s in statuses if s != 401),
+            "limited": sum(1 for s in statuses if s == 429),
+            "other": sum(1 for s in statuses if s not in (401, 429)),
             "rate": len(statuses) / flood_s,
             "flood_cpu": sent["cpu_s"] / flood_s,
+            "nginx_cpu": front_cpu_s / flood_s,
         }
     finally:
+        if front is not None:
+            front.stop()
         gateway.stop()
 
 
@@ -238,10 +256,12 @@ async def main_random(args: argparse.Namespace) -> None:
     if args.baseline:
         settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve(), {})
     rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
-    print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections")
+    print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections from {FLOOD_SOURCE}")
+    if args.via_nginx:
+        print("through nginx (docs/production.md's server block, plain HTTP) in front of each gateway")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
     print(f"1-minute load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n")
-    print("| round | setting | p50 / p95 / p99 | probes failed | flood 401s / other | flood rate | flood CPU |")
+    print("| round | setting | p50 / p95 / p99 | probes failed | flood 401 / 429 / other | flood rate | flood CPU |")
     print("|---|---|---|---|---|---|---|")
     cpu_start, wall_start_s = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     try:
@@ -255,13 +275,16 @@ async def main_random(args: argparse.Namespace) -> None:
                     args.flood,
                     args.flood_rate,
                     index,
+                    args.via_nginx,
                 )
                 pooled[name] += found["during"]
                 during = found["during"]
+                nginx_cpu = f" (nginx {found['nginx_cpu']:.2f})" if args.via_nginx else ""
                 print(
                     f"| {index + 1} | {name} | {_ms(during, 0.5)} / {_ms(during, 0.95)} / {_ms(during, 0.99)} "
-                    f"| {found['probe_failed']} | {found['refused']} / {found['other']} | {found['rate']:.0f}/s "
-                    f"| {found['flood_cpu']:.2f} core |",
+                    f"| {found['probe_failed']} | {found['refused']} / {found['limited']} / {found['other']} "
+                    f"| {found['rate']:.0f}/s "
+                    f"| {found['flood_cpu']:.2f} core{nginx_cpu} |",
                     flush=True,
                 )
                 slowest = ", ".join(f"{1000 * t:.0f} ms at {at:.2f} s" for t, at in found["slowest"])
@@ -378,6 +401,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-keys", action="store_true", help="a flood of made-up keys against no flood")
     parser.add_argument(
         "--flood-rate", type=float, default=0.0, help="--random-keys: requests/s of the flood (0: back to back)"
+    )
+    parser.add_argument(
+        "--via-nginx", action="store_true", help="--random-keys: through docs/production.md's nginx (plain HTTP)"
     )
     parser.add_argument("--flood-child", metavar="URL", help=argparse.SUPPRESS)  # the random-key flood's process
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

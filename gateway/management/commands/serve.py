@@ -38,40 +38,50 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     408 and the connection is closed. This covers every path (API, console, admin, WebSocket
     handshakes); the body's deadline is the gateway handler's (FAIRGATE_BODY_TIMEOUT_MS).
 
-    Before any of that, a connection from an address that already has
-    FAIRGATE_CONNECTIONS_PER_ADDRESS being read is not read at all (gateway.connlimit): held
-    paused, then answered 429 and closed, without a parser, a request or a task.
+    Before any of that, an address refused a key lately that already has
+    FAIRGATE_CONNECTIONS_PER_ADDRESS connections being read has one more not read at all
+    (gateway.connlimit), checked at its accept and again before its first request is parsed:
+    held paused, then answered 429 and closed, without a request, a task or the app.
     """
 
     header_timer: asyncio.TimerHandle | None = None
     counted: str | None = None  # the address this connection counts under (gateway.connlimit)
+    begun = False  # a request has begun on it (the limit is checked before the first only)
     held: asyncio.TimerHandle | None = None  # a connection not read: when it is answered and closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
         self.counted, readable = connection_limit().admit(peer[0] if isinstance(peer, tuple) and peer else None)
         if not readable:
-            self._hold(transport)
+            self.transport = transport
+            self._hold()
             return
         super().connection_made(transport)
         self._header_timer_start()
 
-    def _hold(self, transport: asyncio.Transport) -> None:
+    def data_received(self, data: bytes) -> None:
+        if self.held is not None or self.flow is None:  # held (uvloop may start reading after connection_made)
+            self.transport.pause_reading()
+            return
+        if not self.begun and self.counted is not None and not connection_limit().may_parse(self.counted):
+            connection_limit().closed(self.counted)
+            self.counted = None
+            self._header_timer_stop()
+            self._hold()
+            return
+        self.begun = True
+        super().data_received(data)
+
+    def _hold(self) -> None:
+        """Reads no more of this connection; answers 429 and closes it after a while."""
         limit = connection_limit()
-        self.transport = transport
-        transport.pause_reading()
+        self.transport.pause_reading()
         hold_s = limit.hold_for()
         if hold_s <= 0:
             self._held_end()
             return
         limit.held += 1
         self.held = self.loop.call_later(hold_s, self._held_end)
-
-    def data_received(self, data: bytes) -> None:
-        if self.flow is None:  # held (uvloop may start reading after connection_made): dropped, not parsed
-            self.transport.pause_reading()
-            return
-        super().data_received(data)
 
     def _held_end(self) -> None:
         if not self.transport.is_closing():
@@ -87,15 +97,16 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.held is not None or self.flow is None:  # a held connection: never read
-            if self.held is not None:
-                self.held.cancel()
-                self.held = None
-                connection_limit().held -= 1
-            return
+        limit = connection_limit()
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
+            limit.held -= 1
         if self.counted is not None:
-            connection_limit().closed(self.counted)
+            limit.closed(self.counted)
             self.counted = None
+        if self.flow is None:  # held from its accept: uvicorn never knew it
+            return
         self._header_timer_stop()
         super().connection_lost(exc)
 

@@ -1,6 +1,8 @@
-"""Connections per client address (gateway.connlimit) in `manage.py serve`'s protocol: past the limit a
-connection is never read (paused at once, no request parsed, the app never called), then answered
-429 and closed; a trusted proxy is never limited; a closed connection gives its place back."""
+"""Connections per client address (gateway.connlimit) in `manage.py serve`'s protocol: from an address
+refused a key lately, past the limit a connection is never read (paused at its accept, or before
+its first request is parsed; the app never called), then answered 429 and closed; an address never
+refused, a trusted proxy and an address whose refusal is old are not limited; a closed connection
+gives its place back. Time is injected."""
 
 from __future__ import annotations
 
@@ -53,11 +55,24 @@ class Transport(asyncio.Transport):
         pass
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 @pytest.fixture
-def limit(settings):
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def limit(settings, clock):
     settings.FAIRGATE_TRUSTED_PROXIES = [PROXY]
     settings.FAIRGATE_HEADER_TIMEOUT_MS = 60_000
-    made = ConnectionLimit(per_address=2, hold_s=0.01, max_held=3, jitter=lambda: 0.5)
+    made = ConnectionLimit(per_address=2, hold_s=0.01, max_held=3, clock=clock, jitter=lambda: 0.5)
     saved, connlimit._limit = connlimit._limit, made
     yield made
     connlimit._limit = saved
@@ -88,6 +103,7 @@ def test_past_the_limit_a_connection_is_not_read_then_answered_429_and_closed(li
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         calls: list[dict] = []
+        limit.refused(STRANGER)
         read = [connect(loop, STRANGER, calls) for _ in range(2)]
         assert limit.read == {STRANGER: 2}
         assert not any(t.paused for t in read)
@@ -113,15 +129,40 @@ def test_past_the_limit_a_connection_is_not_read_then_answered_429_and_closed(li
     asyncio.run(scenario())
 
 
-def test_a_trusted_proxy_and_other_addresses_are_not_limited(limit):
+def test_connections_accepted_before_the_refusal_are_held_before_their_first_request_is_parsed(limit):
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         calls: list[dict] = []
+        wave = [connect(loop, STRANGER, calls) for _ in range(5)]  # accepted at once, nothing read yet
+        assert limit.read == {STRANGER: 5} and not any(t.paused for t in wave)
+        limit.refused(STRANGER)  # the first one's key was refused meanwhile
+        for transport in wave:
+            transport.protocol.data_received(REQUEST)
+        assert [t.paused for t in wave] == [True, True, True, False, False]  # until 2 are left being read
+        assert limit.read == {STRANGER: 2} and limit.held == 3
+        await until(lambda: len(calls) == 2, "the two left being read served")
+        await until(lambda: all(t.closed for t in wave[:3]), "the held ones answered")
+        assert all(t.written.startswith(b"HTTP/1.1 429 ") for t in wave[:3])
+        assert limit.held == 0
+
+    asyncio.run(scenario())
+
+
+def test_an_address_never_refused_a_trusted_proxy_and_an_old_refusal_are_not_limited(limit, clock):
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[dict] = []
+        limit.refused(PROXY)
         proxied = [connect(loop, PROXY, calls) for _ in range(5)]
-        others = [connect(loop, STRANGER, calls) for _ in range(2)] + [connect(loop, "192.0.2.2", calls)]
-        assert not any(t.paused for t in proxied + others)
-        assert limit.read == {STRANGER: 2, "192.0.2.2": 1} and limit.held == 0
-        for transport in proxied + others:
+        valid = [connect(loop, "192.0.2.2", calls) for _ in range(5)]  # a busy client, never refused
+        limit.refused(STRANGER)
+        clock.now_s += connlimit.REFUSED_KEEP_S + 1  # its refusal is old now
+        others = [connect(loop, STRANGER, calls) for _ in range(5)]
+        for transport in proxied + valid + others:
+            transport.protocol.data_received(REQUEST)
+        assert not any(t.paused for t in proxied + valid + others)
+        assert limit.read == {"192.0.2.2": 5, STRANGER: 5} and limit.held == 0
+        for transport in proxied + valid + others:
             transport.close()
         assert limit.read == {}
 
@@ -132,6 +173,7 @@ def test_past_the_bound_of_held_connections_one_is_answered_at_once(limit):
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         calls: list[dict] = []
+        limit.refused(STRANGER)
         for _ in range(2):
             connect(loop, STRANGER, calls)
         held = [connect(loop, STRANGER, calls) for _ in range(3)]
@@ -145,5 +187,6 @@ def test_past_the_bound_of_held_connections_one_is_answered_at_once(limit):
 
 def test_no_limit_when_set_to_zero():
     limit = ConnectionLimit(per_address=0, hold_s=5.0, max_held=10, exempt=lambda _: False)
+    limit.refused(STRANGER)
     assert [limit.admit(STRANGER) for _ in range(100)] == [(None, True)] * 100
-    assert limit.read == {}
+    assert limit.read == {} and limit.refused_until == {}
