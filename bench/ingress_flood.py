@@ -15,13 +15,18 @@ another checkout's code (e.g. ``git archive <commit> | tar -x -C TREE``), to com
 by side. The load generator is this process; its CPU is reported, and the machine's load average
 at the start and the end. ``--profile DIR``
 samples the gateway with py-spy (``pip install py-spy``) through the first round's flood of each
-setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw`` format).
+setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw`` format); with
+``--random-keys``, through each setting's first second of round 1 (the flood's first wave).
 
-``--random-keys`` compares instead "no flood" with "random-key flood" (both this tree, lanes on):
+``--random-keys`` compares instead "no flood" with "random-key flood" and "random-key flood, no
+connection limit" (all this tree, lanes on; the last with ``FAIRGATE_CONNECTIONS_PER_ADDRESS=0``,
+left out with ``--via-nginx``):
 for the whole 6 s, a process of its own (its CPU reported) sends the flood's requests back to back
-on ``min(--flood, 1000)`` connections, each
-with a made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
+on ``min(--flood, 1000)`` connections from 127.0.0.2 (the probes come from 127.0.0.1), each with a
+made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
 answers them; the interactive probes' p99 is set beside the same run's no-flood p99.
+``--via-nginx`` sends probes and flood through nginx configured by docs/production.md's server
+block (plain HTTP, `bench.nginx_front`; the gateway trusts it as its proxy), its CPU reported.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,7 +178,7 @@ def _profiler(pid: int, out: Path | None, duration_s: float) -> subprocess.Popen
     """py-spy sampling process ``pid`` for ``duration_s`` into ``out`` (None: no profile)."""
     if out is None:
         return None
-    py_spy = Path(sys.executable).with_name("py-spy")
+    py_spy = shutil.which("py-spy") or Path(sys.executable).with_name("py-spy")
     argv = [str(py_spy), "record", "--pid", str(pid), "--duration", str(int(duration_s)), "--rate", "200"]
     argv += ["--format", "raw", "--threads", "--nonblocking", "--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -203,6 +209,7 @@ async def _run_random(
     rate: float,
     seed: int,
     via_nginx: bool = False,
+    profile: Path | None = None,
 ) -> dict:
     """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so;
     both through nginx in front of the gateway if ``via_nginx``."""
@@ -218,6 +225,10 @@ async def _run_random(
         await _probes(url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
         front_cpu_s = launch._cpu_s(front.process.pid) if front is not None else 0.0
         child = await _flood_child(url, min(flood, 1_000), rate, seed) if flooded else None
+        profiler = _profiler(gateway.process.pid, profile, 1.0)  # the first wave
+        if profiler is not None:
+            await asyncio.sleep(0.3)  # py-spy attached
+        gateway_cpu_s = gateway.own_cpu_s()
         started_s = time.perf_counter()
         if child is not None:
             child.stdin.write(b"go\n")  # type: ignore[union-attr]
@@ -225,7 +236,10 @@ async def _run_random(
         during = await _probes(url, gateway.keys["chat"], probe, 6.0, starts)
         sent = json.loads((await child.communicate())[0]) if child is not None else {"statuses": [], "cpu_s": 0.0}
         flood_s = time.perf_counter() - started_s
+        gateway_cpu_s = gateway.own_cpu_s() - gateway_cpu_s
         front_cpu_s = launch._cpu_s(front.process.pid) - front_cpu_s if front is not None else 0.0
+        if profiler is not None:
+            await asyncio.to_thread(profiler.wait)
         statuses = sent["statuses"]
         return {
             "during": sorted(t for s, t in during if s == 200),
@@ -237,6 +251,7 @@ async def _run_random(
             "rate": len(statuses) / flood_s,
             "flood_cpu": sent["cpu_s"] / flood_s,
             "nginx_cpu": front_cpu_s / flood_s,
+            "gateway_cpu": gateway_cpu_s / flood_s,
         }
     finally:
         if front is not None:
@@ -251,8 +266,9 @@ async def main_random(args: argparse.Namespace) -> None:
     settings: dict[str, tuple[bool, Path | None, dict[str, str]]] = {
         "no flood": (False, None, {}),
         "random-key flood": (True, None, {}),
-        "random-key flood, no connection limit": (True, None, {"FAIRGATE_CONNECTIONS_PER_ADDRESS": "0"}),
     }
+    if not args.via_nginx:  # through nginx the gateway's limit never applies (nginx is its trusted proxy)
+        settings["random-key flood, no connection limit"] = (True, None, {"FAIRGATE_CONNECTIONS_PER_ADDRESS": "0"})
     if args.baseline:
         settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve(), {})
     rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
@@ -261,8 +277,11 @@ async def main_random(args: argparse.Namespace) -> None:
         print("through nginx (docs/production.md's server block, plain HTTP) in front of each gateway")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
     print(f"1-minute load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n")
-    print("| round | setting | p50 / p95 / p99 | probes failed | flood 401 / 429 / other | flood rate | flood CPU |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| round | setting | p50 / p95 / p99 | probes failed | flood 401 / 429 / other | flood rate | flood CPU "
+        "| gateway CPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     cpu_start, wall_start_s = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     try:
         for index in range(args.rounds):
@@ -276,6 +295,7 @@ async def main_random(args: argparse.Namespace) -> None:
                     args.flood_rate,
                     index,
                     args.via_nginx,
+                    _profile_path(args.profile, name) if index == 0 else None,
                 )
                 pooled[name] += found["during"]
                 during = found["during"]
@@ -284,15 +304,15 @@ async def main_random(args: argparse.Namespace) -> None:
                     f"| {index + 1} | {name} | {_ms(during, 0.5)} / {_ms(during, 0.95)} / {_ms(during, 0.99)} "
                     f"| {found['probe_failed']} | {found['refused']} / {found['limited']} / {found['other']} "
                     f"| {found['rate']:.0f}/s "
-                    f"| {found['flood_cpu']:.2f} core{nginx_cpu} |",
+                    f"| {found['flood_cpu']:.2f} core{nginx_cpu} | {found['gateway_cpu']:.2f} core |",
                     flush=True,
                 )
                 slowest = ", ".join(f"{1000 * t:.0f} ms at {at:.2f} s" for t, at in found["slowest"])
-                print(f"|  | slowest probes, when they started | {slowest} | | | | |", flush=True)
+                print(f"|  | slowest probes, when they started | {slowest} | | | | | |", flush=True)
     finally:
         sim.stop()
     for name, values in pooled.items():
-        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | |")
+        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | | |")
     used = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = used.ru_utime + used.ru_stime - cpu_start.ru_utime - cpu_start.ru_stime
     print(f"\nprobes' load generator: {cpu_s / (time.perf_counter() - wall_start_s):.2f} of a core on average")
@@ -339,6 +359,13 @@ async def _run(
         }
     finally:
         gateway.stop()
+
+
+def _profile_path(directory: Path | None, setting: str) -> Path | None:
+    if directory is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{setting.replace(' ', '-').replace(',', '').replace('/', '_')}.txt"
 
 
 def _ms(values: list[float], q: float) -> str:
