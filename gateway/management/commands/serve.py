@@ -41,7 +41,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     Before any of that, an address refused a key lately that already has
     FAIRGATE_CONNECTIONS_PER_ADDRESS connections being read has one more not read at all
     (gateway.connlimit), checked at its accept and again before its first request is parsed:
-    held paused, then answered 429 and closed, without a request, a task or the app.
+    held paused, then answered 429 and closed, without a request, a task or the app. An intake
+    POST whose key the cache already knows to be refused limits its address as soon as its
+    headers are parsed, before the app refuses it.
     """
 
     header_timer: asyncio.TimerHandle | None = None
@@ -95,6 +97,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._header_timer_stop()
         super().on_headers_complete()
+        if self.counted is not None and _key_refused(self.scope):
+            connection_limit().refused(self.counted)  # now: the flood's next connections are held unparsed
 
     def connection_lost(self, exc: Exception | None) -> None:
         limit = connection_limit()
@@ -128,6 +132,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self.scope is not None and (self.cycle is None or self.cycle.response_complete):
             self.transport.write(REQUEST_TIMEOUT)
         self.transport.close()
+
+
+def _key_refused(scope) -> bool:
+    """Whether an intake POST's key is sure to be refused (from the key cache alone)."""
+    # Here, not at the top: see _credentials_check.
+    from gateway.auth import refused_from_cache  # noqa: PLC0415 -- see above
+    from gateway.intake import INTAKE_PATHS  # noqa: PLC0415 -- see above
+
+    if scope.get("method") != "POST" or scope.get("path") not in INTAKE_PATHS:
+        return False
+    authorization = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"authorization"), None)
+    return refused_from_cache(authorization)
 
 
 class Command(BaseCommand):

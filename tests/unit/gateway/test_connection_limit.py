@@ -7,18 +7,26 @@ gives its place back. Time is injected."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from gateway import connlimit
+from gateway import auth, connlimit
 from gateway.connlimit import ConnectionLimit
 from gateway.management.commands.serve import HeaderTimeoutProtocol
 
 PROXY = "10.0.0.7"
 STRANGER = "192.0.2.1"
-REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer fg_x\r\ncontent-length: 2\r\n\r\n{}"
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer fg_cccccccccc_x\r\n"
+    b"content-length: 2\r\n\r\n{}"
+)
+
+
+def request(key: str) -> bytes:
+    return REQUEST.replace(b"fg_cccccccccc_x", key.encode())
 
 
 class Transport(asyncio.Transport):
@@ -74,8 +82,10 @@ def limit(settings, clock):
     settings.FAIRGATE_HEADER_TIMEOUT_MS = 60_000
     made = ConnectionLimit(per_address=2, hold_s=0.01, max_held=3, clock=clock, jitter=lambda: 0.5)
     saved, connlimit._limit = connlimit._limit, made
+    auth.cache_clear()  # no key is sure to be refused from the cache but a malformed one
     yield made
     connlimit._limit = saved
+    auth.cache_clear()
 
 
 def connect(loop: asyncio.AbstractEventLoop, peer: str, calls: list[dict]) -> Transport:
@@ -190,3 +200,24 @@ def test_no_limit_when_set_to_zero():
     limit.refused(STRANGER)
     assert [limit.admit(STRANGER) for _ in range(100)] == [(None, True)] * 100
     assert limit.read == {} and limit.refused_until == {}
+
+
+def test_a_key_the_cache_knows_to_be_refused_limits_its_address_before_the_app_runs(limit):
+    usable_prefix, made_up = "a" * 10, "b" * 10
+    auth._usable = (frozenset({usable_prefix}), time.monotonic() + 60)  # fresh (the fixture clears it)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[dict] = []
+        valid = connect(loop, "192.0.2.2", calls)
+        valid.protocol.data_received(request(f"fg_{usable_prefix}_{'0' * 48}"))  # not sure to be refused
+        assert limit.refused_until == {}
+        wave = [connect(loop, STRANGER, calls) for _ in range(4)]
+        wave[0].protocol.data_received(request(f"fg_{made_up}_{'0' * 48}"))
+        assert STRANGER in limit.refused_until and calls == []  # marked from its headers, before the app
+        for transport in wave[1:]:
+            transport.protocol.data_received(request(f"fg_{made_up}_{'1' * 48}"))
+        assert [t.paused for t in wave] == [False, True, True, False]  # held down to 2 being read
+        assert limit.read == {"192.0.2.2": 1, STRANGER: 2}
+
+    asyncio.run(scenario())
