@@ -73,6 +73,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             return
         self.begun = True
         super().data_received(data)
+        if self.counted is not None and self.transport.get_protocol() is not self:  # upgraded to a WebSocket
+            connection_limit().closed(self.counted)  # whose protocol is not this one: it gives its place back now
+            self.counted = None
 
     def _hold(self) -> None:
         """Reads no more of this connection; answers 429 and closes it after a while."""

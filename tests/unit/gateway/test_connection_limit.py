@@ -41,6 +41,9 @@ class Transport(asyncio.Transport):
     def get_extra_info(self, name, default=None):
         return {"peername": (self.peer, 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
 
+    def get_protocol(self):
+        return self.protocol
+
     def pause_reading(self) -> None:
         self.paused = True
 
