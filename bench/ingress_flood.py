@@ -15,13 +15,18 @@ another checkout's code (e.g. ``git archive <commit> | tar -x -C TREE``), to com
 by side. The load generator is this process; its CPU is reported, and the machine's load average
 at the start and the end. ``--profile DIR``
 samples the gateway with py-spy (``pip install py-spy``) through the first round's flood of each
-setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw`` format).
+setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw`` format); with
+``--random-keys``, through each setting's first second of round 1 (the flood's first wave).
 
-``--random-keys`` compares instead "no flood" with "random-key flood" (both this tree, lanes on):
+``--random-keys`` compares instead "no flood" with "random-key flood" and "random-key flood, no
+connection limit" (all this tree, lanes on; the last with ``FAIRGATE_CONNECTIONS_PER_ADDRESS=0``,
+left out with ``--via-nginx``):
 for the whole 6 s, a process of its own (its CPU reported) sends the flood's requests back to back
-on ``min(--flood, 1000)`` connections, each
-with a made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
+on ``min(--flood, 1000)`` connections from 127.0.0.2 (the probes come from 127.0.0.1), each with a
+made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
 answers them; the interactive probes' p99 is set beside the same run's no-flood p99.
+``--via-nginx`` sends probes and flood through nginx configured by docs/production.md's server
+block (plain HTTP, `bench.nginx_front`; the gateway trusts it as its proxy), its CPU reported.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,9 +47,11 @@ from pathlib import Path
 from bench import launch, rawhttp
 from bench.launch import start_gateway, start_sim
 from bench.loadgen import percentile
+from bench.nginx_front import start_nginx
 
 NO_LANES = "100000"
 PROBE_GAP_S = 0.02
+FLOOD_SOURCE = "127.0.0.2"  # --random-keys: the flood's client address (the probes' is 127.0.0.1)
 SLOWEST_SHOWN = 5  # --random-keys: the slowest probes of each run, with when they started
 WORDS = "revenue quarter region growth margin forecast ledger invoice report audit".split()
 YAML = """
@@ -75,9 +83,9 @@ def _body(rng: random.Random, chars: int) -> bytes:
     return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 5}).encode()
 
 
-async def _one(base: str, key: str, body: bytes, cls: str) -> tuple[int, float]:
+async def _one(base: str, key: str, body: bytes, cls: str, source: str | None = None) -> tuple[int, float]:
     host, port = rawhttp.split_url(base)
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0) if source else None)
     started_s = time.perf_counter()
     headers = {"Authorization": f"Bearer {key}", "X-Priority-Class": cls}
     writer.write(rawhttp.request_bytes(host, port, "/v1/chat/completions", body, headers))
@@ -103,8 +111,8 @@ async def _random_flood(url: str, bodies: list[bytes], rng: random.Random, durat
     async def one(body: bytes) -> None:
         async with connections:
             try:
-                status, _ = await _one(url, _random_key(rng), body, "BATCH")
-            except OSError:
+                status, _ = await _one(url, _random_key(rng), body, "BATCH", FLOOD_SOURCE)
+            except (OSError, asyncio.IncompleteReadError):
                 status = 0
         statuses.append(status)
 
@@ -170,13 +178,13 @@ def _profiler(pid: int, out: Path | None, duration_s: float) -> subprocess.Popen
     """py-spy sampling process ``pid`` for ``duration_s`` into ``out`` (None: no profile)."""
     if out is None:
         return None
-    py_spy = Path(sys.executable).with_name("py-spy")
+    py_spy = shutil.which("py-spy") or Path(sys.executable).with_name("py-spy")
     argv = [str(py_spy), "record", "--pid", str(pid), "--duration", str(int(duration_s)), "--rate", "200"]
     argv += ["--format", "raw", "--threads", "--nonblocking", "--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None) -> launch.Server:
+def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None, **env: str) -> launch.Server:
     """A fresh gateway run by this checkout's code, or by ``tree``'s (the baseline)."""
     this_tree = launch.REPO_ROOT
     launch.REPO_ROOT = tree or this_tree  # start_gateway runs manage.py from there
@@ -187,40 +195,67 @@ def _start(var: Path, sim_url: str, concurrency: str, tree: Path | None) -> laun
             {"chat": ("chat", "INTERACTIVE"), "fin": ("fin", "BATCH")},
             FAIRGATE_BILLING="0",
             FAIRGATE_INTAKE_CONCURRENCY=concurrency,
+            **env,
         )
     finally:
         launch.REPO_ROOT = this_tree
 
 
 async def _run_random(
-    sim_url: str, var: Path, setting: tuple[bool, Path | None], flood: int, rate: float, seed: int
+    sim_url: str,
+    var: Path,
+    setting: tuple[bool, Path | None, dict[str, str]],
+    flood: int,
+    rate: float,
+    seed: int,
+    via_nginx: bool = False,
+    profile: Path | None = None,
 ) -> dict:
-    """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so."""
-    flooded, tree = setting
-    gateway = _start(var, sim_url, "2", tree)
+    """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so;
+    both through nginx in front of the gateway if ``via_nginx``."""
+    flooded, tree, env = setting
+    if via_nginx:
+        env = {"FAIRGATE_TRUSTED_PROXIES": "127.0.0.1", **env}
+    gateway = _start(var, sim_url, "2", tree, **env)
+    front = start_nginx(var / "nginx", gateway.url) if via_nginx else None
+    url = front.url if front is not None else gateway.url
     rng = random.Random(seed)
     try:
         probe = _body(rng, 800)
-        await _probes(gateway.url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
-        child = await _flood_child(gateway.url, min(flood, 1_000), rate, seed) if flooded else None
+        await _probes(url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
+        front_cpu_s = launch._cpu_s(front.process.pid) if front is not None else 0.0
+        child = await _flood_child(url, min(flood, 1_000), rate, seed) if flooded else None
+        profiler = _profiler(gateway.process.pid, profile, 1.0)  # the first wave
+        if profiler is not None:
+            await asyncio.sleep(0.3)  # py-spy attached
+        gateway_cpu_s = gateway.own_cpu_s()
         started_s = time.perf_counter()
         if child is not None:
             child.stdin.write(b"go\n")  # type: ignore[union-attr]
         starts: list[float] = []
-        during = await _probes(gateway.url, gateway.keys["chat"], probe, 6.0, starts)
+        during = await _probes(url, gateway.keys["chat"], probe, 6.0, starts)
         sent = json.loads((await child.communicate())[0]) if child is not None else {"statuses": [], "cpu_s": 0.0}
         flood_s = time.perf_counter() - started_s
+        gateway_cpu_s = gateway.own_cpu_s() - gateway_cpu_s
+        front_cpu_s = launch._cpu_s(front.process.pid) - front_cpu_s if front is not None else 0.0
+        if profiler is not None:
+            await asyncio.to_thread(profiler.wait)
         statuses = sent["statuses"]
         return {
             "during": sorted(t for s, t in during if s == 200),
             "slowest": sorted(zip((t for _, t in during), starts), reverse=True)[:SLOWEST_SHOWN],
             "probe_failed": sum(1 for s, _ in during if s != 200),
             "refused": sum(1 for s in statuses if s == 401),
-            "other": sum(1 for s in statuses if s != 401),
+            "limited": sum(1 for s in statuses if s == 429),
+            "other": sum(1 for s in statuses if s not in (401, 429)),
             "rate": len(statuses) / flood_s,
             "flood_cpu": sent["cpu_s"] / flood_s,
+            "nginx_cpu": front_cpu_s / flood_s,
+            "gateway_cpu": gateway_cpu_s / flood_s,
         }
     finally:
+        if front is not None:
+            front.stop()
         gateway.stop()
 
 
@@ -228,15 +263,25 @@ async def main_random(args: argparse.Namespace) -> None:
     """``--random-keys``: no flood and a random-key flood, alternated, the order flipped each round."""
     root = Path(tempfile.mkdtemp(prefix="fg-keyflood-"))
     sim = start_sim(root / "sim", slots=64, ttft_ms=5, tokens_per_s=5000)
-    settings: dict[str, tuple[bool, Path | None]] = {"no flood": (False, None), "random-key flood": (True, None)}
+    settings: dict[str, tuple[bool, Path | None, dict[str, str]]] = {
+        "no flood": (False, None, {}),
+        "random-key flood": (True, None, {}),
+    }
+    if not args.via_nginx:  # through nginx the gateway's limit never applies (nginx is its trusted proxy)
+        settings["random-key flood, no connection limit"] = (True, None, {"FAIRGATE_CONNECTIONS_PER_ADDRESS": "0"})
     if args.baseline:
-        settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve())
+        settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve(), {})
     rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
-    print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections")
+    print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections from {FLOOD_SOURCE}")
+    if args.via_nginx:
+        print("through nginx (docs/production.md's server block, plain HTTP) in front of each gateway")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
     print(f"1-minute load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n")
-    print("| round | setting | p50 / p95 / p99 | probes failed | flood 401s / other | flood rate | flood CPU |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| round | setting | p50 / p95 / p99 | probes failed | flood 401 / 429 / other | flood rate | flood CPU "
+        "| gateway CPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     cpu_start, wall_start_s = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     try:
         for index in range(args.rounds):
@@ -244,26 +289,30 @@ async def main_random(args: argparse.Namespace) -> None:
             for name in order:
                 found = await _run_random(
                     sim.url,
-                    root / f"{index}-{len(pooled[name])}-{name[:20].replace(' ', '-')}",
+                    root / f"{index}-{len(pooled[name])}-{name[:40].replace(' ', '-').replace(',', '')}",
                     settings[name],
                     args.flood,
                     args.flood_rate,
                     index,
+                    args.via_nginx,
+                    _profile_path(args.profile, name) if index == 0 else None,
                 )
                 pooled[name] += found["during"]
                 during = found["during"]
+                nginx_cpu = f" (nginx {found['nginx_cpu']:.2f})" if args.via_nginx else ""
                 print(
                     f"| {index + 1} | {name} | {_ms(during, 0.5)} / {_ms(during, 0.95)} / {_ms(during, 0.99)} "
-                    f"| {found['probe_failed']} | {found['refused']} / {found['other']} | {found['rate']:.0f}/s "
-                    f"| {found['flood_cpu']:.2f} core |",
+                    f"| {found['probe_failed']} | {found['refused']} / {found['limited']} / {found['other']} "
+                    f"| {found['rate']:.0f}/s "
+                    f"| {found['flood_cpu']:.2f} core{nginx_cpu} | {found['gateway_cpu']:.2f} core |",
                     flush=True,
                 )
                 slowest = ", ".join(f"{1000 * t:.0f} ms at {at:.2f} s" for t, at in found["slowest"])
-                print(f"|  | slowest probes, when they started | {slowest} | | | | |", flush=True)
+                print(f"|  | slowest probes, when they started | {slowest} | | | | | |", flush=True)
     finally:
         sim.stop()
     for name, values in pooled.items():
-        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | |")
+        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | | |")
     used = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = used.ru_utime + used.ru_stime - cpu_start.ru_utime - cpu_start.ru_stime
     print(f"\nprobes' load generator: {cpu_s / (time.perf_counter() - wall_start_s):.2f} of a core on average")
@@ -310,6 +359,13 @@ async def _run(
         }
     finally:
         gateway.stop()
+
+
+def _profile_path(directory: Path | None, setting: str) -> Path | None:
+    if directory is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{setting.replace(' ', '-').replace(',', '').replace('/', '_')}.txt"
 
 
 def _ms(values: list[float], q: float) -> str:
@@ -372,6 +428,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-keys", action="store_true", help="a flood of made-up keys against no flood")
     parser.add_argument(
         "--flood-rate", type=float, default=0.0, help="--random-keys: requests/s of the flood (0: back to back)"
+    )
+    parser.add_argument(
+        "--via-nginx", action="store_true", help="--random-keys: through docs/production.md's nginx (plain HTTP)"
     )
     parser.add_argument("--flood-child", metavar="URL", help=argparse.SUPPRESS)  # the random-key flood's process
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

@@ -202,6 +202,24 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip()
 
 
+def refused_from_cache(authorization: str | None) -> bool:
+    """Whether a key is sure to be refused from what is cached, without a lookup or an await: none,
+    malformed, a prefix cached as unknown, or one outside the fresh set of usable prefixes (for
+    `serve`'s protocol, which limits the client's address before the request reaches the app)."""
+    token = bearer_token(authorization)
+    prefix = key_prefix(token) if token else None
+    if prefix is None:
+        return True
+    if prefix in _hits:
+        return False
+    now_s = time.monotonic()
+    missed_until_s = _misses.get(prefix)
+    if missed_until_s is not None and missed_until_s > now_s:
+        return True
+    usable, usable_until_s = _usable
+    return usable is not None and usable_until_s > now_s and prefix not in usable
+
+
 async def authenticate(authorization: str | None) -> Caller:
     """The caller of a request, or ``GatewayError(401 invalid_api_key)``. A key that is not cached
     is looked up in the database: while that is down, one of ``gateway.db.DATABASE_UNAVAILABLE``

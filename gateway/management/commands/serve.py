@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.connlimit import HELD_ANSWER, connection_limit
 from gateway.metrics import multiprocess_prepare
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
@@ -36,13 +37,61 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     of the request's first byte (later ones on a keep-alive connection); if not, the client gets a
     408 and the connection is closed. This covers every path (API, console, admin, WebSocket
     handshakes); the body's deadline is the gateway handler's (FAIRGATE_BODY_TIMEOUT_MS).
+
+    Before any of that, an address refused a key lately that already has
+    FAIRGATE_CONNECTIONS_PER_ADDRESS connections being read has one more not read at all
+    (gateway.connlimit), checked at its accept and again before its first request is parsed:
+    held paused, then answered 429 and closed, without a request, a task or the app. An intake
+    POST whose key the cache already knows to be refused limits its address as soon as its
+    headers are parsed, before the app refuses it.
     """
 
     header_timer: asyncio.TimerHandle | None = None
+    counted: str | None = None  # the address this connection counts under (gateway.connlimit)
+    begun = False  # a request has begun on it (the limit is checked before the first only)
+    held: asyncio.TimerHandle | None = None  # a connection not read: when it is answered and closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self.counted, readable = connection_limit().admit(peer[0] if isinstance(peer, tuple) and peer else None)
+        if not readable:
+            self.transport = transport
+            self._hold()
+            return
         super().connection_made(transport)
         self._header_timer_start()
+
+    def data_received(self, data: bytes) -> None:
+        if self.held is not None or self.flow is None:  # held (uvloop may start reading after connection_made)
+            self.transport.pause_reading()
+            return
+        if not self.begun and self.counted is not None and not connection_limit().may_parse(self.counted):
+            connection_limit().closed(self.counted)
+            self.counted = None
+            self._header_timer_stop()
+            self._hold()
+            return
+        self.begun = True
+        super().data_received(data)
+        if self.counted is not None and self.transport.get_protocol() is not self:  # upgraded to a WebSocket
+            connection_limit().closed(self.counted)  # whose protocol is not this one: it gives its place back now
+            self.counted = None
+
+    def _hold(self) -> None:
+        """Reads no more of this connection; answers 429 and closes it after a while."""
+        limit = connection_limit()
+        self.transport.pause_reading()
+        hold_s = limit.hold_for()
+        if hold_s <= 0:
+            self._held_end()
+            return
+        limit.held += 1
+        self.held = self.loop.call_later(hold_s, self._held_end)
+
+    def _held_end(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(HELD_ANSWER)
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -51,8 +100,20 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._header_timer_stop()
         super().on_headers_complete()
+        if self.counted is not None and _key_refused(self.scope):
+            connection_limit().refused(self.counted)  # now: the flood's next connections are held unparsed
 
     def connection_lost(self, exc: Exception | None) -> None:
+        limit = connection_limit()
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
+            limit.held -= 1
+        if self.counted is not None:
+            limit.closed(self.counted)
+            self.counted = None
+        if self.flow is None:  # held from its accept: uvicorn never knew it
+            return
         self._header_timer_stop()
         super().connection_lost(exc)
 
@@ -74,6 +135,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self.scope is not None and (self.cycle is None or self.cycle.response_complete):
             self.transport.write(REQUEST_TIMEOUT)
         self.transport.close()
+
+
+def _key_refused(scope) -> bool:
+    """Whether an intake POST's key is sure to be refused (from the key cache alone)."""
+    # Here, not at the top: see _credentials_check.
+    from gateway.auth import refused_from_cache  # noqa: PLC0415 -- see above
+    from gateway.intake import INTAKE_PATHS  # noqa: PLC0415 -- see above
+
+    if scope.get("method") != "POST" or scope.get("path") not in INTAKE_PATHS:
+        return False
+    authorization = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"authorization"), None)
+    return refused_from_cache(authorization)
 
 
 class Command(BaseCommand):

@@ -72,7 +72,7 @@ def nginx_conf(directory: Path, *, port: int, upstream_port: int, cert: Path, ke
             "server_name llm.example.com;": "server_name 127.0.0.1;",
             "/etc/ssl/fairgate/fullchain.pem": str(cert),
             "/etc/ssl/fairgate/privkey.pem": str(key),
-            "proxy_pass http://127.0.0.1:8000;": f"proxy_pass http://127.0.0.1:{upstream_port};",
+            "server 127.0.0.1:8000;": f"server 127.0.0.1:{upstream_port};",
         },
     )
     temp = {name: directory / name for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
