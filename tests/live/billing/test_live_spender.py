@@ -33,8 +33,8 @@ import json
 from django.db import connection
 from billing.models import LedgerEntry
 rows = LedgerEntry.objects.filter(request_id__startswith="acme/sp-").order_by("request_id", "pk")
-print("ENTRIES=" + json.dumps({{"vendor": connection.vendor, "rows": [
-    [e.request_id, e.kind, e.key_prefix, e.job_id, e.key_creator, str(e.amount)] for e in rows]}}))
+print("ENTRIES=" + json.dumps({"vendor": connection.vendor, "rows": [
+    [e.request_id, e.kind, e.key_prefix, e.job_id, e.key_creator, str(e.amount)] for e in rows]}))
 """
 
 
