@@ -206,6 +206,7 @@ class Feeder:
                 prompt_tokens=payload.prompt_bound,
                 output_tokens=output_tokens_held(payload),
             ),
+            batch_id=batch.id,
         )
 
     async def _line(self, line: BatchLine) -> None:

@@ -30,9 +30,21 @@ class BudgetAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ("at", "kind", "tenant", "request_id", "class_name", "amount", "unbilled", "reason", "author")
+    list_display = (
+        "at",
+        "kind",
+        "tenant",
+        "request_id",
+        "class_name",
+        "amount",
+        "unbilled",
+        "key_prefix",
+        "job_id",
+        "reason",
+        "author",
+    )
     list_filter = ("kind", "class_name", "tenant")
-    search_fields = ("request_id", "reason", "author")
+    search_fields = ("request_id", "reason", "author", "key_prefix", "job_id", "key_creator")
     date_hierarchy = "at"
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
 _columns_of = attrgetter(*COLUMNS)  # an entry's values in the order of COLUMNS
 _AT = COLUMNS.index("at")
-MAX_BATCH = 256  # asks per transaction (3 entries × 18 columns each stays far below bind limits)
+MAX_BATCH = 256  # asks per transaction (3 entries × 23 columns each stays far below bind limits)
 
 
 class _ScopeStale(Exception):

@@ -32,6 +32,10 @@ class HoldAsk:
     # The time whose price versions apply (a batch line: its batch's creation, batches.prices); None: ``at``.
     priced_at: datetime | None = None
     hold_cap: Decimal | None = None  # held at most this (a batch line: its part of its batch's cost bound)
+    # Who spends (ledger columns, copied to the hold's end): the key's prefix, the job, the key's creator.
+    key_prefix: str = ""
+    job_id: str = ""
+    key_creator: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class Booked:
     owner: str = ""
     reason: str = ""
     author: str = ""
+    key_prefix: str = ""
+    job_id: str = ""
+    key_creator: str = ""
 
 
 COLUMNS = tuple(f.name for f in fields(Booked))

@@ -51,6 +51,9 @@ def _booked(held: HeldEntry, *, kind: str, amount: Decimal, at: datetime, **extr
         amount=amount,
         factor=held.factor,
         owner=held.owner,
+        key_prefix=held.key_prefix,
+        job_id=held.job_id,
+        key_creator=held.key_creator,
         **extra,
     )
 

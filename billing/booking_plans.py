@@ -65,6 +65,9 @@ def price_hold(ask: HoldAsk, class_name: str, scope: BudgetScope, *, refresh: bo
         factor=version.price_factor,
         amount=amount if ask.hold_cap is None else min(amount, ask.hold_cap),
         owner=ask.owner,
+        key_prefix=ask.key_prefix,
+        job_id=ask.job_id,
+        key_creator=ask.key_creator,
     )
     return PricedHold(ask, held, base, version)
 

@@ -36,6 +36,9 @@ class HeldEntry:
     factor: Decimal
     amount: Decimal
     owner: str = ""  # the gateway process that holds it (billing.heartbeats)
+    key_prefix: str = ""  # who spends (billing.booking_asks.HoldAsk)
+    job_id: str = ""
+    key_creator: str = ""
     # Not a ledger column: what the tenant's budgets had left once this hold was booked (the least
     # of them; Infinity without a limit; None when not known, e.g. read back from the ledger). The
     # gateway decides from it whether its next holds may be booked while their requests go on.
@@ -59,6 +62,9 @@ class HeldEntry:
             self.factor,
             self.amount,
             self.owner,
+            self.key_prefix,
+            self.job_id,
+            self.key_creator,
             room,
         )
 

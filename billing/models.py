@@ -204,6 +204,13 @@ class LedgerEntry(models.Model):
     )
     reason = models.CharField(max_length=500, blank=True)
     author = models.CharField(max_length=150, blank=True)
+    # Who spent (copied from the hold to its release and charge; empty on rows older than them and
+    # on adjustments): the API key's public prefix, the job (X-Job-Id, or a batch line's batch id),
+    # and who created the key (tenants.ApiKey.created_by). A database default too: a process of the
+    # previous release still appending without them during an upgrade writes empty values.
+    key_prefix = models.CharField(max_length=16, blank=True, default="", db_default="")
+    job_id = models.CharField(max_length=128, blank=True, default="", db_default="")
+    key_creator = models.CharField(max_length=150, blank=True, default="", db_default="")
 
     objects = LedgerQuerySet.as_manager()
 

@@ -48,11 +48,15 @@ def budget_hold(
     fallback: bool = False,
     owner: str = "",
     hold_cap: Decimal | None = None,
+    key_prefix: str = "",
+    job_id: str = "",
+    key_creator: str = "",
 ) -> HeldEntry:
     """Hold the largest possible charge of a request; raises BudgetExhausted if it does not fit
     (with `fallback`, a tenant configured for it gets the first cheaper class that fits instead).
     `owner`: the beating process whose request it is (billing.heartbeats); without one, the hold is
-    released by age if nothing ends it."""
+    released by age if nothing ends it. ``key_prefix``, ``job_id``, ``key_creator``: who spends,
+    recorded on its entries."""
     held = book_one(
         HoldAsk(
             request_id=request_id,
@@ -65,6 +69,9 @@ def budget_hold(
             fallback=fallback,
             owner=owner,
             hold_cap=hold_cap,
+            key_prefix=key_prefix,
+            job_id=job_id,
+            key_creator=key_creator,
         )
     )
     return cast(HeldEntry, held)  # book_one's result is typed object: for a hold, its HeldEntry

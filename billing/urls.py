@@ -8,6 +8,7 @@ app_name = "billing"
 
 urlpatterns = [
     path("charges/", views.ChargesView.as_view(), name="charges"),
+    path("spend/", views.SpendView.as_view(), name="spend"),
     path("burn/", views.BurnView.as_view(), name="burn"),
     path("burn-series/", views.BurnSeriesView.as_view(), name="burn-series"),
     path("class-shift/", views.ClassShiftView.as_view(), name="class-shift"),

@@ -97,6 +97,28 @@ class ClassMixView(ReportView):
         return self.rows(rows, overall=reports.class_mix_overall(rows))
 
 
+class SpendView(ReportView):
+    """Charges over a period by tenant and ``group_by``: ``key`` (tenant × class × key, with the
+    key's creator), ``job`` (X-Job-Id, or a batch line's batch), ``creator``; ?key= ?job= narrow."""
+
+    def get(self, request):
+        params = request.query_params
+        group_by = params.get("group_by", "key")
+        if group_by not in reports.SPEND_GROUPS:
+            raise ValidationError({"group_by": f"one of {', '.join(reports.SPEND_GROUPS)}"})
+        self.csv_name = f"spend-by-{group_by}"
+        since, until = self.period()
+        rows = reports.spend_by(
+            tenants=self.scope(),
+            group_by=group_by,
+            since=since,
+            until=until,
+            key_prefix=params.get("key"),
+            job_id=params.get("job"),
+        )
+        return self.rows(rows, group_by=group_by, since=since, until=until)
+
+
 class BurnView(ReportView):
     csv_name = "budget-burn"
 
@@ -181,7 +203,7 @@ class WhatIfView(ReportView):
 
 
 class LedgerView(ReportView):
-    """Raw entries, newest first: ?tenant= ?kind= ?request_id= ?limit= (≤ 1000) ?offset="""
+    """Raw entries, newest first: ?tenant= ?kind= ?request_id= ?key_prefix= ?job_id= ?limit= (≤ 1000) ?offset="""
 
     csv_name = "ledger"
     COLUMNS = (
@@ -204,12 +226,15 @@ class LedgerView(ReportView):
         "owner",
         "reason",
         "author",
+        "key_prefix",
+        "job_id",
+        "key_creator",
     )
 
     def get(self, request):
         params = request.query_params
         qs = LedgerEntry.objects.filter(tenant__in=self.scope()).order_by("-at", "-pk")
-        for name in ("kind", "request_id"):
+        for name in ("kind", "request_id", "key_prefix", "job_id"):
             if params.get(name):
                 qs = qs.filter(**{name: params[name]})
         since, until = self.period()

@@ -137,6 +137,7 @@ class _HoldArgs(TypedDict):
     max_output_tokens: int
     priced_at: datetime | None
     hold_cap: Decimal | None
+    spender: charging.Spender
 
 
 async def admit(asked: Asked, *, early: bool) -> Admitted:
@@ -153,6 +154,7 @@ async def admit(asked: Asked, *, early: bool) -> Admitted:
         max_output_tokens=expected_output_tokens,
         priced_at=asked.priced_at,
         hold_cap=asked.hold_cap,
+        spender=charging.Spender(caller.key_prefix, asked.job or asked.batch_id or "", caller.key_creator),
     )
     held: charging.Hold | charging.EarlyHold | None = charging.hold_early(**hold_args) if early else None
     if held is None:

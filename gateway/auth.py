@@ -42,6 +42,7 @@ class Caller:
     allowed_classes: tuple[str, ...]
     default_class: str
     key_prefix: str
+    key_creator: str = ""  # tenants.ApiKey.created_by: its requests' ledger entries record it
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ def _row(key: ApiKey) -> _KeyRow:
         allowed_classes=spec.classes,
         default_class=key.default_class,
         key_prefix=key.prefix,
+        key_creator=key.created_by,
     )
     return _KeyRow(key.secret_hash, caller, key.expires_at.timestamp() if key.expires_at else None)
 

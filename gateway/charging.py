@@ -15,6 +15,7 @@ from billing.client import (
     Hold,
     RequestIdInUse,
     RequestIdUsed,
+    Spender,
     UnitPrices,
     forget,
     hold_early,
@@ -36,6 +37,7 @@ __all__ = [
     "EarlyHold",
     "EarlyHoldRefused",
     "Hold",
+    "Spender",
     "UnitPrices",
     "booked",
     "forget",
@@ -76,6 +78,7 @@ async def hold(
     max_output_tokens: int,
     priced_at: datetime | None = None,
     hold_cap: Decimal | None = None,
+    spender: Spender | None = None,
 ) -> Hold:
     """billing's hold; refused: the GatewayError the client gets (402, or 400 for its id)."""
     try:
@@ -88,6 +91,7 @@ async def hold(
             max_output_tokens=max_output_tokens,
             priced_at=priced_at,
             hold_cap=hold_cap,
+            spender=spender or Spender(),
         )
     except (BudgetExhausted, RequestIdUsed, RequestIdInUse) as refused:
         raise _refusal(refused, request_id) from None

@@ -192,6 +192,7 @@ class Asked:
     timeout_ms: int | None
     downgrade_recorded: bool = False
     job: str | None = None  # X-Job-Id
+    batch_id: str | None = None  # a batch line's batch: its ledger entries' job
     priced_at: datetime | None = None  # the time whose prices apply (a batch line: its batch's creation); None: now
     hold_cap: Decimal | None = None  # the most it is held (a batch line: its part of its batch's cost bound)
 

@@ -9,10 +9,19 @@ from tenants.models import ApiKey, User
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "tenant", "label", "default_class", "created_at", "revoked_at", "last_used_at")
+    list_display = (
+        "prefix",
+        "tenant",
+        "label",
+        "default_class",
+        "created_at",
+        "created_by",
+        "revoked_at",
+        "last_used_at",
+    )
     list_filter = ("default_class", "tenant")
     search_fields = ("prefix", "label", "tenant__slug")
-    readonly_fields = ("prefix", "secret_hash", "created_at", "last_used_at")
+    readonly_fields = ("prefix", "secret_hash", "created_at", "created_by", "last_used_at")
 
     def has_add_permission(self, request):
         return False  # keys are created with `manage.py apikey create` or in the console (secret shown once)

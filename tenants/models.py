@@ -77,6 +77,9 @@ class ApiKey(models.Model):
     replaced_by = models.ForeignKey(  # the key a rotation issued in its place
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaces"
     )
+    # Who made it: a console user's username, else the actor that did ("cli", "setup"); a rotation's
+    # key keeps its original's. Every ledger entry of its requests copies it (docs/money.md).
+    created_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
         db_table = "gateway_apikey"

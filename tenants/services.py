@@ -20,6 +20,12 @@ from tenants.keys import key_generate
 from tenants.models import ApiKey, Tenant
 
 LABEL_MAX = 200  # ApiKey.label's length: a longer one is refused, never cut
+CONSOLE_ACTOR = "console:"  # the console's actors are this and the user's username
+
+
+def creator_of(actor: str) -> str:
+    """What a key records as its creator: a console user's username, else the actor itself."""
+    return actor.removeprefix(CONSOLE_ACTOR)[:150]
 
 
 def _check_share(quota_share) -> Decimal:
@@ -136,6 +142,7 @@ def apikey_create(
         prefix=prefix,
         secret_hash=secret_hash,
         expires_at=expires_at,
+        created_by=creator_of(actor),
     )
     created = {"tenant": tenant_slug, "class": default_class}
     if expires_at is not None:
@@ -166,6 +173,7 @@ def apikey_rotate(*, prefix: str, grace: timedelta, actor: str) -> tuple[ApiKey,
         prefix=new_prefix,
         secret_hash=secret_hash,
         expires_at=old.expires_at,
+        created_by=old.created_by,  # the same key, a new secret: its spend stays its creator's
     )
     was = old.expires_at
     ends = timezone.now() + grace

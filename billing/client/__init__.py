@@ -21,7 +21,7 @@ from billing.client.holds import (
     settle,
 )
 from billing.client.metrics import REGISTRY as metrics_registry
-from billing.client.port import BillingPort, Hold
+from billing.client.port import BillingPort, Hold, Spender
 from billing.errors import BudgetExhausted, DatabaseUnavailable, RequestIdInUse, RequestIdUsed, UnknownModel
 from billing.heartbeats import owners_released, process_owner
 from billing.pricing import UnitPrices, charge_of, model_unit_prices, upper_bound_base_cost
@@ -40,6 +40,7 @@ __all__ = [
     "Hold",
     "RequestIdInUse",
     "RequestIdUsed",
+    "Spender",
     "BudgetRoomMemo",
     "UnitPrices",
     "UnknownModel",

@@ -19,7 +19,7 @@ from django.conf import settings
 from billing.booking_asks import HoldAsk, ReleaseAsk, SettleAsk
 from billing.client import metrics
 from billing.client.group_commit import booker, now_utc
-from billing.client.port import CANCELLED, Hold, PendingHold
+from billing.client.port import CANCELLED, NOBODY, Hold, PendingHold, Spender
 from billing.errors import BudgetExhausted, RequestIdUsed
 from billing.heartbeats import process_owner
 from billing.inflight import HeldEntry, held_forget
@@ -36,6 +36,7 @@ def _submit_hold(
     urgent: bool = True,
     priced_at: datetime | None = None,
     hold_cap: Decimal | None = None,
+    spender: Spender = NOBODY,
 ) -> asyncio.Future:
     return booker().submit(
         HoldAsk(
@@ -50,6 +51,9 @@ def _submit_hold(
             owner=process_owner(),
             priced_at=priced_at,
             hold_cap=hold_cap,
+            key_prefix=spender.key_prefix,
+            job_id=spender.job_id,
+            key_creator=spender.key_creator,
         ),
         urgent=urgent,
     )
@@ -90,18 +94,20 @@ async def hold(
     max_output_tokens: int,
     priced_at: datetime | None = None,
     hold_cap: Decimal | None = None,
+    spender: Spender = NOBODY,
 ) -> Hold:
     """The hold, booked: the request may go on. Refused: BudgetExhausted (or, for a tenant set to
     fall back, a hold of a cheaper class: ``fallback``), RequestIdUsed, RequestIdInUse.
     ``priced_at``: the time whose prices apply (a batch line's: its batch's creation); None: now.
-    ``hold_cap``: the most it is held (a batch line's part of its batch's cost bound)."""
+    ``hold_cap``: the most it is held (a batch line's part of its batch's cost bound).
+    ``spender``: the key, job and key creator its ledger entries record."""
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
     if not settings.FAIRGATE_BILLING:
         return asked
     if booker().unbooked.journal.settling(request_id):  # served here a moment ago: not booked yet
         raise RequestIdUsed(f"request id {request_id} was served here; its settlement is not booked yet")
     await booker().releases_sent(request_id)  # an earlier request of this id ended: its release first
-    future = _submit_hold(asked, fallback=True, priced_at=priced_at, hold_cap=hold_cap)
+    future = _submit_hold(asked, fallback=True, priced_at=priced_at, hold_cap=hold_cap, spender=spender)
     future.add_done_callback(_recorder_of_hold_answer(tenant, prompt_tokens + max_output_tokens))
     return await _held(asked, future)
 
@@ -246,6 +252,7 @@ def hold_early(
     max_output_tokens: int,
     priced_at: datetime | None = None,
     hold_cap: Decimal | None = None,
+    spender: Spender = NOBODY,
 ) -> EarlyHold | None:
     """Starts booking the hold and returns at once, if the tenant's room allows (see BudgetRoomMemo); else
     None: ``hold`` it first. Never falls back to a cheaper class (the request is already on its way)."""
@@ -260,7 +267,9 @@ def hold_early(
     if estimate is None:
         return None
     asked = Hold(tenant, request_id, cls, model, prompt_tokens, max_output_tokens)
-    future = _submit_hold(asked, fallback=False, urgent=False, priced_at=priced_at, hold_cap=hold_cap)  # waited for
+    future = _submit_hold(  # waited for
+        asked, fallback=False, urgent=False, priced_at=priced_at, hold_cap=hold_cap, spender=spender
+    )
     future.add_done_callback(_recorder_of_hold_answer(tenant, tokens, early=estimate))
     return EarlyHold(asked, future)
 

@@ -28,6 +28,19 @@ class Hold:
     factor: Decimal | None = None  # its class's price factor (once booked)
 
 
+@dataclass(frozen=True)
+class Spender:
+    """Who spends, as every ledger entry of the request records it: the API key's public prefix,
+    the job (``X-Job-Id``, or a batch line's batch id) and the key's creator (its username)."""
+
+    key_prefix: str = ""
+    job_id: str = ""
+    key_creator: str = ""
+
+
+NOBODY = Spender()
+
+
 class PendingHold(Protocol):
     """A hold being booked while its request goes on (billing.client.holds.EarlyHold)."""
 
@@ -58,6 +71,7 @@ class BillingPort(Protocol):
         max_output_tokens: int,
         priced_at: datetime | None = None,
         hold_cap: Decimal | None = None,
+        spender: Spender = NOBODY,
     ) -> Hold: ...
 
     def hold_early(
@@ -71,6 +85,7 @@ class BillingPort(Protocol):
         max_output_tokens: int,
         priced_at: datetime | None = None,
         hold_cap: Decimal | None = None,
+        spender: Spender = NOBODY,
     ) -> PendingHold | None: ...
 
     def settle(

@@ -176,14 +176,16 @@ def _build(ck: Checker, raw: Any) -> SchedulerConfig:
     return SchedulerConfig(**fields)
 
 
-def config_from_yaml(text: str, *, source: str = "<string>") -> SchedulerConfig:
-    """Parse a YAML document whose top level is ``scheduler:``; raises ConfigError listing every problem."""
+def config_from_yaml(text: str, *, source: str = "<string>", also: tuple[str, ...] = ()) -> SchedulerConfig:
+    """Parse a YAML document whose top level is ``scheduler:`` (and ``also``'s keys, which the caller
+    reads); raises ConfigError listing every problem."""
     lines: dict[str, int] = {}
     ck = Checker(source, lines)
     document = read_yaml(text, lines, ck.error)
     for key in document if isinstance(document, dict) else ():
-        if key != "scheduler":
-            ck.error(key, f"unknown top-level key {key!r}; expected only 'scheduler'")
+        if key != "scheduler" and key not in also:
+            expected = " or ".join(repr(k) for k in ("scheduler", *also))
+            ck.error(key, f"unknown top-level key {key!r}; expected only {expected}")
     if not isinstance(document, dict) or "scheduler" not in document:
         if not ck.issues or document is not None:
             ck.error("scheduler", "the file must have a top-level 'scheduler:' mapping")

@@ -69,9 +69,11 @@ class Command(SubcommandCommand):
         keys = ApiKey.objects.select_related("tenant").order_by("tenant__slug", "created_at")
         if slug:
             keys = keys.filter(tenant__slug=slug)
-        columns = "{:<12} {:<16} {:<12} {:<9} {:<17} {:<17} {}"
-        self.stdout.write(columns.format("prefix", "tenant", "class", "state", "expires", "last used", "label"))
+        columns = "{:<12} {:<16} {:<12} {:<9} {:<17} {:<17} {:<16} {}"
+        header = ("prefix", "tenant", "class", "state", "expires", "last used", "created by", "label")
+        self.stdout.write(columns.format(*header))
         for k in keys:
             expires = k.expires_at.strftime("%Y-%m-%d %H:%M") if k.expires_at else "never"
             used = k.last_used_at.strftime("%Y-%m-%d %H:%M") if k.last_used_at else "never"
-            self.stdout.write(columns.format(k.prefix, k.tenant.slug, k.default_class, k.state, expires, used, k.label))
+            row = (k.prefix, k.tenant.slug, k.default_class, k.state, expires, used, k.created_by or "-", k.label)
+            self.stdout.write(columns.format(*row))

@@ -93,6 +93,7 @@ def test_apikey_secret_is_printed_once_and_stored_only_as_hash(classes):
     assert key_matches(full_key, key.secret_hash) and not key_matches(full_key + "x", key.secret_hash)
     listing = run("apikey", "list", "finance")
     assert key.prefix in listing and full_key not in listing
+    assert key.created_by == "cli" and "created by" in listing  # the command's actor, as the ledger records it
     run("apikey", "revoke", key.prefix)
     key.refresh_from_db()
     assert key.revoked_at is not None and "revoked" in run("apikey", "list")

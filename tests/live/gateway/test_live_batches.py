@@ -46,6 +46,12 @@ STATES = """
 from batches.models import BatchLine
 print(list(BatchLine.objects.filter(batch_id={batch_id!r}).values_list("number", "state", "owner", "error")))
 """
+SPENDERS = """
+import json
+from billing.models import LedgerEntry
+rows = LedgerEntry.objects.filter(request_id__startswith={prefix!r})
+print(json.dumps(sorted(set(rows.values_list("kind", "key_prefix", "job_id", "key_creator")))))
+"""
 HOLDS_OPEN = """
 from billing.models import LedgerEntry
 entries = LedgerEntry.objects.filter(request_id__startswith={prefix!r})
@@ -128,6 +134,9 @@ def test_a_batch_runs_every_line_once_and_charges_each_once(stack):
     charged = json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())
     assert charged == sorted(f"fin/{batch.id}.{n}" for n in range(1, 8))  # one charge per line, its line number
     assert gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0"
+    spenders = json.loads(gateway.shell(SPENDERS.format(prefix=f"fin/{batch.id}.")).strip())
+    fin_prefix = gateway.keys["fin"].split("_")[1]  # each line's entries: the batch's key, the batch as job
+    assert spenders == [[kind, fin_prefix, batch.id, "setup"] for kind in ("charge", "hold", "release")]
     assert any(b.id == batch.id for b in sdk.batches.list())
     report = json.loads(gateway.shell(FINANCE_REPORT).strip())  # finance's report, as for any request
     assert report["fin"]["BATCH"] >= 7
