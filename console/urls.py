@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console import views, views_policy, views_signin, views_staff, views_tokens
+from console import views, views_policy, views_signin, views_spend, views_staff, views_tokens
 
 app_name = "console"
 
@@ -20,6 +20,7 @@ urlpatterns = [
     path("signin/rules/add/", views_signin.rule_add, name="signin-rule-add"),
     path("signin/rules/<int:rule_id>/delete/", views_signin.rule_delete, name="signin-rule-delete"),
     path("queue/", views.queue_page, name="queue"),
+    path("spend/", views_spend.spend_page, name="spend"),
     path("keys/create/", views.key_create, name="key-create"),
     path("keys/<str:prefix>/revoke/", views.key_revoke, name="key-revoke"),
     path("keys/<str:prefix>/rotate/", views.key_rotate, name="key-rotate"),

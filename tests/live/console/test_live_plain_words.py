@@ -63,3 +63,6 @@ def test_plain_words_and_no_dead_ends(stack, screen):
     page.wait_for_function(  # an idle department: said as soon as the socket is up, not "waiting" forever
         "() => document.querySelector('#job-cards').textContent.includes('No requests in the last hour')"
     )
+    page.click("#spend-link")  # the department's month of charges, by class, key and job
+    assert page.locator("h1").inner_text().startswith("Spend — Alpha") and page.locator("#spend-total").is_visible()
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth"), "no sideways scroll"
