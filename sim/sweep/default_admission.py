@@ -209,6 +209,7 @@ def render(data: dict) -> str:
         )
     found = misses(data["rows"])
     lines += ["", "Misses: " + ("; ".join(found) if found else "none") + "."]
+    lines += ["", "Why each miss, and the choice of prior: `docs/decisions/2026-12-07-predicted-admission-default.md`."]
     if data.get("prior"):
         lines += [
             "",
