@@ -87,8 +87,8 @@ class QueuePolicy:
     honour_cancel: bool = True
     single_queue: bool = False  # one global FIFO across classes (the "fifo" preset)
     service_ms_prior: int = 20000  # mean service time assumed before any completion
-    # Prediction (see ``prediction.py``; off by default and in the fifo/strict/linear presets):
-    admission: str = "depth"  # "depth": the dynamic depth limit; "predicted": by predicted dispatch time
+    # Prediction (see ``prediction.py``; the default since issue 48, off in the fifo/strict/linear presets):
+    admission: str = "predicted"  # "predicted": by predicted dispatch time; "depth": the dynamic depth limit
     predict_margin: float = 0.8  # share of the time to its deadline a predicted wait may take at admission
     fast_fail: bool = False  # fail a queued request (queue_timeout) once its predicted dispatch is past its deadline
     prior_weight: int = 0  # completions the prior is worth for a class with none yet (0: off)

@@ -68,6 +68,9 @@ def stack(tmp_path_factory):
         classes=["INTERACTIVE", "BATCH", "RETRY"],
         tenants=[tenant("fin", share=0.5), tenant("thin", budget=1), tenant("poor", budget=0.01)],
         backends=[backend("b", f"{sim.url}/v1", models=("m", "e"), slots=SLOTS) | {"embedding_models": ["e"]}],
+        # one attempt per line: the depth rule's floor admits them all; predicted admission, on the
+        # 20 s prior before any completion, has room for fewer and the feeder retries the rest
+        queue={"admission": "depth"},
     )
     settings = {"FAIRGATE_BATCH_SWEEP_S": "1", **celery_broker()}  # beat's batches.sweep (expiry) each second
     var_dir = tmp_path_factory.mktemp("gw-batches")

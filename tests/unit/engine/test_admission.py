@@ -3,7 +3,9 @@ from tests.unit.engine.engine_helpers import backend, config, req, scheduler, su
 
 
 def enforcing(**kw):
+    """The depth rule's tests: the depth limit enforced, the rule named (the default is ``predicted``)."""
     kw.setdefault("service_ms_prior", 2000)
+    kw.setdefault("admission", "depth")
     return config(enforce_depth=True, **kw)
 
 

@@ -57,7 +57,7 @@ def test_a_burst_onto_a_quiet_class_fits_the_assumed_rate_within_the_margin():
     assert refused.reason == "queue_full" and 0 < refused.retry_after_ms <= 1_800_000
     assert sched.counters.classes["BATCH"].rejected_queue_full == 75
     # the depth floor (free slots x SLA / prior) would have let 900 in and queued them to the SLA's end
-    depth_rule = scheduler(config(enforce_depth=True), slots=10, tenant_specs=tenants(("a", 1.0)))
+    depth_rule = scheduler(config(enforce_depth=True, admission="depth"), slots=10, tenant_specs=tenants(("a", 1.0)))
     assert sum(admitted(depth_rule, *burst("b", 1000))) == 900
 
 

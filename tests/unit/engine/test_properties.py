@@ -13,8 +13,15 @@ CLASS_NAMES = ("INTERACTIVE", "NEAR_RT", "BATCH", "RETRY")
 TENANTS = ("a", "b", "c")
 
 
-def short_sla_config(policy: str = "fairgate", fairness=FairnessMode.WEIGHTED_FAIR_TOKENS, depth: bool = True):
-    cfg = config(fairness=fairness, enforce_depth=depth, service_ms_prior=200)
+def short_sla_config(
+    policy: str = "fairgate",
+    fairness=FairnessMode.WEIGHTED_FAIR_TOKENS,
+    depth: bool = True,
+    admission: str | None = None,
+):
+    """The test classes' short SLAs; ``admission`` names the rule (None: the default, ``predicted``)."""
+    queue = {} if admission is None else {"admission": admission}
+    cfg = config(fairness=fairness, enforce_depth=depth, service_ms_prior=200, **queue)
     for name, sla in (("INTERACTIVE", 600), ("NEAR_RT", 1500), ("BATCH", 4000), ("RETRY", 8000)):
         cfg = with_sla(cfg, name, sla)
     return apply_policy(cfg, policy)
@@ -64,10 +71,11 @@ any_ops = st.one_of(ops, overload_ops)
 class Harness:
     """Drives a scheduler and checks the invariants after every step."""
 
-    def __init__(self, policy: str = "fairgate", depth: bool = True) -> None:
+    def __init__(self, policy: str = "fairgate", depth: bool = True, admission: str | None = None) -> None:
         self.depth = depth
+        self.admission = admission
         self.sched = scheduler(
-            short_sla_config(policy, depth=depth),
+            short_sla_config(policy, depth=depth, admission=admission),
             backends=[backend("g1", slots=6, tpm=200_000), backend("g2", slots=1, reserved_slots=1)],
             tenant_specs=[TenantSpec("a", 0.6), TenantSpec("b", 0.3), TenantSpec("c", 0.1, vip=True)],
         )
@@ -152,12 +160,13 @@ class Harness:
 
     def op_reconfigure(self, variant):
         before = {r.id for r in self.sched.waiting()}
+        rule = {"depth": self.depth, "admission": self.admission}
         if variant == "wrr":
-            cfg = short_sla_config(fairness=FairnessMode.WEIGHTED_ROUND_ROBIN, depth=self.depth)
+            cfg = short_sla_config(fairness=FairnessMode.WEIGHTED_ROUND_ROBIN, **rule)
         elif variant == "sla":
-            cfg = with_sla(short_sla_config(depth=self.depth), "BATCH", 2500)
+            cfg = with_sla(short_sla_config(**rule), "BATCH", 2500)
         else:
-            cfg = short_sla_config(variant, depth=self.depth)
+            cfg = short_sla_config(variant, **rule)
         self.sched.reconfigure(now_ms=self.now, config=cfg)
         assert {r.id for r in self.sched.waiting()} == before  # nothing lost
 
@@ -241,16 +250,33 @@ def runs_agree(make, sequence, *, finish: bool = False, extra=lambda harness: No
     assert first == second
 
 
-@FAST
-@given(any_ops, st.booleans())
-def test_conservation_and_config_changes_never_lose_requests(sequence, depth):
-    ran(Harness(depth=depth), sequence)
+def test_the_harness_runs_the_default_admission_unless_named():
+    assert Harness().sched._config.queue.admission == "predicted"
+    assert type(Harness().sched.admission).__name__ == "PredictedAdmission"
+    assert type(Harness(admission="depth").sched.admission).__name__ == "DepthAdmission"
 
 
 @FAST
-@given(any_ops, st.sampled_from(["fairgate", "fifo", "strict", "linear"]), st.booleans())
-def test_determinism(sequence, policy, depth):
-    runs_agree(lambda: Harness(policy, depth), sequence)
+@given(any_ops, st.booleans(), st.sampled_from([None, "depth"]))
+def test_conservation_and_config_changes_never_lose_requests(sequence, depth, admission):
+    ran(Harness(depth=depth, admission=admission), sequence)
+
+
+@FAST
+@given(
+    any_ops, st.sampled_from(["fairgate", "fifo", "strict", "linear"]), st.booleans(), st.sampled_from([None, "depth"])
+)
+def test_determinism(sequence, policy, depth, admission):
+    runs_agree(lambda: Harness(policy, depth, admission), sequence)
+
+
+@FAST
+@given(any_ops)
+def test_determinism_of_the_default_byte_for_byte(sequence):
+    """The default admission, enforced: two runs log the same decisions, compared as bytes."""
+    runs = [ran(Harness(), sequence, finish=True) for _ in range(2)]
+    first, second = (repr((h.log, h.sched.counters.as_dict(), h.terminal)).encode() for h in runs)
+    assert first == second
 
 
 @FAST
@@ -308,6 +334,30 @@ def test_no_starvation_within_capacity(batch_count, interactive_at, batch_tenant
     ]
     arrivals += [(t, req(f"i{k}", cls="INTERACTIVE", at=t)) for k, t in enumerate(interactive_at)]
     grants = run_to_end(sched, arrivals, 100)
+    assert sched.counters.total("queue_timeout") == 0
+    assert len(grants) == len(arrivals)
+    for g in grants:
+        assert g.waited_ms <= sched._class_spec(g.request.cls).sla_ms
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(10, 300),
+    st.lists(st.integers(0, 20000), max_size=100),
+    st.lists(st.sampled_from(TENANTS), min_size=1, max_size=300),
+)
+def test_no_starvation_within_capacity_with_the_default_admission(batch_count, interactive_at, batch_tenants):
+    # as above, with admission enforced by the default rule (its prior the true service time): the
+    # load fits, so every request is admitted and starts within its SLA
+    cfg = with_sla(config(enforce_depth=True, service_ms_prior=100), "BATCH", 20000)
+    assert cfg.queue.admission == "predicted"
+    sched = scheduler(cfg, slots=4, tenant_specs=tenants(("a", 0.6), ("b", 0.3), ("c", 0.1)))
+    arrivals = [
+        (0, req(f"b{k}", tenant=batch_tenants[k % len(batch_tenants)], cls="BATCH", at=0)) for k in range(batch_count)
+    ]
+    arrivals += [(t, req(f"i{k}", cls="INTERACTIVE", at=t)) for k, t in enumerate(interactive_at)]
+    grants = run_to_end(sched, arrivals, 100)
+    assert sched.counters.total("rejected_queue_full") == 0
     assert sched.counters.total("queue_timeout") == 0
     assert len(grants) == len(arrivals)
     for g in grants:

@@ -181,12 +181,16 @@ def test_optional_values_and_defaults() -> None:
 
 
 def test_prediction_keys_are_read_beside_the_depth_limit_and_written_back_when_set() -> None:
-    assert (QueuePolicy().admission, QueuePolicy().fast_fail) == ("depth", False)  # off unless configured
+    # predicted admission is the default (issue 48); fast-fail stays off unless configured
+    assert (QueuePolicy().admission, QueuePolicy().fast_fail) == ("predicted", False)
     config = config_from_yaml(MINIMAL + "  queue: {admission: predicted, predict_margin: 0.75, fast_fail: true}\n")
     assert (config.queue.admission, config.queue.predict_margin, config.queue.fast_fail) == ("predicted", 0.75, True)
-    assert config_to_dict(config)["queue"]["admission"] == "predicted"
     assert config_from_yaml(config_to_yaml(config)) == config
-    assert "admission" not in config_to_dict(config_from_yaml(MINIMAL + "  queue: {depth_cap: 5}\n"))["queue"]
+    depth = config_from_yaml(MINIMAL + "  queue: {admission: depth}\n")
+    assert depth.queue.admission == "depth" and config_to_dict(depth)["queue"]["admission"] == "depth"
+    assert config_from_yaml(config_to_yaml(depth)) == depth
+    without = config_from_yaml(MINIMAL + "  queue: {depth_cap: 5}\n")  # a configuration from before: the default
+    assert without.queue.admission == "predicted" and "admission" not in config_to_dict(without)["queue"]
 
 
 def test_prior_weight_and_margin_after_are_read_and_written_back_when_set() -> None:

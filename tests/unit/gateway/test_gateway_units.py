@@ -265,11 +265,11 @@ def test_terminal_log_records_are_invisible_to_the_garbage_collector():
 # --- the dispatcher on a real engine ---------------------------------------------------------
 
 
-def _config(slots: int = 1) -> SchedulerConfig:
+def _config(slots: int = 1, admission: str = "predicted") -> SchedulerConfig:
     classes = (ClassSpec("INTERACTIVE", 0, 3000, Decimal("1.6")), ClassSpec("BATCH", 2, 60000, Decimal("0.7")))
     return SchedulerConfig(
         classes=classes,
-        queue=QueuePolicy(service_ms_prior=100),
+        queue=QueuePolicy(service_ms_prior=100, admission=admission),
         tenants=(TenantSpec("t", 0.5),),
         backends=(BackendSpec("b", ("m",), slots, url="http://x"),),
     )
@@ -294,8 +294,8 @@ def _admit(d: Dispatcher, rid: str, **kwargs):
 
 
 def test_dispatcher_grants_cancels_and_expires():
-    async def scenario():
-        d = Dispatcher(_config(), audit_pk=None, loop=asyncio.get_running_loop())
+    async def scenario():  # the depth rule admits a request that cannot start by its deadline; it expires
+        d = Dispatcher(_config(admission="depth"), audit_pk=None, loop=asyncio.get_running_loop())
         first = _admit(d, "one")
         grant = await asyncio.wait_for(first.future, 1)
         assert grant.backend == "b" and first.state == "running"

@@ -114,8 +114,8 @@ def test_downgrade_rules_apply_to_declared_classes(runs: dict[str, dict]) -> Non
 
 def _one_slot(policy: str, tmp_path: Path) -> dict:
     doc = {
-        "name": "one-slot",
-        "config": CONFIG,
+        "name": "one-slot",  # the depth rule admits the chat request behind the long one, so its client gives up
+        "config": {**CONFIG, "queue": {**CONFIG.get("queue", {}), "admission": "depth"}},
         "backends": [{"name": "gpu", "models": ["m"], "slots": 1}],
         "tenants": [{"slug": "a", "quota_share": 0.5}, {"slug": "b", "quota_share": 0.5}],
         "requests": [

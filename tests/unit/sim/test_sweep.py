@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.sweep import admission
+from sim.scenario import scenario_from_dict
+from sim.sweep import admission, default_admission
 from sim.sweep import report as sweep_report
 
 RAW = {
@@ -35,3 +36,36 @@ def test_the_report_section_goes_before_engine_speed_and_is_replaced_in_place(tm
     text = report.read_text(encoding="utf-8")
     assert "first" not in text and text.count(sweep_report.START) == 1
     assert text.index("second") < text.index("## Engine speed") and text.endswith("rows\n")
+
+
+def _classes(**counts: tuple[int, int]) -> dict:
+    return {cls: {"admitted": a, "within": w} for cls, (a, w) in counts.items()}
+
+
+def test_default_admission_figures_count_every_admitted_miss_and_compare_with_depth():
+    row = {
+        "scenario": "x",
+        "seed": 1,
+        "default": _classes(BATCH=(1000, 990), INTERACTIVE=(500, 500)),
+        "depth": _classes(BATCH=(1400, 1100), INTERACTIVE=(500, 500)),
+    }
+    f = default_admission.figures(row)
+    assert f["precision"] == 1490 / 1500 and f["recall"] == 1490 / 1600
+    assert (f["class_recall"], f["class"]) == (990 / 1100, "BATCH")
+    worse = {**row, "seed": 2, "default": _classes(BATCH=(1000, 900), INTERACTIVE=(500, 500))}
+    summary = default_admission.summary([row, worse])
+    assert summary[0]["precision"] == 1400 / 1500 and summary[0]["recall"] == 1400 / 1600  # the minimum over seeds
+    found = default_admission.misses([row, worse])
+    assert any("precision" in m for m in found) and any("recall" in m for m in found)
+    exact = _classes(BATCH=(1100, 1100), INTERACTIVE=(500, 500))  # admits what depth finished in time, all in time
+    assert default_admission.misses([{**row, "default": exact}]) == []
+    assert "**no**" in default_admission.render({"rows": [row]})
+
+
+def test_the_field_report_runs_the_example_configuration_with_the_default_admission():
+    raw = default_admission.load_raw(default_admission.FIELD_REPORT)
+    scenario = scenario_from_dict(raw, base=default_admission.SCENARIOS, seed=1)
+    assert scenario.config.queue.admission == "predicted"
+    assert {c.name: c.sla_ms for c in scenario.config.classes}["BATCH"] == 1_800_000
+    assert sum(b.slots for b in scenario.backends) == 48
+    assert default_admission.scenario_names()[0] == default_admission.FIELD_REPORT

@@ -1,0 +1,240 @@
+"""The default-admission part of the sweep: predicted admission as shipped against the depth rule.
+
+Every shipped scenario, and the field report's own configuration (``config/scheduler.example.yaml``
+on the ``surge`` trace: 48 slots, the 12,400 burst, BATCH SLA 30 min), runs twice per seed: as
+configured (a scenario without ``queue.admission`` gets the default, ``predicted``) and with
+``admission: depth`` and no fast-fail. ``prior_rows`` compares where a class's service prior comes
+from. Targets and what each figure counts: docs/simulator.md, "Default admission".
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+
+from sim.scenario import scenario_from_dict
+from sim.simulate import result, with_queue
+from sim.simulation import simulate
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+FIELD_REPORT = "field-report"  # the example configuration on the surge trace
+DEPTH = {"admission": "depth", "fast_fail": False}
+PRECISION_TARGET, RECALL_TARGET = 0.995, 0.95
+CLASS_MIN = 100  # a class's recall is shown once the depth rule finished this many of it within SLA
+MARKERS = ("<!-- sim.sweep.default-admission: start -->", "<!-- sim.sweep.default-admission: end -->")
+PRIOR_SCENARIOS = (FIELD_REPORT, "surge-30min", "quiet-burst")
+
+
+def scenario_names() -> list[str]:
+    return [FIELD_REPORT, *(p.stem for p in sorted(SCENARIOS.glob("*.json")))]
+
+
+def load_raw(name: str) -> dict:
+    if name == FIELD_REPORT:
+        raw = json.loads((SCENARIOS / "surge.json").read_text(encoding="utf-8"))
+        return {**raw, "name": FIELD_REPORT, "config": "../../config/scheduler.example.yaml"}
+    return json.loads((SCENARIOS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def run_classes(name: str, seed: int, queue: dict) -> dict:
+    """Per class of one run: admitted, finished within SLA, 504s (of them fast-failed), and the
+    engine's mean service time at the end (``service_ms``, the class's measured mean, or None)."""
+    raw = load_raw(name)
+    scenario = scenario_from_dict(raw, base=SCENARIOS, seed=seed)
+    if queue:
+        scenario = with_queue(scenario, queue)
+    sim = simulate(scenario, policy="fairgate")
+    out = result(sim)
+    if not out["conservation"]["ok"]:
+        raise AssertionError(f"{name} seed {seed}: {out['conservation']['problems']}")
+    classes = {}
+    for cls, c in out["classes"].items():
+        mean = sim.sched._cls_service.get(cls)
+        classes[cls] = {
+            "admitted": c["admitted"],
+            "within": c["completed_within_sla"],
+            "queue_timeout": c["queue_timeout"],
+            "fast_failed": out["queue_timeouts"][cls]["fast_failed"],
+            "service_ms": round(mean.mean_ms) if mean is not None and mean.samples else None,
+        }
+    return classes
+
+
+def _pool(jobs: list[tuple], processes: int, log: Callable[[str], None]) -> list[dict]:
+    for job in jobs:
+        log(f"default admission: {job[0]} / seed {job[1]} / {job[2] or 'as configured'}")
+    if processes <= 1:
+        return [run_classes(*job) for job in jobs]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return pool.starmap(run_classes, jobs, chunksize=1)
+
+
+def precision_recall_rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
+    """One row per scenario and seed: the per-class figures as configured and with the depth rule."""
+    names = scenario_names()
+    jobs = [(name, seed, queue) for name in names for seed in seeds for queue in ({}, DEPTH)]
+    outs = iter(_pool(jobs, processes, log))
+    return [
+        {"scenario": name, "seed": seed, "default": next(outs), "depth": next(outs)} for name in names for seed in seeds
+    ]
+
+
+def figures(row: dict) -> dict:
+    """Precision (every admitted request, a 504 after admission as a miss) and recall against the
+    depth rule, over all classes, and the lowest recall of a class with ``CLASS_MIN`` in SLA."""
+    ours, depth = row["default"], row["depth"]
+    admitted = sum(c["admitted"] for c in ours.values())
+    within = sum(c["within"] for c in ours.values())
+    depth_within = sum(c["within"] for c in depth.values())
+    depth_admitted = sum(c["admitted"] for c in depth.values())
+    worst = min(
+        ((ours[cls]["within"] / d["within"], cls) for cls, d in depth.items() if d["within"] >= CLASS_MIN),
+        default=(1.0, "-"),
+    )
+    return {
+        "precision": within / admitted if admitted else 1.0,
+        "recall": within / depth_within if depth_within else 1.0,
+        "depth_precision": depth_within / depth_admitted if depth_admitted else 1.0,
+        "class_recall": worst[0],
+        "class": worst[1],
+        "admitted": admitted,
+        "within": within,
+        "depth_within": depth_within,
+    }
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per scenario, the minimum over its seeds of each figure (and the class of the lowest)."""
+    by_name: dict[str, list[dict]] = {}
+    for row in rows:
+        by_name.setdefault(row["scenario"], []).append(figures(row) | {"seed": row["seed"]})
+    out = []
+    for name, runs in by_name.items():
+        worst_class = min(runs, key=lambda f: f["class_recall"])
+        out.append(
+            {
+                "scenario": name,
+                "seeds": [f["seed"] for f in runs],
+                "precision": min(f["precision"] for f in runs),
+                "recall": min(f["recall"] for f in runs),
+                "depth_precision": min(f["depth_precision"] for f in runs),
+                "class_recall": worst_class["class_recall"],
+                "class": worst_class["class"],
+                "admitted": [f["admitted"] for f in runs],
+                "within": [f["within"] for f in runs],
+                "depth_within": [f["depth_within"] for f in runs],
+            }
+        )
+    return out
+
+
+def misses(rows: list[dict]) -> list[str]:
+    found = []
+    for s in summary(rows):
+        if s["precision"] < PRECISION_TARGET:
+            found.append(f"`{s['scenario']}`: precision {s['precision']:.2%} < {PRECISION_TARGET:.1%}")
+        if s["recall"] < RECALL_TARGET:
+            found.append(f"`{s['scenario']}`: recall {s['recall']:.3f}x < {RECALL_TARGET}x")
+    return found
+
+
+def prior_rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
+    """Where the prior comes from, on the burst scenarios: the fixed 20 s prior; learnt from the
+    class's own service times as they arrive (``prior_weight`` 30, the censored mean); a previous
+    day's profile (the prior set to the class's mean measured in a depth run of the same trace);
+    other classes' completions on the pool (the prior set to their completion-weighted mean)."""
+    base = _pool([(name, seed, DEPTH) for name in PRIOR_SCENARIOS for seed in seeds], processes, log)
+    jobs, labels = [], []
+    for (name, seed), depth in zip([(n, s) for n in PRIOR_SCENARIOS for s in seeds], base, strict=True):
+        burst = "BATCH"
+        others = [(c["service_ms"], c["within"]) for cls, c in depth.items() if cls != burst and c["service_ms"]]
+        weight = sum(w for _, w in others) or 1
+        sources = {
+            "fixed prior (20 s)": {"prior_weight": 0, "margin_after_ms": 0},
+            "own completions as they arrive (prior_weight 30)": {"prior_weight": 30, "margin_after_ms": 0},
+            "previous day's class mean": {"prior_weight": 0, "service_ms_prior": depth[burst]["service_ms"] or 20_000},
+            "other classes on the pool": {
+                "prior_weight": 0,
+                "service_ms_prior": max(1, round(sum(s * w for s, w in others) / weight)),
+            },
+        }
+        for label, queue in sources.items():
+            jobs.append((name, seed, {"admission": "predicted", **queue}))
+            labels.append((name, seed, label, depth))
+    outs = _pool(jobs, processes, log)
+    rows = []
+    for (name, seed, label, depth), ours, job in zip(labels, outs, jobs, strict=True):
+        row = figures({"default": ours, "depth": depth})
+        batch = ours["BATCH"]
+        rows.append(
+            {
+                "scenario": name,
+                "seed": seed,
+                "source": label,
+                "prior_ms": job[2].get("service_ms_prior", 20_000),
+                "precision": row["precision"],
+                "recall": row["recall"],
+                "batch_precision": batch["within"] / batch["admitted"] if batch["admitted"] else 1.0,
+                "batch_recall": batch["within"] / depth["BATCH"]["within"] if depth["BATCH"]["within"] else 1.0,
+            }
+        )
+    return rows
+
+
+def render(data: dict) -> str:
+    lines = [
+        MARKERS[0],
+        "## Predicted admission as the default, against the depth rule (`python -m sim.sweep --default-admission`)",
+        "",
+        "Written by `python -m sim.sweep --default-admission --write-report`. Each scenario runs as configured "
+        "(a scenario without `queue.admission` gets the default, `predicted`) and with `admission: depth` and "
+        "no fast-fail, same trace and seed, same run. Precision: of all admitted requests, the share "
+        "finished within their class's SLA (a 504 after admission, fast-failed or not, and a client's give-up "
+        "count as missed). Recall: requests finished within SLA against the depth rule's. Both are the minimum "
+        "over the seeds run. `field-report` is `config/scheduler.example.yaml` on the `surge` trace (48 slots, "
+        "12,400 BATCH at 09:00, BATCH SLA 30 min). The lowest class recall (classes with at least "
+        f"{CLASS_MIN} finished within SLA under depth) is shown for reading, not a target.",
+        "",
+        f"| scenario | seeds | precision (target >= {PRECISION_TARGET:.1%}) | recall (target >= {RECALL_TARGET}x) | "
+        "admitted / within SLA / depth within SLA | lowest class recall | depth rule's precision | met |",
+        "|---|---|---:|---:|---|---|---:|---|",
+    ]
+    for s in summary(data["rows"]):
+        met = s["precision"] >= PRECISION_TARGET and s["recall"] >= RECALL_TARGET
+        counts = "; ".join(
+            f"{a:,} / {w:,} / {d:,}" for a, w, d in zip(s["admitted"], s["within"], s["depth_within"], strict=True)
+        )
+        lines.append(
+            f"| `{s['scenario']}` | {','.join(map(str, s['seeds']))} | {s['precision']:.2%} | {s['recall']:.3f} | "
+            f"{counts} | {s['class_recall']:.3f} ({s['class']}) | {s['depth_precision']:.2%} | "
+            f"{'yes' if met else '**no**'} |"
+        )
+    found = misses(data["rows"])
+    lines += ["", "Misses: " + ("; ".join(found) if found else "none") + "."]
+    lines += ["", "Why each miss, and the choice of prior: `docs/decisions/2026-12-07-predicted-admission-default.md`."]
+    if data.get("prior"):
+        lines += [
+            "",
+            "### Where the service prior comes from",
+            "",
+            "Predicted admission, BATCH figures (the burst class) and all classes, minimum over seeds "
+            f"{','.join(str(s) for s in sorted({r['seed'] for r in data['prior']}))}; the prior for 'previous "
+            "day' and 'other classes' is the mean measured in the depth run of the same trace and seed.",
+            "",
+            "| scenario | prior from | prior ms | BATCH precision | BATCH recall | precision | recall |",
+            "|---|---|---|---:|---:|---:|---:|",
+        ]
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for r in data["prior"]:
+            groups.setdefault((r["scenario"], r["source"]), []).append(r)
+        for (name, source), runs in groups.items():
+            priors = sorted({r["prior_ms"] for r in runs})
+            lines.append(
+                f"| `{name}` | {source} | {', '.join(f'{p:,}' for p in priors)} | "
+                f"{min(r['batch_precision'] for r in runs):.2%} | {min(r['batch_recall'] for r in runs):.3f} | "
+                f"{min(r['precision'] for r in runs):.2%} | {min(r['recall'] for r in runs):.3f} |"
+            )
+    lines.append(MARKERS[1])
+    return "\n".join(lines)
