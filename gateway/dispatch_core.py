@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -89,11 +90,11 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
     """The queue API's view of one request (``position`` is the engine's QueuePosition or None;
     ``state``: the engine's, where it is ahead of the entry's)."""
     state = state or entry.state
-    eta_ms = None
+    eta_ms = eta_upper_ms = None
     if position is not None and position.eta_ms >= 0:
-        eta_ms = position.eta_ms
+        eta_ms, eta_upper_ms = position.eta_ms, position.eta_upper_ms
     elif state == State.RUNNING:
-        eta_ms = 0
+        eta_ms = eta_upper_ms = 0
     return {
         "id": entry.public_id,
         "class": entry.cls,
@@ -103,6 +104,10 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
         "position": position.position if position is not None else None,
         "position_exact": position.exact if position is not None else None,
         "eta_ms": eta_ms,
+        "eta_upper_ms": eta_upper_ms,
+        "eta_confidence": position.eta_confidence if position is not None else None,
+        "eta_slip_reason": position.eta_slip_reason if position is not None else None,
+        "eta_first_at_ms": None,  # set by live_view (wall clock)
         "waited_ms": entry.waited_ms,
         "model": entry.model,
         "backend": entry.backend,
@@ -117,6 +122,8 @@ def live_view(engine: Scheduler, entry: Entry, now_ms: int) -> dict:
     state = engine.state_of(entry.key) or entry.state
     position = engine.position(entry.key, now_ms=now_ms) if state == State.QUEUED else None
     row = describe(entry, position=position, state=state)
+    if position is not None and position.eta_first_at_ms is not None:  # the engine's clock to epoch ms
+        row["eta_first_at_ms"] = int(time.time() * 1000) + position.eta_first_at_ms - now_ms
     if entry.state == State.QUEUED:
         row["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
     return row

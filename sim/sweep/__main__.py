@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.sweep import admission, headroom
+from sim.sweep import admission, eta, headroom
 from sim.sweep.report import END, REPORT, START, render, write_report
 
 SPEED_SIZES = (1_000, 20_000, 100_000)
@@ -45,9 +45,16 @@ def headroom_data(args: argparse.Namespace) -> dict:
     }
 
 
+def eta_data(args: argparse.Namespace) -> dict:
+    if args.json_in:
+        return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
+    return {"rows": eta.rows((1,) if args.quick else (1, 2, 3), log)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.sweep", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--headroom", action="store_true", help="the headroom part (headroom cost against strict)")
+    parser.add_argument("--eta", action="store_true", help="the ETA part (the ETA's calibration)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
     parser.add_argument("--no-speed", action="store_true", help="admission part: leave the engine-speed rows out")
     parser.add_argument("--jobs", type=int, default=1, help="headroom part: runs in this many processes")
@@ -55,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--from-json", dest="json_in", help="render a saved run instead of running")
     args = parser.parse_args(argv)
-    if args.headroom:
+    if args.eta:
+        data = eta_data(args)
+        section, markers = eta.render(data), eta.MARKERS
+    elif args.headroom:
         data = headroom_data(args)
         section, markers = headroom.render(data), headroom.MARKERS
     else:
