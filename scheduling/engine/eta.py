@@ -30,7 +30,7 @@ STEPS_PER_DOUBLING = 4  # EtaBook's resolution: ratio buckets 2 ** (1/4) wide
 LOWEST_STEP, STEPS = -16, 40  # buckets cover ratios 1/16 to 16 (beyond: the end buckets)
 BOOK_MIN = 20  # ratios of a key before its book calibrates the ETA
 BOOK_HALVES_AT = 2_000  # a key's counts are halved when they reach this (the recent ones weigh)
-POINT_QUANTILE, UPPER_QUANTILE = 0.5, 0.93
+POINT_QUANTILE, UPPER_QUANTILE = 0.5, 0.92
 
 
 class EtaBook:
@@ -68,12 +68,14 @@ class EtaBook:
             counts[:] = [c // 2 for c in counts]
 
     def factors(self, key: str) -> tuple[float, float] | None:
-        """(point, upper) multipliers of the model's wait for ``key``; None until it has `BOOK_MIN` ratios."""
+        """(point, upper) multipliers of the model's wait for ``key``: the median ratio (raised to half the
+        upper one where the ratios spread wider), a high quantile; None until it has `BOOK_MIN` ratios."""
         counts = self.counts.get(key)
         total = sum(counts) if counts else 0
         if not counts or total < BOOK_MIN:
             return None
-        return _quantile(counts, total, POINT_QUANTILE), _quantile(counts, total, UPPER_QUANTILE)
+        upper = _quantile(counts, total, UPPER_QUANTILE)
+        return max(_quantile(counts, total, POINT_QUANTILE), upper / 2), upper  # the bound is at most twice the point
 
 
 def _quantile(counts: list[int], total: int, share: float) -> float:
