@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -115,15 +114,16 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
     }
 
 
-def live_view(engine: Scheduler, entry: Entry, now_ms: int) -> dict:
+def live_view(engine: Scheduler, entry: Entry, now_ms: int, *, wall_offset_ms: int = 0) -> dict:
     """The queue API's and the console's view of one live request, with its wait so far. The
     engine's state decides (with the shared scheduler a grant reaches this process a moment
-    after the engine made it: the request is shown running from then)."""
+    after the engine made it: the request is shown running from then). ``wall_offset_ms``: epoch ms
+    less the engine's clock (0 for the shared engine, whose clock is the wall clock)."""
     state = engine.state_of(entry.key) or entry.state
     position = engine.position(entry.key, now_ms=now_ms) if state == State.QUEUED else None
     row = describe(entry, position=position, state=state)
-    if position is not None and position.eta_first_at_ms is not None:  # the engine's clock to epoch ms
-        row["eta_first_at_ms"] = int(time.time() * 1000) + position.eta_first_at_ms - now_ms
+    if position is not None and position.eta_first_at_ms is not None:
+        row["eta_first_at_ms"] = position.eta_first_at_ms + wall_offset_ms
     if entry.state == State.QUEUED:
         row["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
     return row
