@@ -36,10 +36,12 @@ def _row(name: str, seed: int) -> list[dict]:
             row[p.confidence] += 1
             continue
         row.setdefault("errors", Counter())[round(relative_error(p), 2)] += 1
+        row["instant"] = row.get("instant", 0) + (p.started_ms == p.at_ms and p.eta_ms == 0)
         row["in_bound"] = row.get("in_bound", 0) + (p.started_ms - p.at_ms <= p.upper_ms)
     for row in by_cls.values():  # JSON keys: text
         row["errors"] = {str(k): v for k, v in sorted(row.get("errors", Counter()).items())}
         row.setdefault("in_bound", 0)
+        row.setdefault("instant", 0)
     return list(by_cls.values())
 
 
@@ -72,12 +74,15 @@ def summary(group: list[dict]) -> dict:
     started = sum(r["started"] for r in group)
     measured = sum(errors.values())
     in_bound = sum(r["in_bound"] for r in group)
+    waited = Counter(errors)
+    waited[0.0] -= sum(r.get("instant", 0) for r in group)  # promised 0 and started at once
     return {
         "started": started,
         "measured": measured,
         "not_measured": 1 - measured / started if started else 0.0,
         "in_bound": in_bound / measured if measured else None,
         "median_error": _median(errors),
+        "median_error_waited": _median(+waited),
     }
 
 
@@ -97,8 +102,8 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         groups.setdefault((r["scenario"], r["cls"]), []).append(r)
     lines = [
         "| scenario | class | started | not `measured` | `measured`: started by the upper bound (≥ 90 %) | "
-        "median \\|start − point\\| / wait (≤ 30 %) | met |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "median \\|start − point\\| / wait (≤ 30 %) | the same, of those that waited | met |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     misses = []
     for (name, cls), group in groups.items():
@@ -111,22 +116,19 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         met = "yes" if bound_ok and error_ok else "**no**"
         lines.append(
             f"| `{name}` | {cls} | {s['started']:,} | {_pct(s['not_measured'])} | {_pct(s['in_bound'])} | "
-            f"{_pct(s['median_error'])} | {met} |"
+            f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | {met} |"
         )
     s = summary(data)
     bound_ok, error_ok = _verdict(s)
     lines.append(
         f"| **the sweep** | all | {s['started']:,} | {_pct(s['not_measured'])} | {_pct(s['in_bound'])} | "
-        f"{_pct(s['median_error'])} | {'yes' if bound_ok and error_ok else '**no**'} |"
+        f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | "
+        f"{'yes' if bound_ok and error_ok else '**no**'} |"
     )
-    if not bound_ok or not error_ok:
-        misses.insert(
-            0,
-            "across the sweep: "
-            + ("upper bound" if not bound_ok else "")
-            + (" and " if not (bound_ok or error_ok) else "")
-            + ("median error" if not error_ok else ""),
-        )
+    if not error_ok:
+        misses.insert(0, f"across the sweep: median relative error {_pct(s['median_error'])} (target ≤ 30 %)")
+    if not bound_ok:
+        misses.insert(0, f"across the sweep: {_pct(s['in_bound'])} started by the upper bound (target ≥ 90 %)")
     return "\n".join(lines), misses
 
 
@@ -140,7 +142,8 @@ def render(data: dict) -> str:
         "Every shipped scenario as configured, seeds " + ", ".join(map(str, seeds)) + ". The ETA is the one "
         "the engine gave each admitted request right after its admission (its first ETA); a request that "
         "never started (timed out, gave up, fast-failed) is not counted. Relative error: |start − point| / "
-        "actual wait (a request that started at once counts 0 if promised 0). Targets on `measured` "
+        "actual wait (a request that started at once counts 0 if promised 0; the next column leaves those "
+        "out). Targets on `measured` "
         "requests, across the sweep and per class; the share not `measured` (`prior`: no completion of "
         "its class yet; `blocked`: a higher class held the pool) is reported, without a target.",
         "",
