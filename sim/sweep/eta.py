@@ -125,6 +125,12 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | "
         f"{'yes' if bound_ok and error_ok else '**no**'} |"
     )
+    if s["median_error_waited"] is not None and s["median_error_waited"] > ERROR_TARGET:
+        misses.insert(
+            0,
+            f"across the sweep, leaving out the requests promised 0 that started at once: median relative "
+            f"error {_pct(s['median_error_waited'])} (over the 30 % target; with them it is met)",
+        )
     if not error_ok:
         misses.insert(0, f"across the sweep: median relative error {_pct(s['median_error'])} (target ≤ 30 %)")
     if not bound_ok:
@@ -151,6 +157,13 @@ def render(data: dict) -> str:
         "",
         "Misses: " + ("none." if not misses else ""),
         *[f"- {m}" for m in misses],
+        "",
+        "Where it misses: the upper bound, on bursts promised before the calibration saw requests of the "
+        "burst start (`idle-burst`, `quiet-burst`, `surge` BATCH) or overtaken by a higher class's burst "
+        "after the promise (`higher-surge` BATCH, whose first ETAs are mostly `prior`); the median error, on "
+        "short waits (the first slot to free among a few running requests), whose spread is wider than the "
+        "bound's cap of twice the point allows, so the point sits above the median to keep the bound "
+        '(docs/engine.md, "Position and ETA").',
         "",
         END,
     ]
