@@ -89,11 +89,11 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
     """The queue API's view of one request (``position`` is the engine's QueuePosition or None;
     ``state``: the engine's, where it is ahead of the entry's)."""
     state = state or entry.state
-    eta_ms = None
+    eta_ms = eta_upper_ms = None
     if position is not None and position.eta_ms >= 0:
-        eta_ms = position.eta_ms
+        eta_ms, eta_upper_ms = position.eta_ms, position.eta_upper_ms
     elif state == State.RUNNING:
-        eta_ms = 0
+        eta_ms = eta_upper_ms = 0
     return {
         "id": entry.public_id,
         "class": entry.cls,
@@ -103,6 +103,10 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
         "position": position.position if position is not None else None,
         "position_exact": position.exact if position is not None else None,
         "eta_ms": eta_ms,
+        "eta_upper_ms": eta_upper_ms,
+        "eta_confidence": position.eta_confidence if position is not None else None,
+        "eta_slip_reason": position.eta_slip_reason if position is not None else None,
+        "eta_first_at_ms": None,  # set by live_view (wall clock)
         "waited_ms": entry.waited_ms,
         "model": entry.model,
         "backend": entry.backend,
@@ -110,13 +114,16 @@ def describe(entry: Entry, *, position, state: str | None = None) -> dict:
     }
 
 
-def live_view(engine: Scheduler, entry: Entry, now_ms: int) -> dict:
+def live_view(engine: Scheduler, entry: Entry, now_ms: int, *, wall_offset_ms: int = 0) -> dict:
     """The queue API's and the console's view of one live request, with its wait so far. The
     engine's state decides (with the shared scheduler a grant reaches this process a moment
-    after the engine made it: the request is shown running from then)."""
+    after the engine made it: the request is shown running from then). ``wall_offset_ms``: epoch ms
+    less the engine's clock (0 for the shared engine, whose clock is the wall clock)."""
     state = engine.state_of(entry.key) or entry.state
     position = engine.position(entry.key, now_ms=now_ms) if state == State.QUEUED else None
     row = describe(entry, position=position, state=state)
+    if position is not None and position.eta_first_at_ms is not None:
+        row["eta_first_at_ms"] = position.eta_first_at_ms + wall_offset_ms
     if entry.state == State.QUEUED:
         row["waited_ms"] = entry.waited_ms + max(0, now_ms - entry.queued_since_ms)
     return row

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from gateway.dispatch_core import (
     DispatchCore,
@@ -41,6 +42,7 @@ class Dispatcher:
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
         self.core = core = DispatchCore(config, audit_pk=audit_pk, loop=loop)
         self.loop = loop
+        self.wall_offset_ms = int(time.time() * 1000) - int(loop.time() * 1000)  # engine clock to epoch ms
         self.circuits = core.circuits
         self.downgrades = core.downgrades
         self.terminal = core.terminal
@@ -246,4 +248,4 @@ class Dispatcher:
         """Before a read of positions: the engine read is up to date (here it always is)."""
 
     def live_view(self, entry: Entry, now_ms: int) -> dict:
-        return live_view(self.sched, entry, now_ms)
+        return live_view(self.sched, entry, now_ms, wall_offset_ms=self.wall_offset_ms)

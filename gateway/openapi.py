@@ -93,7 +93,26 @@ _QUEUE_ITEM = {
         "downgrade_rule": {"type": ["string", "null"]},
         "state": {"type": "string"},
         "position": {"type": ["integer", "null"]},
-        "eta_ms": {"type": ["integer", "null"]},
+        "eta_ms": {"type": ["integer", "null"], "description": "Expected wait before it starts (ms)."},
+        "eta_upper_ms": {
+            "type": ["integer", "null"],
+            "description": "It should start within this many ms: at least eta_ms, at most twice it.",
+        },
+        "eta_confidence": {
+            "type": ["string", "null"],
+            "enum": ["measured", "prior", "blocked", None],
+            "description": "measured; prior: no request of its class has completed yet; "
+            "blocked: a higher class holds the pool.",
+        },
+        "eta_slip_reason": {
+            "type": ["string", "null"],
+            "enum": ["higher_class", "fair_share", "circuit_open", None],
+            "description": "Set once its expected start is past the first one given: why.",
+        },
+        "eta_first_at_ms": {
+            "type": ["integer", "null"],
+            "description": "The expected start first given for it (epoch ms).",
+        },
         "waited_ms": {"type": "integer"},
         "model": {"type": "string"},
     },

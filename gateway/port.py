@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from gateway.dispatch_core import DispatchCore, Entry
     from gateway.events import DowngradeLog
     from gateway.terminal import TerminalLog
-    from scheduling.engine import Grant, Scheduler
+    from scheduling.engine import Grant, QueuePosition, Scheduler
     from scheduling.engine.circuits import BackendHealth
     from scheduling.engine.counters import Tally
     from scheduling.engine.model import BackendSpec, ClassSpec, Request, RequestId, SchedulerConfig
@@ -77,6 +77,11 @@ class QueueView:
         return Counter(engine.backend_of(request.id) for request in engine.running())
 
     # --- requests ------------------------------------------------------------------------
+
+    def position(self, key: RequestId, *, now_ms: int) -> QueuePosition | None:
+        """A waiting request's position and ETA (point, upper bound, confidence, slip reason, the
+        first expected start given, in the engine's clock); None when it is not waiting."""
+        return self._engine.position(key, now_ms=now_ms)
 
     def tenants_live(self) -> set[str]:
         """Tenants with a live request in this process."""

@@ -23,6 +23,7 @@ from gateway.api import UNTAGGED_JOB, Entry, Outcome, State
 SAMPLE_HOLDS = 200  # live requests whose holds price a job's remainder before any of it has ended
 MEMO_MAX = 200_000
 FAILURES_SHOWN = 10  # a card lists its latest failures, each a link to its request
+ETA_FIELDS = ("eta_upper_ms", "eta_confidence", "eta_slip_reason", "eta_first_at_ms")
 
 
 def _batch_line(job: str | None, public_id: str) -> bool:
@@ -42,6 +43,7 @@ class JobTally:
     live_ids: list[str] = field(default_factory=list)
     last_waiting: Entry | None = None  # the live request its job will see served last
     eta_ms: int | None = None
+    eta: dict = field(default_factory=dict)  # eta_upper_ms, eta_confidence, eta_slip_reason, eta_first_at_ms
 
     @property
     def failed(self) -> int:
@@ -87,10 +89,13 @@ def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
                 tally.failed_ids.append(record["id"])
                 tally.failed_reasons.append(str(record["state"]))
     for tally in tallies.values():
-        if tally.last_waiting is not None:
-            tally.eta_ms = d.live_view(tally.last_waiting, now_ms)["eta_ms"]
+        if tally.last_waiting is not None:  # the job's ETA: its last request's, with the same fields
+            row = d.live_view(tally.last_waiting, now_ms)
+            tally.eta_ms = row["eta_ms"]
+            tally.eta = {key: row.get(key) for key in ETA_FIELDS}
         elif tally.running:
             tally.eta_ms = 0
+            tally.eta = {"eta_upper_ms": 0}
     return tallies
 
 
@@ -177,6 +182,7 @@ def job_cards(tallies: dict[str, JobTally], *, tenant_id: int, slug: str, memo: 
                 "waiting": tally.waiting,
                 "running": tally.running,
                 "eta_ms": tally.eta_ms,
+                **{key: tally.eta.get(key) for key in ETA_FIELDS},
                 "charged": str(charged),
                 "estimated_total": None if estimate is None else str(estimate),
                 "estimate_basis": basis,

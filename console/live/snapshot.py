@@ -80,7 +80,18 @@ def queue_signature(queue: dict) -> tuple:
         queue["total"],
         tuple(sorted((c, v["queued"], v["running"]) for c, v in queue["counts"].items())),
         tuple(
-            (r["id"], r["state"], r["class"], r["position"], r["of_yours"], r["eta_ms"], r["estimated_charge"])
+            (
+                r["id"],
+                r["state"],
+                r["class"],
+                r["position"],
+                r["of_yours"],
+                r["eta_ms"],
+                r.get("eta_upper_ms"),
+                r.get("eta_confidence"),
+                r.get("eta_slip_reason"),
+                r["estimated_charge"],
+            )
             for r in queue["rows"]
         ),
     )

@@ -96,6 +96,10 @@ class Capacity:
     def model_slots(self, model: str) -> int:
         return sum(s.slots for s in self._primaries.get(model, ()))
 
+    def model_reserved(self, model: str) -> int:
+        """Slots of the model's primary backends reserved for the top class and VIP tenants."""
+        return sum(s.reserved for s in self._primaries.get(model, ()))
+
     def free_slots(self, model: str, now_ms: int) -> int:
         """Free slots of the model's primary backends that are not under a 429 hold."""
         return sum(max(0, s.slots - s.busy) for s in self._primaries.get(model, ()) if s.hold_until_ms <= now_ms)

@@ -259,6 +259,8 @@ class DispatchOrder:
         self.engine._model_rate[ticket.model].add(now_ms)  # created with the model's first lane
         if not self.engine._store_holds_live_tickets:
             self.engine._store.ticket_put(ticket)
+        if ticket.eta_first is not None:  # someone was given its ETA: it calibrates the next ones (``eta``)
+            self.engine.eta_book.started(ticket, now_ms)
         waited_ms = now_ms - ticket.enqueued_ms
         book = ticket.book
         assert book is not None, "set on admission"

@@ -41,6 +41,12 @@ class Live(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class QueuePosition:
+    """A waiting request's place and ETA (``eta``: docs/engine.md, "Position and ETA")."""
+
     position: int  # 1 = next for its model
     eta_ms: int  # -1 when no backend serves its model at all
     exact: bool
+    eta_upper_ms: int = -1  # the bound it should start by: eta_ms <= eta_upper_ms <= 2 * eta_ms
+    eta_confidence: str = "prior"  # "measured" | "prior" (no completion of its class yet) | "blocked"
+    eta_slip_reason: str | None = None  # once its expected start is past the first one given
+    eta_first_at_ms: int | None = None  # the expected start (engine ms) the first query gave

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from heapq import heappop
 
 from . import admission as adm
+from . import eta
 from .admission_rules import AdmissionRule, DepthAdmission, PredictedAdmission
 from .aging import AgingCurve
 from .capacity import Capacity
@@ -24,7 +25,6 @@ from .fairness import Lane, tenant_weights
 from .headroom import Headroom
 from .model import BackendSpec, ClassSpec, Request, RequestId, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, Grant, Live, QueuePosition
-from .position import eta_ms, requests_ahead
 from .prediction import UNKNOWN_MS, Prediction
 from .queues import apply_config, count_queued, enqueue, rebuild, unqueue
 from .store import DONE, RUNNING, STATE_NAMES, WAITING, MemoryStore, SchedulerStore, Ticket
@@ -74,6 +74,7 @@ class Scheduler:
         self._store_holds_live_tickets = getattr(self._store, "holds_live_tickets", False)
         self._capacity = Capacity(backends, self._store)
         self.headroom = Headroom(self._capacity)  # slots held for the top class (``headroom``)
+        self.eta_book = eta.EtaBook()  # the ETA's calibration (``eta``)
         self._tenant_specs: dict[str, TenantSpec] = {t.slug: t for t in tenants}
         self._retired: dict[str, ClassSpec] = {}
         self._lanes: dict[tuple[str, str], Lane] = {}
@@ -371,22 +372,11 @@ class Scheduler:
         return None if ticket is None else ticket.backend
 
     def position(self, request_id: RequestId, *, now_ms: int) -> QueuePosition | None:
+        """A waiting request's position and ETA (``eta``); the first one given is kept on its ticket."""
         ticket = self._store.ticket_get(request_id)
         if ticket is None or ticket.state != WAITING:
             return None
-        if self._aging.preempt_ratio is not None:
-            self.order.promote(now_ms)  # neutral: dispatch would promote the same requests at now_ms
-        lanes = [lane for lane in self._lane_list if lane.model == ticket.model]
-        ranks = {lane.key: self.order.rank(lane, now_ms) for lane in lanes}
-        boosted = self._aging_on and any(r[0] != r[1] for r in ranks.values() if len(r) > 1)
-        ahead, exact = requests_ahead(
-            ticket, lanes, lambda ln: ranks[ln.key], self._preempt.get(ticket.model, []), boosted
-        )
-        capacity = self._capacity
-        slots = capacity.model_slots(ticket.model)
-        rate = adm.rate_window(self._model_rate, ticket.model).count(now_ms) / adm.WINDOW_MS
-        rate = max(rate, slots / self._service(self._model_service, ticket.model))
-        return QueuePosition(ahead + 1, eta_ms(ahead, capacity.free_slots(ticket.model, now_ms), rate), exact)
+        return eta.position(self, ticket, now_ms)
 
     def next_wakeup_ms(self, *, now_ms: int) -> int | None:
         """Earliest future ms at which dispatch/expire could act without outside input."""

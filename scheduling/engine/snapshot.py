@@ -17,6 +17,7 @@ from . import admission as adm
 from .capacity import BackendState
 from .config_record import backend_from_record, config_from_record, from_plain, tenant_from_record, to_plain
 from .counters import Tally
+from .eta import EtaBook
 from .fairness import Lane, TenantQueue
 from .model import ClassSpec, FairnessMode, Request, RequestId
 from .queues import apply_config
@@ -123,6 +124,8 @@ def _ticket_record(ticket: Ticket, lanes: dict[int, int], stored: bool) -> dict[
         tq_no=ticket.tq_no,
         lane=None if ticket.lane is None else lanes[id(ticket.lane)],
     )
+    if ticket.eta_first is not None:  # optional: a record without it is read as before
+        record["eta_first"] = list(ticket.eta_first)
     return record
 
 
@@ -167,6 +170,7 @@ def to_record(sched: Scheduler) -> dict[str, Any]:
         "cls_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._cls_service.items()},
         "model_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._model_service.items()},
         "headroom": sched.headroom.as_record(),
+        "eta_book": sched.eta_book.as_record(),
         "store": {
             "fair": [[*key, value] for key, value in store._fair.items()],
             "windows": {
@@ -207,6 +211,8 @@ def _ticket_of(record: dict[str, Any]) -> Ticket:
     ticket.deadline_ms = record["expires_ms"]
     ticket.promoted = record["promoted"]
     ticket.tq_no = record["tq_no"]
+    first = record.get("eta_first")
+    ticket.eta_first = None if first is None else (first[0], first[1], first[2], first[3], first[4], first[5])
     return ticket
 
 
@@ -289,6 +295,7 @@ def from_record(record: object) -> Scheduler:
         capacity.states[state.name] = state
     capacity._index()
     sched.headroom.restore(record["headroom"])
+    sched.eta_book = EtaBook.from_record(record.get("eta_book"))  # optional: older records have none
     _restore_indexes(sched, record, tickets)
     return sched
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 WAITING, RUNNING, DONE = 0, 1, 2
 STATE_NAMES = {WAITING: "queued", RUNNING: "running"}
+# The first ETA given (``eta``): expected start, higher-class arrivals then, the model's slots then,
+# when given, the model's wait then, its calibration key.
+EtaFirst = tuple[int, int, int, int, int, str]
 
 
 class Ticket:
@@ -49,6 +52,7 @@ class Ticket:
         "tq_no",
         "lane",
         "book",
+        "eta_first",
     )
 
     def __init__(self, request: Request, qseq: int, vip: bool) -> None:
@@ -75,6 +79,7 @@ class Ticket:
         self.tq_no = 0  # its number in that queue (index)
         self.lane: Lane | None = None  # Lane holding it while waiting (index, not persisted)
         self.book: TenantInClass | None = None  # of its class and tenant, set once admitted (index, not persisted)
+        self.eta_first: EtaFirst | None = None  # the first ETA given (``eta``)
 
     def as_record(self) -> dict[str, object]:
         r = self.request

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.sweep import admission, default_admission, headroom
+from sim.sweep import admission, default_admission, eta, headroom
 from sim.sweep.report import END, REPORT, START, render, write_report
 
 SPEED_SIZES = (1_000, 20_000, 100_000)
@@ -55,12 +55,19 @@ def default_admission_data(args: argparse.Namespace) -> dict:
     }
 
 
+def eta_data(args: argparse.Namespace) -> dict:
+    if args.json_in:
+        return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
+    return {"rows": eta.rows((1,) if args.quick else (1, 2, 3), log)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.sweep", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--headroom", action="store_true", help="the headroom part (headroom cost against strict)")
     parser.add_argument(
         "--default-admission", action="store_true", help="predicted admission as shipped: precision, recall vs depth"
     )
+    parser.add_argument("--eta", action="store_true", help="the ETA part (the ETA's calibration)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
     parser.add_argument("--no-speed", action="store_true", help="admission part: leave the engine-speed rows out")
     parser.add_argument("--jobs", type=int, default=1, help="headroom, default-admission: processes")
@@ -71,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.default_admission:
         data = default_admission_data(args)
         section, markers = default_admission.render(data), default_admission.MARKERS
+    elif args.eta:
+        data = eta_data(args)
+        section, markers = eta.render(data), eta.MARKERS
     elif args.headroom:
         data = headroom_data(args)
         section, markers = headroom.render(data), headroom.MARKERS

@@ -47,6 +47,13 @@ def test_requests_group_as_jobs_with_progress_eta_and_pages(world):
         cards = await sync_to_async(job_cards)(tallies, tenant_id=world[A].pk, slug=A, memo=JobMoney())
         assert [c["job"] for c in cards] == ["report-7", "key/abcd1234/BATCH"]  # tagged first
         assert cards[0]["charged"] == "0" and cards[0]["estimate_basis"] == "mean so far"  # no ledger here
+        # the job's ETA is its last request's, with the same fields as the queue API's
+        last = d.live_view(report.last_waiting, now_ms)
+        card = cards[0]
+        assert card["eta_ms"] == last["eta_ms"] <= card["eta_upper_ms"] <= 2 * card["eta_ms"]
+        assert (card["eta_upper_ms"], card["eta_confidence"]) == (last["eta_upper_ms"], last["eta_confidence"])
+        assert card["eta_confidence"] == "measured" and card["eta_slip_reason"] is None  # one has completed
+        assert card["eta_first_at_ms"] == last["eta_first_at_ms"] is not None
 
         first = tenant_queue(d, A, now_ms, limit=2)
         second = tenant_queue(d, A, now_ms, offset=2, limit=2)

@@ -220,11 +220,12 @@ def test_position_and_eta_move_as_requests_ahead_complete(gw):
             )
             threads[-1].start()
             wait_until(lambda rid=request_id: http.get(f"/v1/queue/{rid}").status_code == 200, what="admitted")
-        seen = []
+        seen, promises = [], []
         while True:
             item = http.get("/v1/queue/pos-3").json()
             if item["state"] != "queued":
                 break
+            promises.append(item)
             if not seen or seen[-1][0] != item["position"]:
                 seen.append((item["position"], item["eta_ms"]))
             time.sleep(0.03)
@@ -237,6 +238,14 @@ def test_position_and_eta_move_as_requests_ahead_complete(gw):
     assert etas == sorted(etas, reverse=True) and etas[0] > etas[-1], seen
     assert all(i["model"] == "m-slow" and i["class"] == "BATCH" for i in listing)
     assert gw.http("alpha_batch").get("/v1/queue/pos-3").json()["state"] == "completed"
+    # the ETA as a promise: a bound within twice the point, measured (pos-w completed first), the
+    # first expected start kept (epoch ms) and no slip while requests ahead only complete
+    assert promises and all(p["eta_ms"] <= p["eta_upper_ms"] <= 2 * p["eta_ms"] for p in promises), promises
+    assert {p["eta_confidence"] for p in promises} == {"measured"}, promises
+    assert len({p["eta_first_at_ms"] for p in promises}) == 1, promises
+    assert abs(promises[0]["eta_first_at_ms"] - time.time() * 1000) < 600_000, promises[0]
+    assert all(p["eta_slip_reason"] is None for p in promises), promises
+    assert all(key in i for i in listing for key in ("eta_upper_ms", "eta_confidence", "eta_slip_reason"))
 
 
 def test_queue_entries_are_private_to_their_tenant(gw):

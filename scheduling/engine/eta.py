@@ -1,0 +1,173 @@
+"""A waiting request's position and ETA as a promise: point, upper bound, confidence, slip reason.
+
+Computed on query only (``Scheduler.position``). Kept per ticket: the first ETA given
+(``Ticket.eta_first``), set by the first query; kept per class: :class:`EtaBook`, the ratios of
+actual wait to the model's wait of the requests that were asked about, which calibrate the point
+(their median) and the upper bound (a high quantile). The model, its calibration and the meaning of
+each field: docs/engine.md, "Position and ETA".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from . import admission as adm
+from .outcomes import QueuePosition
+from .position import eta_ms, requests_ahead
+from .store import EtaFirst, Ticket
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+MEASURED, PRIOR, BLOCKED = "measured", "prior", "blocked"
+HIGHER_CLASS, FAIR_SHARE, CIRCUIT_OPEN = "higher_class", "fair_share", "circuit_open"
+SLIP_GRACE_MS = 1_000  # an expected start later than the first one given by more than this has slipped
+UPPER_Z = 1.65  # the upper bound's width in standard deviations of the wait (about the 95th percentile)
+MIN_SHARE = 0.1  # the least share of the model's turnover left to a class below busy higher classes
+BLOCKED_SHARE = 0.5  # higher classes' dispatches at or above this share of the turnover: blocked
+STEPS_PER_DOUBLING = 4  # EtaBook's resolution: ratio buckets 2 ** (1/4) wide
+LOWEST_STEP, STEPS = -16, 40  # buckets cover ratios 1/16 to 16 (beyond: the end buckets)
+BOOK_MIN = 20  # ratios of a key before its book calibrates the ETA
+BOOK_HALVES_AT = 2_000  # a key's counts are halved when they reach this (the recent ones weigh)
+POINT_QUANTILE, UPPER_QUANTILE = 0.5, 0.92
+
+
+class EtaBook:
+    """Per class and depth (``near``: within the model's slots of the head, else ``far``), a
+    histogram of actual wait / the model's wait of the requests that got a first ETA."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+
+    def as_record(self) -> dict[str, list[int]]:
+        return {key: list(counts) for key, counts in self.counts.items()}
+
+    @classmethod
+    def from_record(cls, record: dict[str, list[int]] | None) -> EtaBook:
+        book = cls()
+        book.counts = {key: list(counts) for key, counts in (record or {}).items()}
+        return book
+
+    def started(self, ticket: Ticket, now_ms: int) -> None:
+        """``ticket`` (with a first ETA) was dispatched at ``now_ms``."""
+        first = ticket.eta_first
+        assert first is not None
+        model_ms = first[4]
+        if model_ms <= 0:
+            return
+        ratio = max(now_ms - first[3], 1) / model_ms
+        step = min(STEPS - 1, max(0, math.floor(STEPS_PER_DOUBLING * math.log2(ratio)) - LOWEST_STEP))
+        counts = self.counts.get(first[5])
+        if counts is None:
+            counts = self.counts[first[5]] = [0] * STEPS
+        counts[step] += 1
+        if sum(counts) >= BOOK_HALVES_AT:
+            counts[:] = [c // 2 for c in counts]
+
+    def factors(self, key: str) -> tuple[float, float] | None:
+        """(point, upper) multipliers of the model's wait for ``key``: the median ratio (raised to half the
+        upper one where the ratios spread wider), a high quantile; None until it has `BOOK_MIN` ratios."""
+        counts = self.counts.get(key)
+        total = sum(counts) if counts else 0
+        if not counts or total < BOOK_MIN:
+            return None
+        upper = _quantile(counts, total, UPPER_QUANTILE)
+        return max(_quantile(counts, total, POINT_QUANTILE), upper / 2), upper  # the bound is at most twice the point
+
+
+def _quantile(counts: list[int], total: int, share: float) -> float:
+    """The ratio at ``share`` of the histogram (the upper edge of its bucket)."""
+    seen = 0
+    for step, count in enumerate(counts):
+        seen += count
+        if seen >= share * total:
+            return float(2.0 ** ((step + 1 + LOWEST_STEP) / STEPS_PER_DOUBLING))
+    return float(2.0 ** ((STEPS + LOWEST_STEP) / STEPS_PER_DOUBLING))
+
+
+def position(sched: Scheduler, ticket: Ticket, now_ms: int) -> QueuePosition:
+    """The position and ETA of waiting ``ticket``; records its first ETA if it had none."""
+    if sched._aging.preempt_ratio is not None:
+        sched.order.promote(now_ms)  # neutral: dispatch would promote the same requests at now_ms
+    model = ticket.model
+    lanes = [lane for lane in sched._lane_list if lane.model == model]
+    ranks = {lane.key: sched.order.rank(lane, now_ms) for lane in lanes}
+    boosted = sched._aging_on and any(r[0] != r[1] for r in ranks.values() if len(r) > 1)
+    ahead, exact = requests_ahead(ticket, lanes, lambda ln: ranks[ln.key], sched._preempt.get(model, []), boosted)
+    capacity = sched._capacity
+    slots = capacity.model_slots(model)
+    own_ms = sched._service(sched._cls_service, ticket.cls)
+    own_rank = ranks[ticket.lane.key] if ticket.lane is not None else None
+    work_ms = 0.0  # service time of the requests ahead of it (those of other lanes at their class's mean)
+    counted = 0
+    for lane in lanes:
+        if lane is not ticket.lane and lane.live and own_rank is not None and ranks[lane.key] < own_rank:
+            count = lane.live - lane.promoted
+            work_ms += count * sched._service(sched._cls_service, lane.name)
+            counted += count
+    work_ms += (ahead - counted) * own_ms
+    mean_ms = work_ms / ahead if ahead > 0 else own_ms
+    higher = sched._higher.get(ticket.cls, ())
+    higher_rate = sum(adm.rate_window(sched._cls_rate, name).count(now_ms) for name in higher) / adm.WINDOW_MS
+    busy = 0.0  # the share of the slots higher classes' new requests keep busy (their recent dispatches)
+    if slots:
+        for name in higher:
+            rate = adm.rate_window(sched._cls_rate, name).count(now_ms) / adm.WINDOW_MS
+            busy += rate * sched._service(sched._cls_service, name) / slots
+    share = max(MIN_SHARE, 1.0 - busy)
+    turnover = slots / mean_ms * share  # starts per ms left to it
+    free = capacity.free_slots(model, now_ms)
+    plan = sched._plans[ticket.cls]
+    if not (plan.privileged or ticket.vip):  # reserved and held slots are not its
+        free -= capacity.model_reserved(model) + len(sched.headroom.holds)
+    model_ms = eta_ms(ahead, free, turnover)
+    point = upper = model_ms
+    key = f"{ticket.cls}/{'near' if ahead < slots else 'far'}"
+    if model_ms > 0:
+        factors = sched.eta_book.factors(key)
+        if factors is not None:  # calibrated by the actual waits of earlier requests like it
+            point = math.ceil(model_ms * factors[0])
+            upper = math.ceil(model_ms * factors[1])
+        else:  # the spread of service times and of higher-class arrivals alone
+            must_start = ahead + 1 - free
+            service = sched._cls_service.get(ticket.cls)
+            cv2 = service.dispersion() if service is not None else 1.0
+            arrivals = higher_rate * model_ms  # higher-class arrivals expected while it waits (Poisson)
+            upper = math.ceil(model_ms + UPPER_Z * math.sqrt(must_start * cv2 + arrivals) / turnover)
+        upper = min(2 * point, max(point, upper))
+    higher_waiting = sum(ln.live for ln in lanes if ln.level < plan.level)
+    cls_service = sched._cls_service.get(ticket.cls)
+    if slots and (higher_waiting >= slots or busy >= BLOCKED_SHARE):
+        confidence = BLOCKED
+    elif cls_service is None or not cls_service.samples:
+        confidence = PRIOR
+    else:
+        confidence = MEASURED
+    seen = sum(sched.counters.classes[name].enqueued for name in higher if name in sched.counters.classes)
+    first = ticket.eta_first
+    reason = None
+    if first is None:
+        if point >= 0:
+            ticket.eta_first = (now_ms + point, seen, slots, now_ms, model_ms, key)
+    elif point < 0 or now_ms + point > first[0] + SLIP_GRACE_MS:
+        reason = _slip_reason(sched, ticket, first, seen, slots)
+    first_at = None if ticket.eta_first is None else ticket.eta_first[0]
+    return QueuePosition(ahead + 1, point, exact, upper, confidence, reason, first_at)
+
+
+def _slip_reason(sched: Scheduler, ticket: Ticket, first: EtaFirst, seen: int, slots: int) -> str | None:
+    """Why the expected start moved past the first one given: a backend of its model left the
+    rotation (circuit open), a higher class's traffic came since, or other tenants' fair share in
+    its lane; None when none of those holds (its model served slower than measured)."""
+    if slots < first[2]:
+        return CIRCUIT_OPEN
+    if seen > first[1]:
+        return HIGHER_CLASS
+    lane, tq = ticket.lane, ticket.tq
+    if lane is not None and tq is not None and not lane.fifo:
+        if any(other is not tq and other.live > other.promoted for other in lane.tenants.values()):
+            return FAIR_SHARE
+    return None
