@@ -34,6 +34,12 @@ def aging_label(mode: str) -> str:
     return wording.AGING_MODES.get(mode, mode)
 
 
+@register.filter
+def banner(messages) -> list:
+    """The messages for the page's banner: all but those shown beside their form (``at:`` tagged)."""
+    return [m for m in messages if not m.extra_tags.startswith("at:")]
+
+
 @register.inclusion_tag("console/feedback.html")
 def feedback_at(feedback: dict, target: str) -> dict:
     """The outcome of the last change made with the form ``target``, where that form is."""

@@ -23,7 +23,7 @@ def test_a_refused_price_is_said_beside_its_field_not_in_the_banner(admin):
     assert response.status_code == 302 and response["Location"].endswith("#class-INTERACTIVE")
     page = admin.client.get(response["Location"]).content.decode()
     row = _row(page, "class-INTERACTIVE")
-    assert 'class="messages feedback error"' in row and "Refused" in row
+    assert 'class="feedback error"' in row and "Refused" in row
     assert "Refused" not in _row(page, "class-BATCH")
     banner = re.search(r'<ul class="messages">(.*?)</ul>', page, re.S)
     assert banner is None or "Refused" not in banner.group(1)
@@ -34,7 +34,7 @@ def test_a_refused_price_is_said_beside_its_field_not_in_the_banner(admin):
 def test_a_saved_share_is_said_beside_its_department(admin):
     response = admin.client.post(f"/console/policy/tenant/{A}/", {"quota_share": "0.3"}, follow=True)
     row = _row(response.content.decode(), f"tenant-{A}")
-    assert 'class="messages feedback success"' in row and "Saved" in row
+    assert 'class="feedback success"' in row and "Saved" in row
 
 
 def test_target_wait_is_shown_and_taken_in_minutes(admin):

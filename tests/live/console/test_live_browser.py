@@ -197,7 +197,7 @@ def test_admin_changes_a_price_and_the_next_request_pays_it(stack, browser):
     page.wait_for_selector("#price-confirm")  # 0.7 → 2.5 moves it more than 2x: a confirm step first
     page.locator("#price-confirm button[type=submit]").click()
     page.wait_for_load_state()
-    assert "price ×2.5" in page.locator(".messages").inner_text()
+    assert "price ×2.5" in page.locator("tr[data-class=BATCH] .feedback").inner_text()  # beside its field
     page.screenshot(path=str(SHOTS / "policy-price.png"), full_page=True)
     page.goto(f"{stack.url}/console/audit/?entity=class")
     assert "console:ada" in page.locator("#audit-table").inner_text()
