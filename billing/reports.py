@@ -24,6 +24,18 @@ SHARE = Decimal("0.0001")
 ROUNDING = Decimal("0.0000005")  # half a micro-unit: the most one 6-place rounding moves an amount
 
 
+def _charge_sums() -> dict:
+    """What every report sums over a group of charges: requests, tokens, base cost, charge, unbilled."""
+    return {
+        "requests": Count("id"),
+        "prompt_tokens": Sum("prompt_tokens"),
+        "completion_tokens": Sum("completion_tokens"),
+        "base_cost": MoneySum("base_cost"),
+        "charge": MoneySum("amount"),
+        "unbilled": MoneySum("unbilled"),
+    }
+
+
 def _charges(*, tenants: QuerySet[Tenant], since: datetime | None, until: datetime | None) -> QuerySet:
     qs = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.CHARGE, tenant__in=tenants)
     if since is not None:
@@ -48,15 +60,7 @@ def charges_by_month(
         _charges(tenants=tenants, since=since, until=until)
         .annotate(month=TruncMonth("at", tzinfo=fiscal_tz()))
         .values("tenant__slug", "class_name", "month", "factor")
-        .annotate(
-            requests=Count("id"),
-            prompt_tokens=Sum("prompt_tokens"),
-            completion_tokens=Sum("completion_tokens"),
-            base_cost=MoneySum("base_cost"),
-            charge=MoneySum("amount"),
-            overrun=MoneySum("overrun"),
-            unbilled=MoneySum("unbilled"),
-        )
+        .annotate(**_charge_sums(), overrun=MoneySum("overrun"))
         .order_by("tenant__slug", "month", "class_name", "factor")
     )
     out = []
@@ -335,16 +339,7 @@ def spend_by(
         charges = charges.filter(job_id=job_id)
     rows = (
         charges.values("tenant__slug", *columns)
-        .annotate(
-            requests=Count("id"),
-            prompt_tokens=Sum("prompt_tokens"),
-            completion_tokens=Sum("completion_tokens"),
-            base_cost=MoneySum("base_cost"),
-            charge=MoneySum("amount"),
-            unbilled=MoneySum("unbilled"),
-            first_at=Min("at"),
-            last_at=Max("at"),
-        )
+        .annotate(**_charge_sums(), first_at=Min("at"), last_at=Max("at"))
         .order_by("tenant__slug", *columns)
     )
     labels = {}
