@@ -9,15 +9,7 @@ from django.db import migrations, models
 # only for that moment. SQLite adds them by rebuilding the table, which drops its triggers: the
 # append-only triggers of 0002 are put back after (as in 0004).
 append_only = import_module("billing.migrations.0002_ledger_append_only")
-
-
-def _sqlite_triggers(statements):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "sqlite":
-            for sql in statements:
-                schema_editor.execute(sql, params=None)
-
-    return run
+_sqlite_triggers = import_module("billing.migrations.0004_ledger_unbilled_owner")._sqlite_triggers
 
 
 class Migration(migrations.Migration):
