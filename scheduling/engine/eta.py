@@ -99,14 +99,15 @@ def position(sched: Scheduler, ticket: Ticket, now_ms: int) -> QueuePosition:
     ahead, exact = requests_ahead(ticket, lanes, lambda ln: ranks[ln.key], sched._preempt.get(model, []), boosted)
     capacity = sched._capacity
     slots = capacity.model_slots(model)
-    own_ms = sched._service(sched._cls_service, ticket.cls)
+    model_mean_ms = sched._service(sched._model_service, model)  # a class's mean may mix faster models
+    own_ms = max(sched._service(sched._cls_service, ticket.cls), model_mean_ms)
     own_rank = ranks[ticket.lane.key] if ticket.lane is not None else None
     work_ms = 0.0  # service time of the requests ahead of it (those of other lanes at their class's mean)
     counted = 0
     for lane in lanes:
         if lane is not ticket.lane and lane.live and own_rank is not None and ranks[lane.key] < own_rank:
             count = lane.live - lane.promoted
-            work_ms += count * sched._service(sched._cls_service, lane.name)
+            work_ms += count * max(sched._service(sched._cls_service, lane.name), model_mean_ms)
             counted += count
     work_ms += (ahead - counted) * own_ms
     mean_ms = work_ms / ahead if ahead > 0 else own_ms
