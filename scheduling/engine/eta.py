@@ -172,3 +172,15 @@ def _slip_reason(sched: Scheduler, ticket: Ticket, first: EtaFirst, seen: int, s
         if any(other is not tq and other.live > other.promoted for other in lane.tenants.values()):
             return FAIR_SHARE
     return None
+
+
+def carry_promises(old: Scheduler | None, new: Scheduler) -> None:
+    """What ``old`` promised (first ETAs of the tickets ``new`` still holds, its calibration) into
+    ``new``: a replica rebuilt from the owner's snapshot, which has none of them (nobody asks the owner)."""
+    if old is None:
+        return
+    new.eta_book = old.eta_book
+    for ticket in new._store.tickets():
+        before = old._store.ticket_get(ticket.id)
+        if before is not None and before.eta_first is not None and ticket.eta_first is None:
+            ticket.eta_first = before.eta_first
