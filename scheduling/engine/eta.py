@@ -99,14 +99,15 @@ def position(sched: Scheduler, ticket: Ticket, now_ms: int) -> QueuePosition:
     ahead, exact = requests_ahead(ticket, lanes, lambda ln: ranks[ln.key], sched._preempt.get(model, []), boosted)
     capacity = sched._capacity
     slots = capacity.model_slots(model)
-    own_ms = sched._service(sched._cls_service, ticket.cls)
+    model_mean_ms = sched._service(sched._model_service, model)  # a class's mean may mix faster models
+    own_ms = max(sched._service(sched._cls_service, ticket.cls), model_mean_ms)
     own_rank = ranks[ticket.lane.key] if ticket.lane is not None else None
     work_ms = 0.0  # service time of the requests ahead of it (those of other lanes at their class's mean)
     counted = 0
     for lane in lanes:
         if lane is not ticket.lane and lane.live and own_rank is not None and ranks[lane.key] < own_rank:
             count = lane.live - lane.promoted
-            work_ms += count * sched._service(sched._cls_service, lane.name)
+            work_ms += count * max(sched._service(sched._cls_service, lane.name), model_mean_ms)
             counted += count
     work_ms += (ahead - counted) * own_ms
     mean_ms = work_ms / ahead if ahead > 0 else own_ms
@@ -171,3 +172,15 @@ def _slip_reason(sched: Scheduler, ticket: Ticket, first: EtaFirst, seen: int, s
         if any(other is not tq and other.live > other.promoted for other in lane.tenants.values()):
             return FAIR_SHARE
     return None
+
+
+def carry_promises(old: Scheduler | None, new: Scheduler) -> None:
+    """What ``old`` promised (first ETAs of the tickets ``new`` still holds, its calibration) into
+    ``new``: a replica rebuilt from the owner's snapshot, which has none of them (nobody asks the owner)."""
+    if old is None:
+        return
+    new.eta_book = old.eta_book
+    for ticket in new._store.tickets():
+        before = old._store.ticket_get(ticket.id)
+        if before is not None and before.eta_first is not None and ticket.eta_first is None:
+            ticket.eta_first = before.eta_first

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from scheduling.engine import Scheduler, apply_policy
+from scheduling.engine.eta import carry_promises
 from scheduling.engine.model import SchedulerConfig
 from scheduling.shared.protocol import Command, Routes, Step, decode_json_list, entry_commands, unpack
 from scheduling.shared.state import unpack_config, unpack_state
@@ -127,6 +128,7 @@ class Replica:
     async def load(self) -> None:
         """From the snapshot (if any), then every step after it."""
         snap = cast("dict[bytes, bytes]", await self.redis.hgetall(self.keys.snap) or {})
+        before = self.sched
         if snap:
             self.sched, self.routes, self.logged = unpack_state(snap[b"state"])
             self.logged_version += 1
@@ -136,6 +138,8 @@ class Replica:
             self._reset()
         self.loaded = True
         await self.catch_up()
+        if self.sched is not None:
+            carry_promises(before, self.sched)  # the ETAs this process gave (the snapshot has none)
 
     async def catch_up(self) -> int:
         """Replays the steps logged since the last one replayed; how many."""
