@@ -67,7 +67,7 @@ def _count_live(d, slug: str, tallies: dict[str, JobTally], levels: dict[str, in
         tally.classes.update({e.cls for e in entries})
         tally.live_ids = [e.public_id for e in entries[:SAMPLE_HOLDS]]
         if waiting:  # served last: the lowest class, the newest in it
-            tally.last_waiting = max(waiting, key=lambda e: (levels.get(e.cls, 99), e.queued_since_ms))
+            tally.last_waiting = max(reversed(waiting), key=lambda e: (levels.get(e.cls, 99), e.queued_since_ms))
 
 
 def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
@@ -97,6 +97,25 @@ def job_tallies(d, slug: str, now_ms: int) -> dict[str, JobTally]:
             tally.eta_ms = 0
             tally.eta = {"eta_upper_ms": 0}
     return tallies
+
+
+def batch_forecasts(d, slug: str, now_ms: int) -> dict[str, dict]:
+    """Per batch of ``slug`` with lines waiting in the engine: the engine's ETA fields of its line
+    served last (as for a job), so that a batch card never shows a figure the engine cannot stand by."""
+    levels = {c.name: c.level for c in d.queue_view().classes()}
+    last: dict[str, tuple[tuple[int, int], Entry]] = {}
+    for entry in d.entries_of(slug):
+        batch = batch_of_line(entry.public_id) if entry.state != State.RUNNING else None
+        if batch is None:
+            continue
+        order = (levels.get(entry.cls, 99), entry.queued_since_ms)
+        if batch not in last or order >= last[batch][0]:  # a tie: the later admitted is served later
+            last[batch] = (order, entry)
+    out = {}
+    for batch, (_, entry) in last.items():
+        row = d.live_view(entry, now_ms)
+        out[batch] = {"eta_ms": row["eta_ms"], **{key: row.get(key) for key in ETA_FIELDS}}
+    return out
 
 
 def job_label(job: str) -> tuple[str, bool]:

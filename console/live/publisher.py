@@ -22,7 +22,7 @@ from django.conf import settings
 import events
 from console.live import db
 from console.live.groups import ADMIN_GROUP, FINANCE_GROUP, tenant_group
-from console.live.jobs import JobMoney, job_cards, job_tallies
+from console.live.jobs import JobMoney, batch_forecasts, job_cards, job_tallies
 from console.live.snapshot import OpsView, queue_signature, shown_ids, tenant_queue, timeline_sample
 from console.live.timeline import Timeline
 from gateway.api import current, log_failure
@@ -246,8 +246,14 @@ class Publisher:
         if d is not None:
             await self._add_jobs(messages, d)
         cards = await sync_to_async(db.batches_for)(list(self.watched))
+        forecasts = {}
+        if d is not None:
+            now_ms = d.now_ms()
+            forecasts = {t: batch_forecasts(d, self.slugs[t], now_ms) for t in self.watched if t in self.slugs}
         for tenant_id in list(self.watched):
             tenant_cards = cards.get(tenant_id, [])
+            for card in tenant_cards:  # the engine's word on its waiting lines (console.live.jobs)
+                card["engine_eta"] = forecasts.get(tenant_id, {}).get(card["id"])
             signature = dumps(tenant_cards)
             if self.batch_signatures.get(tenant_id, "[]") != signature:  # none and never any: nothing to send
                 self.batch_signatures[tenant_id] = signature

@@ -11,6 +11,8 @@ const BatchCards = (function () {
 
   function eta(card) {
     if (card.status !== "in_progress" && card.status !== "cancelling") return STATUS[card.status] || card.status;
+    const engine = card.engine_eta;  // the engine has no measurement for its waiting lines: say so, no figure
+    if (engine && engine.eta_confidence && engine.eta_confidence !== "measured") return Format.eta(engine);
     if (card.eta_s === null || card.eta_s === undefined) return "not known yet";
     if (card.eta_s === 0 && card.waiting) return "later than forecast when it was created (that time has passed)";
     return Format.eta(Object.assign({}, card, { eta_ms: card.eta_s * 1000 }));

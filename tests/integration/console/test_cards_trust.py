@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from batches.models import Batch, BatchLine
 from batches.service import batch_id_new, batch_of_line
 from console.live.db import batches_for
-from console.live.jobs import JobMoney, job_cards, job_tallies
+from console.live.jobs import JobMoney, batch_forecasts, job_cards, job_tallies
 from console.live.snapshot import request_card
 from gateway.lifecycle import job_of
 from tests.integration.batches.test_claims import _batch
@@ -101,3 +101,22 @@ def test_the_page_shows_the_description_and_amounts_in_the_currency(member_a, wo
     assert "Quarterly \\u003Creport\\u003E" in page  # in the cards' JSON, escaped
     assert 'data-currency="USD"' in page and "USD " in page  # the budget, formatted on the server
     assert "60000.000000" not in page
+
+
+def test_a_batch_card_carries_the_engines_word_on_its_last_waiting_line(world):
+    config = _one_slot_config()
+    batch_id = batch_id_new()
+
+    async def scenario():
+        d = _dispatcher(config)
+        lines = [_admit(d, f"{batch_id}.{n}", job=None) for n in range(1, 4)]  # one running, two waiting
+        _admit(d, "loose", job=None)  # not a batch's line: no forecast of its own
+        now_ms = d.now_ms()
+        forecasts = batch_forecasts(d, A, now_ms)
+        assert set(forecasts) == {batch_id}
+        last = d.live_view(lines[-1], now_ms)  # the batch's line served last
+        assert forecasts[batch_id]["eta_ms"] == last["eta_ms"]
+        assert forecasts[batch_id]["eta_confidence"] == last["eta_confidence"] == "prior"  # no BATCH completion yet
+        await d.close()
+
+    async_to_sync(scenario)()

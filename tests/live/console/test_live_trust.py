@@ -103,6 +103,13 @@ def test_one_screen_answers_where_when_and_cost_for_a_batch_and_a_job(stack, gat
     assert page.locator("#job-cards article[data-job^='key/']").count() == 0, text_of(page, "#job-cards")
     line_job = f"#queue-table tr[data-id='{batch.id}.3'] td[data-label='Job']"
     assert text_of(page, line_job) == f"batch {batch.id}", text_of(page, line_job)  # its batch, not "untagged"
+    line_eta = text_of(page, f"#queue-table tr[data-id='{batch.id}.3'] td.eta")
+    if line_eta.startswith("no estimate"):  # the card and its lines tell one story: no figure the engine lacks
+        wait_until(
+            lambda: text_of(page, batch_card + " [data-field='eta']") == line_eta,
+            limit_s=LIMIT_S,
+            what=f"the batch card saying {line_eta!r} as its waiting lines do",
+        )
     assert "USD " in text_of(page, "#budget-spent") and "000000" not in text_of(page, "#budget")
     shot(page, "queue-desktop" if DOCS_SHOTS else "trust-queue-desktop")
 
