@@ -11,8 +11,6 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import AuditLog
@@ -121,21 +119,23 @@ def test_last_used_is_written_once_for_many_requests(tenant, monkeypatch):
     real_write = auth.used_write
 
     async def write(prefixes):
-        flushed.append(prefixes)
         await real_write(prefixes)
+        flushed.append(prefixes)
 
     monkeypatch.setattr(auth, "used_write", write)
-    monkeypatch.setattr(auth, "LAST_USED_S", 0.05)
+    monkeypatch.setattr(auth, "LAST_USED_S", 3600.0)  # the timer is fired by hand below, never by the clock
 
     async def many() -> None:
         for _ in range(50):
             await auth.authenticate(f"Bearer {full}")
         await auth.authenticate(f"Bearer {other_full}")
-        while not flushed:  # the coalesced write, once its timer fires
-            await asyncio.sleep(0.01)
+        timer = auth._used_flush
+        assert timer is not None and flushed == []  # 51 uses, one pending write, none done
+        timer.cancel()
+        auth._used_write_soon()  # what the timer does when it fires
+        await asyncio.gather(*auth._tasks)
 
-    with CaptureQueriesContext(connection):
-        async_to_sync(many)()
+    async_to_sync(many)()
     assert flushed == [sorted([key.prefix, other.prefix])]
     key.refresh_from_db()
     other.refresh_from_db()
