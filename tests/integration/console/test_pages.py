@@ -100,6 +100,8 @@ def test_key_created_shows_the_secret_once_and_lists_the_prefix(member_a):
     page = member_a.client.get("/console/queue/").content.decode()
     assert key.prefix in page and secret not in page
     assert key.tenant.slug == "support"
+    row = page[page.index(f"<code>{key.prefix}</code>") :].split("</tr>")[0]
+    assert f">{member_a.user.username}<" in row  # who created it, as the ledger records it
 
 
 def test_key_class_must_be_allowed_to_the_tenant(world):
