@@ -22,6 +22,7 @@ from gateway.db import db_call, log_failure
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.events import DowngradeLog
 from gateway.lifecycle import State
+from gateway.port import QueueView
 from gateway.terminal import TerminalLog
 from gateway.tokens import encoding
 from scheduling.engine import Scheduler
@@ -381,3 +382,39 @@ class DispatchCore:
         record["finished_at"] = timezone.now().isoformat()
         self.terminal.add(entry.tenant, entry.public_id, record, now_ms=now_ms)
         return record
+
+
+class OnCore:
+    """The part of the scheduler's port both dispatchers answer from their DispatchCore alone."""
+
+    core: DispatchCore
+    sched: Scheduler
+
+    def _hold_core(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core = DispatchCore(config, audit_pk=audit_pk, loop=loop)
+        self.loop = loop
+        self.circuits = core.circuits
+        self.downgrades = core.downgrades
+        self.terminal = core.terminal
+        self.live = core.live
+
+    def now_ms(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self.core.config
+
+    @property
+    def rules(self) -> CompiledRules:
+        return self.core.rules
+
+    @property
+    def backend_specs(self) -> dict[str, BackendSpec]:
+        return self.core.backend_specs
+
+    def _effective_backends(self) -> tuple[BackendSpec, ...]:
+        return self.core.effective_backends(self.now_ms())
+
+    def queue_view(self) -> QueueView:
+        return QueueView(self.sched, self.core)

@@ -17,8 +17,8 @@ import logging
 import time
 
 from gateway.dispatch_core import (
-    DispatchCore,
     Entry,
+    OnCore,
     admission_refused,
     id_in_use,
     live_view,
@@ -27,43 +27,24 @@ from gateway.dispatch_core import (
 )
 from gateway.errors import ErrorCode
 from gateway.lifecycle import Outcome, State
-from gateway.port import QueueView
 from scheduling.engine import Grant, Scheduler
-from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
+from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.engine.presets import apply_policy
-from scheduling.engine.rules import CompiledRules
 
 log = logging.getLogger(__name__)
 
 
-class Dispatcher:
+class Dispatcher(OnCore):
     """The scheduler's port (gateway.port) on an engine of this process's own."""
 
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
-        self.core = core = DispatchCore(config, audit_pk=audit_pk, loop=loop)
-        self.loop = loop
+        self._hold_core(config, audit_pk=audit_pk, loop=loop)
         self.wall_offset_ms = int(time.time() * 1000) - int(loop.time() * 1000)  # engine clock to epoch ms
-        self.circuits = core.circuits
-        self.downgrades = core.downgrades
-        self.terminal = core.terminal
-        self.live = core.live
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ms: int | None = None
         self.sched = Scheduler(
             apply_policy(config, config.policy), tenants=config.tenants or (), backends=self._effective_backends()
         )
-
-    @property
-    def config(self) -> SchedulerConfig:
-        return self.core.config
-
-    @property
-    def rules(self) -> CompiledRules:
-        return self.core.rules
-
-    @property
-    def backend_specs(self) -> dict[str, BackendSpec]:
-        return self.core.backend_specs
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -96,9 +77,6 @@ class Dispatcher:
         """The engine takes a new configuration, tenants or backends."""
         self.sched.reconfigure(now_ms=self.now_ms(), **changes)
         self.pump()
-
-    def _effective_backends(self) -> tuple[BackendSpec, ...]:
-        return self.core.effective_backends(self.now_ms())
 
     def _backends_changed(self) -> None:
         self._reconfigure_engine(backends=self._effective_backends())
@@ -234,9 +212,6 @@ class Dispatcher:
             log.exception("dispatcher timer failed")
 
     # --- reads ---------------------------------------------------------------------------
-
-    def queue_view(self) -> QueueView:
-        return QueueView(self.sched, self.core)
 
     def entries_of(self, tenant: str) -> list[Entry]:
         return self.core.entries_of(tenant)

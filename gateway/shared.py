@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from gateway.dispatch_core import (
-    DispatchCore,
     Entry,
+    OnCore,
     admission_refused,
     id_in_use,
     live_view,
@@ -28,11 +28,9 @@ from gateway.dispatch_core import (
 from gateway.ended_shared import EndedStream
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, PublicId, State, engine_id, public_id_of
-from gateway.port import QueueView
 from scheduling.engine import Grant, Scheduler, apply_policy
-from scheduling.engine.model import BackendSpec, Request, RequestId, SchedulerConfig
+from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.engine.outcomes import Live
-from scheduling.engine.rules import CompiledRules
 from scheduling.shared.bell import sleep_or
 from scheduling.shared.client import Client, connect
 from scheduling.shared.owner import Owner, owner_id
@@ -59,16 +57,12 @@ def _no_answer(answer: asyncio.Future[Answer]) -> None:
         answer.set_exception(TimeoutError())
 
 
-class SharedDispatcher:
+class SharedDispatcher(OnCore):
     """The scheduler's port (gateway.port) on the engine every gateway process shares."""
 
     def __init__(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
-        self.core = core = DispatchCore(config, audit_pk=audit_pk, loop=loop)
-        self.loop = loop
-        self.circuits = core.circuits
-        self.downgrades = core.downgrades
-        self.terminal = core.terminal
-        self.live = core.live
+        self._hold_core(config, audit_pk=audit_pk, loop=loop)
+        core = self.core
         # Read until the first step is replayed; changed only by this process's configuration.
         self._placeholder = Scheduler(
             apply_policy(config, config.policy), tenants=config.tenants or (), backends=self._effective_backends()
@@ -97,18 +91,6 @@ class SharedDispatcher:
             max_entries=settings.FAIRGATE_TERMINAL_MAX,
         )
         self._ended_follower: asyncio.Task[None] | None = None
-
-    @property
-    def config(self) -> SchedulerConfig:
-        return self.core.config
-
-    @property
-    def rules(self) -> CompiledRules:
-        return self.core.rules
-
-    @property
-    def backend_specs(self) -> dict[str, BackendSpec]:
-        return self.core.backend_specs
 
     @classmethod
     async def create(cls) -> SharedDispatcher:
@@ -185,9 +167,6 @@ class SharedDispatcher:
         )
         self._honour_cancel = apply_policy(config, config.policy).queue.honour_cancel
         self.owner.configure(config)  # the dispatcher logs it with its next step, for every replica
-
-    def _effective_backends(self) -> tuple[BackendSpec, ...]:
-        return self.core.effective_backends(self.now_ms())
 
     def _reconfigure_placeholder(self, **changes) -> None:
         """Only this process's placeholder engine (read before the first step): the shared engine
@@ -356,9 +335,6 @@ class SharedDispatcher:
         entry.future.set_result(Grant(request, backend, waited_ms, preempt, boosted))
 
     # --- reads: every process's requests -------------------------------------------------------
-
-    def queue_view(self) -> QueueView:
-        return QueueView(self.sched, self.core)
 
     def live_view(self, entry: Entry, now_ms: int) -> dict:
         return live_view(self.sched, entry, now_ms)
