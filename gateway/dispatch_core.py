@@ -22,7 +22,6 @@ from gateway.db import db_call, log_failure
 from gateway.errors import ErrorCode, GatewayError, invalid_request
 from gateway.events import DowngradeLog
 from gateway.lifecycle import State
-from gateway.port import QueueView
 from gateway.terminal import TerminalLog
 from gateway.tokens import encoding
 from scheduling.engine import Scheduler
@@ -388,7 +387,6 @@ class OnCore:
     """The part of the scheduler's port both dispatchers answer from their DispatchCore alone."""
 
     core: DispatchCore
-    sched: Scheduler
 
     def _hold_core(self, config: SchedulerConfig, *, audit_pk: int | None, loop: asyncio.AbstractEventLoop) -> None:
         self.core = core = DispatchCore(config, audit_pk=audit_pk, loop=loop)
@@ -415,6 +413,3 @@ class OnCore:
 
     def _effective_backends(self) -> tuple[BackendSpec, ...]:
         return self.core.effective_backends(self.now_ms())
-
-    def queue_view(self) -> QueueView:
-        return QueueView(self.sched, self.core)

@@ -27,6 +27,7 @@ from gateway.dispatch_core import (
 )
 from gateway.errors import ErrorCode
 from gateway.lifecycle import Outcome, State
+from gateway.port import QueueView
 from scheduling.engine import Grant, Scheduler
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.engine.presets import apply_policy
@@ -212,6 +213,9 @@ class Dispatcher(OnCore):
             log.exception("dispatcher timer failed")
 
     # --- reads ---------------------------------------------------------------------------
+
+    def queue_view(self) -> QueueView:
+        return QueueView(self.sched, self.core)
 
     def entries_of(self, tenant: str) -> list[Entry]:
         return self.core.entries_of(tenant)

@@ -28,6 +28,7 @@ from gateway.dispatch_core import (
 from gateway.ended_shared import EndedStream
 from gateway.errors import ErrorCode, GatewayError
 from gateway.lifecycle import Outcome, PublicId, State, engine_id, public_id_of
+from gateway.port import QueueView
 from scheduling.engine import Grant, Scheduler, apply_policy
 from scheduling.engine.model import Request, RequestId, SchedulerConfig
 from scheduling.engine.outcomes import Live
@@ -335,6 +336,9 @@ class SharedDispatcher(OnCore):
         entry.future.set_result(Grant(request, backend, waited_ms, preempt, boosted))
 
     # --- reads: every process's requests -------------------------------------------------------
+
+    def queue_view(self) -> QueueView:
+        return QueueView(self.sched, self.core)
 
     def live_view(self, entry: Entry, now_ms: int) -> dict:
         return live_view(self.sched, entry, now_ms)
