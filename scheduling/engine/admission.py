@@ -153,6 +153,15 @@ def turnovers_at_least(count: int, mean: float, dispersion: float) -> float:
     return 0.5 * math.erfc((count - 0.5 - mean) / math.sqrt(2 * mean * max(dispersion, 1e-6)))
 
 
+def count_at_least(count: int, mean: float, variance: float) -> float:
+    """``P(N >= count)`` for a count with ``mean`` and ``variance``, normal (continuity-corrected)."""
+    if count <= 0:
+        return 1.0
+    if variance <= 0:
+        return 1.0 if mean >= count else 0.0
+    return 0.5 * math.erfc((count - 0.5 - mean) / math.sqrt(2 * variance))
+
+
 def poisson_at_least(count: int, mean: float) -> float:
     """``P(N >= count)`` for ``N`` Poisson with ``mean`` (exact sum; normal beyond 500 terms)."""
     if count <= 0:

@@ -48,16 +48,18 @@ class TenantInClass:
     """A tenant's bookkeeping within one class: the two tallies its events count into (the
     class's and the tenant's), how many of its requests wait in the class (for admission), how
     many were dispatched, and since when it has had requests waiting without a break, with its
-    dispatch count then (its measured drain, for admission by prediction)."""
+    dispatch count then (its measured drain, for admission by prediction); a backlog measured for a
+    window goes on through a break in its queue shorter than a window (``idle_ms``: when it began)."""
 
-    __slots__ = ("tallies", "waiting", "dispatched", "since_ms", "base")
+    __slots__ = ("tallies", "waiting", "dispatched", "since_ms", "base", "idle_ms")
 
     def __init__(self, cls_tally: Tally, tenant_tally: Tally) -> None:
         self.tallies = (cls_tally, tenant_tally)
         self.waiting = 0
         self.dispatched = 0
-        self.since_ms: float | None = None  # None: nothing waiting
+        self.since_ms: float | None = None  # None: no backlog
         self.base = 0
+        self.idle_ms: float | None = None  # when the queue of a measured backlog emptied (None: it did not)
 
 
 class Counters:

@@ -18,15 +18,18 @@ from .class_plans import ClassPlan
 from .counters import TenantInClass
 from .evidence import Evidence
 from .outcomes import Admission
-from .queues import unqueue
-from .store import Ticket
+from .queues import compact_age, unqueue
+from .store import WAITING, Ticket
 
 if TYPE_CHECKING:
+    from .fairness import Lane
     from .scheduler import Scheduler
 
 FAST_FAIL_EVERY_MS = 250  # the fast-fail check runs at most this often (when expire runs)
 MISS_RISK = 0.05  # the chance of missing its deadline that admission accepts for a request on a short horizon
+SHARE_RISK = 0.01  # the chance of missing its deadline admission accepts for a backlogged tenant's request
 UNKNOWN_MS = math.inf  # backlog start of a class whose requests were found in the store at start-up
+STALE_VISITS = 256  # stale age-heap entries a count of those due at preempt may step over before compacting
 
 
 class Drain(NamedTuple):
@@ -52,6 +55,22 @@ class Prediction:
         for name in self.engine._higher[plan.spec.name]:
             waiting += depth.get(name, 0)
         return waiting
+
+    def _lower_at_preempt(self, cls: str, until_ms: float, cap: float) -> int:
+        """``L``: waiting requests of lower classes at preempt, or reaching it by ``until_ms`` (the
+        preempt stage serves them before every request that is not), counted up to ``cap``."""
+        engine, count = self.engine, 0
+        for lower in engine._lower[cls]:
+            if engine._plans[lower].preempt_wait_ms is None:
+                continue
+            for lane in engine._class_lanes.get(lower, ()):
+                count += lane.promoted
+                age = lane.age
+                if count < cap and lane.live > lane.promoted and age and age[0][0] <= until_ms:
+                    count += _due_by(lane, until_ms, cap - count)
+                if count >= cap:
+                    return count
+        return count
 
     def _service_now(self, name: str) -> float:
         """``service_ms(name)``, read directly (the hot path of predicted admission)."""
@@ -175,9 +194,17 @@ class Prediction:
         left_ms = max(0, deadline_ms - now_ms)
         after_ms = self.evidence.after_ms(cls, drain.measured, left_ms)
         kept_ms = self.evidence.kept_ms(left_ms, after_ms)  # what a predicted wait may take of it
+        own_ms = kept_ms  # of it, what the tenant's own drain may take
+        lower = self._lower_at_preempt(cls, now_ms + kept_ms, rate * kept_ms + free + 1)
+        if lower:  # lower classes' requests at preempt by then go first: as if waiting in a higher class
+            base += lower
+            own_ms = max(0.0, kept_ms - lower / rate) if rate > 0 else 0.0
         tenant_rate = None if book.since_ms is None else self._tenant_drain(book, now_ms)
-        if tenant_rate is not None and book.waiting + 1 > tenant_rate * kept_ms:
-            return _queue_full(book.waiting + 1 - tenant_rate * kept_ms, tenant_rate, plan)
+        if tenant_rate is not None:
+            if book.waiting + 1 > tenant_rate * own_ms:
+                return _queue_full(book.waiting + 1 - tenant_rate * own_ms, tenant_rate, plan)
+            if not self._share_likely(plan, book.waiting + 1, tenant_rate, left_ms - (kept_ms - own_ms), now_ms):
+                return _queue_full(1, tenant_rate, plan)
         share = (
             (book.waiting + 1) / self.engine._tenant_weight.get(tenant, self.engine._unknown_weight)
             if self.engine._fair_lanes
@@ -214,6 +241,21 @@ class Prediction:
             return None
         return Admission(False, "queue_full", adm.retry_after_ms(need, rate, self.engine._plans[cls].sla_ms))
 
+    def _share_likely(self, plan: ClassPlan, count: int, tenant_rate: float, horizon_ms: float, now_ms: int) -> bool:
+        """Whether the tenant's dispatches within ``horizon_ms`` reach ``count`` with a chance of at least
+        ``1 - MISS_RISK``: a backlogged tenant gets what the slots leave after the other tenants' and
+        the higher classes' requests, which come as they arrive (Poisson)."""
+        if horizon_ms <= 0:
+            return False
+        name = plan.spec.name
+        class_rate = plan.dispatch_rate.count(now_ms) / adm.WINDOW_MS
+        others = max(0.0, class_rate - tenant_rate)
+        for window, _higher in self.engine._higher_rates[name]:
+            others += window.count(now_ms) / adm.WINDOW_MS
+        mean = self.engine._cls_service.get(name)
+        turnover = class_rate * (1.0 if mean is None else mean.dispersion())
+        return adm.count_at_least(count, tenant_rate * horizon_ms, (others + turnover) * horizon_ms) >= 1 - SHARE_RISK
+
     def _tenant_drain(self, book: TenantInClass, now_ms: int) -> float | None:
         """``R_u``: the tenant's dispatches per ms in the class since its backlog there began, once
         that is a whole window ago; None without such history."""
@@ -222,6 +264,8 @@ class Prediction:
             since = book.since_ms = now_ms
         if since is None or since > now_ms - adm.WINDOW_MS:
             return None
+        if book.idle_ms is not None and book.idle_ms <= now_ms - adm.WINDOW_MS:
+            return None  # its queue has been empty for a window: its next request begins a new backlog
         return (book.dispatched - book.base) / (now_ms - since)
 
     def _earliest_promise_ms(self, cls: str, tenant: str, in_class: int) -> int | None:
@@ -253,6 +297,7 @@ class Prediction:
             rate * horizon_ms
             + free
             - self._higher_waiting(plan)
+            - self._lower_at_preempt(plan.spec.name, now_ms + horizon_ms, rate * horizon_ms + free + 1)
             - self._fresh_deficit(plan.spec.name, free, horizon_ms, now_ms)
         )
         return max(0, min(int(fits), self.engine._depth_cap))
@@ -305,6 +350,33 @@ class Prediction:
                     tally.fast_failed += 1
                 self.engine._terminate(victim, "queue_timeout")
                 failed.append(victim)
+
+
+def _due_by(lane: Lane, until_ms: float, cap: float) -> int:
+    """The lane's waiting requests not yet at preempt whose age-heap key (when they reach it) is at
+    most ``until_ms``, up to ``cap``: the heap's entries of at most that key form a subtree at its
+    root. Entries of requests that left are stepped over; past ``STALE_VISITS`` of them the heap is
+    compacted (the live entries keep their order, so no decision changes)."""
+    age = lane.age
+    count = stale = 0
+    stack, size = [0], len(age)
+    while stack and count < cap:
+        i = stack.pop()
+        key_ms, _, ticket = age[i]
+        if key_ms > until_ms:
+            continue
+        if ticket.state == WAITING and ticket.lane is lane and not ticket.promoted:
+            count += 1
+        else:
+            stale += 1
+        child = 2 * i + 1
+        if child < size:
+            stack.append(child)
+            if child + 1 < size:
+                stack.append(child + 1)
+    if stale > STALE_VISITS and stale > count:
+        compact_age(lane)
+    return count
 
 
 def _queue_full(excess: float, rate_per_ms: float, plan: ClassPlan) -> Admission:

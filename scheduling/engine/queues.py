@@ -98,7 +98,7 @@ def rebuild(engine: Scheduler) -> None:
     engine._backlog_since, engine._backlog_base = {}, {}
     old_book_since = {key: (book.since_ms, book.base) for key, book in engine._books.items()}
     for book in engine._books.values():
-        book.waiting, book.since_ms = 0, None
+        book.waiting, book.since_ms, book.idle_ms = 0, None, None
     tickets = sorted(engine._store.tickets(), key=lambda t: t.qseq)
     for ticket in tickets:
         ticket.book = engine._book(ticket.cls, ticket.tenant)
@@ -166,10 +166,15 @@ def count_queued(engine: Scheduler, ticket: Ticket, delta: int) -> None:
     cls = ticket.cls
     depth = engine._depth_by_cls[cls] = engine._depth_by_cls.get(cls, 0) + delta
     if engine._tracks_backlogs:  # when a tenant's and a class's queue last became non-empty (prediction)
-        if waiting == 0:
-            book.since_ms = None
+        if waiting == 0:  # a backlog measured for a window goes on through a break shorter than one
+            since_ms = book.since_ms
+            measured = since_ms is not None and since_ms <= engine._clock_ms - adm.WINDOW_MS
+            book.since_ms, book.idle_ms = (since_ms, engine._clock_ms) if measured else (None, None)
         elif waiting == delta:
-            book.since_ms, book.base = engine._clock_ms, book.dispatched
+            idle_ms = book.idle_ms
+            if idle_ms is None or engine._clock_ms - idle_ms >= adm.WINDOW_MS:
+                book.since_ms, book.base = engine._clock_ms, book.dispatched
+            book.idle_ms = None
         if depth == 0:
             engine._backlog_since.pop(cls, None)
             engine._backlog_service.pop(cls, None)

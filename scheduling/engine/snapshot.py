@@ -164,7 +164,7 @@ def to_record(sched: Scheduler) -> dict[str, Any]:
             "classes": {name: tally.as_dict() for name, tally in sched.counters.classes.items()},
             "tenants": {name: tally.as_dict() for name, tally in sched.counters.tenants.items()},
         },
-        "books": [[*key, b.waiting, b.dispatched, b.since_ms, b.base] for key, b in sched._books.items()],
+        "books": [[*key, b.waiting, b.dispatched, b.since_ms, b.base, b.idle_ms] for key, b in sched._books.items()],
         "cls_rate": {name: w.as_record() for name, w in sched._cls_rate.items()},
         "model_rate": {name: w.as_record() for name, w in sched._model_rate.items()},
         "cls_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._cls_service.items()},
@@ -278,9 +278,10 @@ def from_record(record: object) -> Scheduler:
     counters.classes = {name: Tally(**tally) for name, tally in record["counters"]["classes"].items()}
     counters.tenants = {name: Tally(**tally) for name, tally in record["counters"]["tenants"].items()}
     sched._books = {}
-    for cls, tenant, waiting, dispatched, since_ms, base in record["books"]:
+    for cls, tenant, waiting, dispatched, since_ms, base, *idle in record["books"]:  # idle_ms: optional (older)
         book = sched._book(cls, tenant)
         book.waiting, book.dispatched, book.since_ms, book.base = waiting, dispatched, since_ms, base
+        book.idle_ms = idle[0] if idle else None
     sched._cls_rate = {name: adm.RateWindow.from_record(w) for name, w in record["cls_rate"].items()}
     sched._model_rate = {name: adm.RateWindow.from_record(w) for name, w in record["model_rate"].items()}
     sched._cls_service = {name: _mean_of(m) for name, m in record["cls_service"].items()}

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from scheduling.engine import AgingPolicy, FairnessMode, Policy, apply_policy
-from scheduling.engine.admission import poisson_at_least
+from scheduling.engine.admission import count_at_least, poisson_at_least
 from scheduling.engine.aging import AgingCurve
-from scheduling.engine.prediction import FAST_FAIL_EVERY_MS, MISS_RISK
+from scheduling.engine.prediction import FAST_FAIL_EVERY_MS, MISS_RISK, SHARE_RISK
 from tests.unit.engine.engine_helpers import REPORT_SEGMENTS, backend, config, req, scheduler, tenants, with_sla
 
 MIN = 60_000
@@ -146,6 +146,71 @@ def test_a_heavy_tenant_is_judged_by_its_own_drain():
     assert sched.predicted_wait_ms("BATCH", "a", now_ms=70_000) == pytest.approx(tenant_wait)
 
 
+def test_a_backlogged_tenants_share_is_taken_as_a_chance_of_the_others_traffic():
+    """A heavy tenant gets what the slot leaves after the others' requests, which come as they arrive:
+    within a 15 s deadline its count of starts is a chance, not its mean."""
+    cfg = with_sla(predicting(enforce_depth=False), "NEAR_RT", 100_000)  # everyone in, nobody expires
+    sched = scheduler(cfg, slots=1, tenant_specs=tenants(("a", 0.5), ("b", 0.5)))
+    running: dict[str, int] = {}
+    for r in burst("a", 60, cls="NEAR_RT"):
+        sched.submit(r, now_ms=0)
+    for second in range(0, 71):  # b sends one every 3 s, each served at once (fair sharing)
+        if second % 3 == 0:
+            sched.submit(req(f"b{second}", tenant="b", cls="NEAR_RT", at=second * 1000), now_ms=second * 1000)
+        serve(sched, second * 1000, {"NEAR_RT": 1000}, running)
+    now, book, plan = 70_000, sched._books[("NEAR_RT", "a")], sched._plans["NEAR_RT"]
+    rate_a = sched.prediction._tenant_drain(book, now)
+    assert rate_a == pytest.approx(book.dispatched / now) and book.dispatched == 47
+    others = plan.dispatch_rate.count(now) / MIN - rate_a  # b's, as it arrives; service is exact (no spread)
+    for k in range(1, 12):
+        expected = count_at_least(k, rate_a * 15_000, others * 15_000) >= 1 - SHARE_RISK
+        assert sched.prediction._share_likely(plan, k, rate_a, 15_000, now) == expected
+    assert sched.prediction._share_likely(plan, 5, rate_a, 15_000, now)
+    # the sixth fits the margin on average (6 <= R_a x 0.8 x 15 s) but misses one time in fifty
+    assert 6 <= rate_a * 0.8 * 15_000 and not sched.prediction._share_likely(plan, 6, rate_a, 15_000, now)
+    for rid in [r.id for r in sched.waiting("a")][5:]:
+        sched.cancel(rid, now_ms=now)
+    sched.reconfigure(now_ms=now, config=with_sla(predicting(), "NEAR_RT", 100_000))  # admission on, history kept
+    late = req("a-next", cls="NEAR_RT", at=now, deadline=now + 15_000)
+    assert book.waiting == 5 and sched.submit(late, now_ms=now).reason == "queue_full"
+
+
+def test_a_measured_backlog_goes_on_through_a_short_break_and_ends_after_a_long_one():
+    sched = scheduler(predicting(enforce_depth=False), slots=1, tenant_specs=tenants(("a", 0.5), ("b", 0.5)))
+    running: dict[str, int] = {}
+    for r in burst("a", 3):
+        sched.submit(r, now_ms=0)
+    serve(sched, 0, {"BATCH": 40_000}, running)
+    serve(sched, 40_000, {"BATCH": 40_000}, running)
+    sched.submit(req("b0", tenant="b", at=70_000), now_ms=70_000)
+    serve(sched, 80_000, {"BATCH": 40_000}, running)  # a's queue empties 80 s into its backlog
+    book = sched._books[("BATCH", "a")]
+    assert book.waiting == 0 and book.since_ms == 0 and book.idle_ms is not None
+    assert sched.prediction._tenant_drain(book, 100_000) == pytest.approx(3 / 100_000)  # still its drain
+    sched.submit(req("a3", at=100_000), now_ms=100_000)  # back within a window: the same backlog
+    assert (book.since_ms, book.idle_ms) == (0, None)
+    serve(sched, 120_000, {"BATCH": 40_000}, running)
+    serve(sched, 160_000, {"BATCH": 40_000}, running)
+    assert book.waiting == 0
+    idle_ms = book.idle_ms
+    assert idle_ms is not None
+    # a window later the old drain no longer speaks for a new request, which begins a new backlog
+    assert sched.prediction._tenant_drain(book, idle_ms + MIN) is None
+    sched.submit(req("a4", at=idle_ms + MIN), now_ms=idle_ms + MIN)
+    assert (book.since_ms, book.base, book.idle_ms) == (idle_ms + MIN, book.dispatched, None)
+
+
+def test_a_backlog_shorter_than_a_window_ends_with_its_queue():
+    sched = scheduler(predicting(enforce_depth=False), slots=1, tenant_specs=tenants(("a", 1.0)))
+    running: dict[str, int] = {}
+    for r in burst("a", 2):
+        sched.submit(r, now_ms=0)
+    serve(sched, 0, {"BATCH": 10_000}, running)
+    serve(sched, 10_000, {"BATCH": 10_000}, running)
+    book = sched._books[("BATCH", "a")]
+    assert book.waiting == 0 and (book.since_ms, book.idle_ms) == (None, None)
+
+
 def test_a_client_deadline_the_prediction_cannot_meet_is_refused():
     sched = scheduler(predicting(), slots=1, tenant_specs=tenants(("a", 1.0)))
     admitted(sched, *burst("b", 2))
@@ -179,6 +244,39 @@ def test_a_chat_request_behind_a_pool_of_long_requests_is_refused_unless_a_turno
     # probability e^-1.5 = 22% > MISS_RISK: refused
     assert 1 <= 10 / 20_000 * 0.8 * 3_000 and 1 - poisson_at_least(1, 10 / 20_000 * 3_000) > MISS_RISK
     assert admitted(slow, req("i1", cls="INTERACTIVE", at=20_000)) == [False]
+
+
+def test_lower_class_requests_at_preempt_by_the_horizon_count_as_ahead():
+    """A BATCH queue reaches preempt (0.95 x 30 min) together; until its last one starts, the preempt
+    stage gives it every slot before any NEAR_RT request that is not at preempt."""
+    sched = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    running: dict[str, int] = {}
+    assert all(admitted(sched, *burst("b", 30)))
+    serve(sched, 0, {"BATCH": 4_000_000}, running)  # ten hold the slots past the SLA; 20 wait
+    preempt_ms = sched._plans["BATCH"].preempt_wait_ms
+    assert preempt_ms == 1_710_000
+    # 20 s before: none of them is at preempt within a NEAR_RT wait (0.8 x 15 s)
+    early = preempt_ms - 20_000
+    assert sched.prediction._lower_at_preempt("NEAR_RT", early + 12_000, math.inf) == 0
+    # 5 s before: all 20 are by then, and NEAR_RT has nothing but BATCH's slots freeing
+    late = preempt_ms - 5_000
+    assert sched.prediction._lower_at_preempt("NEAR_RT", late + 12_000, math.inf) == 20
+    assert sched.prediction._lower_at_preempt("NEAR_RT", late + 12_000, 7) == 7  # counted up to the cap
+    assert sched.prediction._lower_at_preempt("BATCH", late + 12_000, math.inf) == 0  # not lower than itself
+    rate = 10 / 20_000  # BATCH's slots at the 20 s prior (no completion yet)
+    assert 20 + 1 > rate * 0.8 * 15_000  # 6 of them free in time: the 21st cannot be this request
+    assert admitted(sched, req("n-late", cls="NEAR_RT", at=late)) == [False]
+    # the free-slot and chance rules alone would have let it in (the same pool, a BATCH queue far
+    # from preempt)
+    calm = scheduler(predicting(), slots=10, tenant_specs=tenants(("a", 1.0)))
+    assert all(admitted(calm, *burst("b", 30)))
+    serve(calm, 0, {"BATCH": 4_000_000}, {})
+    assert admitted(calm, req("n-early", cls="NEAR_RT", at=early)) == [True]
+    first = min(running)
+    sched.complete(first, now_ms=preempt_ms, prompt_tokens=100, output_tokens=100)
+    assert len(sched.dispatch(now_ms=preempt_ms)) == 1  # the 20 are promoted, one of them starts
+    assert sched._class_lanes["BATCH"][0].promoted == 19
+    assert sched.prediction._lower_at_preempt("NEAR_RT", 0, math.inf) == 19  # at preempt now: counted as such
 
 
 def test_depth_cap_still_caps():

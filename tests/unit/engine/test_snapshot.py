@@ -100,6 +100,19 @@ def test_a_record_of_another_version_is_refused():
             from_record({**record, "version": version})
 
 
+def test_a_book_keeps_when_its_queue_emptied_and_an_older_record_without_it_reads():
+    sched = scheduler()
+    submit(sched, req("r1"))
+    sched.dispatch(now_ms=0)
+    book = sched._books[("BATCH", "a")]
+    book.since_ms, book.idle_ms = 0, 70_000  # a measured backlog in a break
+    record = packed(to_record(sched))
+    back = from_record(record)._books[("BATCH", "a")]
+    assert (back.since_ms, back.idle_ms) == (0, 70_000)
+    older = {**record, "books": [row[:6] for row in record["books"]]}  # before idle_ms was kept
+    assert from_record(older)._books[("BATCH", "a")].idle_ms is None
+
+
 def test_the_shared_snapshot_and_configuration_refuse_a_pickle_and_an_unknown_version():
     cfg = short_sla_config()
     for raw in (pickle.dumps((None, Routes(), cfg)), msgpack.packb({"version": SNAPSHOT_VERSION + 1})):
