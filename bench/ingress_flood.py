@@ -29,6 +29,8 @@ made-up key of the right shape (a new prefix each: a key cache miss), as fast as
 answers them; the interactive probes' p99 is set beside the same run's no-flood p99. The gateway's
 CPU is reported over the run and over the flood's first second (its first wave), and the machine's
 1-minute load average at the end of each run.
+``--flood-nice N`` runs the flood's process at that nice level (on a machine of few cores, an
+attacker's own CPU otherwise competes with the gateway's).
 ``--via-nginx`` sends probes and flood through nginx configured by docs/production.md's server
 block (plain HTTP, `bench.nginx_front`; the gateway trusts it as its proxy), its CPU reported.
 """
@@ -138,11 +140,13 @@ async def _random_flood(url: str, bodies: list[bytes], rng: random.Random, durat
 
 
 async def _flood_child(
-    url: str, connections: int, rate: float, seed: int, seconds: float
+    url: str, connections: int, rate: float, seed: int, seconds: float, nice: int = 0
 ) -> asyncio.subprocess.Process:
     """The random-key flood in a process of its own (its work must not delay the probes' event
-    loop), ready to start on a line on its stdin."""
-    argv = [sys.executable, "-m", "bench.ingress_flood", "--flood-child", url, "--flood", str(connections)]
+    loop), ready to start on a line on its stdin; at ``nice`` (an attacker on another machine takes
+    none of the gateway's cores)."""
+    argv = ["nice", "-n", str(nice)] if nice else []
+    argv += [sys.executable, "-m", "bench.ingress_flood", "--flood-child", url, "--flood", str(connections)]
     argv += ["--flood-rate", str(rate), "--seed", str(seed), "--seconds", str(seconds)]
     child = await asyncio.create_subprocess_exec(
         *argv, cwd=launch.REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -218,6 +222,7 @@ async def _run_random(
     via_nginx: bool = False,
     profile: Path | None = None,
     seconds: float = 6.0,
+    flood_nice: int = 0,
 ) -> dict:
     """One run of ``--random-keys``: probes for ``seconds``, beside a random-key flood if the setting
     says so; both through nginx in front of the gateway if ``via_nginx``."""
@@ -232,7 +237,7 @@ async def _run_random(
         probe = _body(rng, 800)
         await _probes(url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
         front_cpu_s = launch._cpu_s(front.process.pid) if front is not None else 0.0
-        child = await _flood_child(url, min(flood, 1_000), rate, seed, seconds) if flooded else None
+        child = await _flood_child(url, min(flood, 1_000), rate, seed, seconds, flood_nice) if flooded else None
         profiler = _profiler(gateway.process.pid, profile, 1.0)  # the first wave
         if profiler is not None:
             await asyncio.sleep(0.3)  # py-spy attached
@@ -289,6 +294,8 @@ async def main_random(args: argparse.Namespace) -> None:
         settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve(), {})
     rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
     print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections from {FLOOD_SOURCE}")
+    if args.flood_nice:
+        print(f"the flood's process at nice {args.flood_nice}")
     if args.via_nginx:
         print("through nginx (docs/production.md's server block, plain HTTP) in front of each gateway")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
@@ -314,6 +321,7 @@ async def main_random(args: argparse.Namespace) -> None:
                     args.via_nginx,
                     _profile_path(args.profile, name) if index == 0 else None,
                     args.seconds,
+                    args.flood_nice,
                 )
                 pooled[name] += found["during"]
                 during = found["during"]
@@ -459,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--seconds", type=float, default=6.0, help="--random-keys: how long each run's probes (and flood) go"
     )
+    parser.add_argument("--flood-nice", type=int, default=0, help="--random-keys: the flood's process at this nice")
     parser.add_argument("--flood-child", metavar="URL", help=argparse.SUPPRESS)  # the random-key flood's process
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -402,7 +402,7 @@ def test_the_gateway_marks_the_address_of_a_valid_key_and_not_of_a_made_up_one(l
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 done.set()
 
-        asyncio.run(GatewayASGIHandler()(scope, receive, send))
+        async_to_sync(GatewayASGIHandler())(scope, receive, send)  # the ORM in this thread, as pytest-django wants
         return sent[0]["status"]
 
     assert get(STRANGER, "fg_bbbbbbbbbb_" + "1" * 48) == 401
