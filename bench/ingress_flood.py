@@ -2,6 +2,7 @@
 without them, side by side in one run.
 
     python -m bench.ingress_flood [--flood 2000] [--rounds 3] [--concurrency 2] [--baseline TREE] [--profile DIR]
+    python -m bench.ingress_flood --random-keys [--rounds 5] [--seconds 6] [--via-nginx] [--baseline TREE]
 
 Processes: one simulated backend (64 slots, answers in a few ms: slots are never what waits) and,
 for each round and each setting, a fresh gateway (`manage.py serve`, SQLite, billing off), the
@@ -21,10 +22,15 @@ setting, into ``DIR/<setting>.txt`` (collapsed stacks per thread, py-spy's ``raw
 ``--random-keys`` compares instead "no flood" with "random-key flood" and "random-key flood, no
 connection limit" (all this tree, lanes on; the last with ``FAIRGATE_CONNECTIONS_PER_ADDRESS=0``,
 left out with ``--via-nginx``):
-for the whole 6 s, a process of its own (its CPU reported) sends the flood's requests back to back
+for the whole run (``--seconds``, 6 by default), a process of its own (its CPU reported) sends the
+flood's requests back to back
 on ``min(--flood, 1000)`` connections from 127.0.0.2 (the probes come from 127.0.0.1), each with a
 made-up key of the right shape (a new prefix each: a key cache miss), as fast as the gateway
-answers them; the interactive probes' p99 is set beside the same run's no-flood p99.
+answers them; the interactive probes' p99 is set beside the same run's no-flood p99. The gateway's
+CPU is reported over the run and over the flood's first second (its first wave), and the machine's
+1-minute load average at the end of each run.
+``--flood-nice N`` runs the flood's process at that nice level (on a machine of few cores, an
+attacker's own CPU otherwise competes with the gateway's).
 ``--via-nginx`` sends probes and flood through nginx configured by docs/production.md's server
 block (plain HTTP, `bench.nginx_front`; the gateway trusts it as its proxy), its CPU reported.
 """
@@ -38,6 +44,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,11 +139,15 @@ async def _random_flood(url: str, bodies: list[bytes], rng: random.Random, durat
     return statuses
 
 
-async def _flood_child(url: str, connections: int, rate: float, seed: int) -> asyncio.subprocess.Process:
+async def _flood_child(
+    url: str, connections: int, rate: float, seed: int, seconds: float, nice: int = 0
+) -> asyncio.subprocess.Process:
     """The random-key flood in a process of its own (its work must not delay the probes' event
-    loop), ready to start on a line on its stdin."""
-    argv = [sys.executable, "-m", "bench.ingress_flood", "--flood-child", url, "--flood", str(connections)]
-    argv += ["--flood-rate", str(rate), "--seed", str(seed)]
+    loop), ready to start on a line on its stdin; at ``nice`` (an attacker on another machine takes
+    none of the gateway's cores)."""
+    argv = ["nice", "-n", str(nice)] if nice else []
+    argv += [sys.executable, "-m", "bench.ingress_flood", "--flood-child", url, "--flood", str(connections)]
+    argv += ["--flood-rate", str(rate), "--seed", str(seed), "--seconds", str(seconds)]
     child = await asyncio.create_subprocess_exec(
         *argv, cwd=launch.REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
@@ -145,14 +156,14 @@ async def _flood_child(url: str, connections: int, rate: float, seed: int) -> as
     return child
 
 
-async def flood_child_main(url: str, connections: int, rate: float, seed: int) -> None:
-    """`--flood-child`: waits for "go" on stdin, floods for 6 s, prints its statuses and CPU."""
+async def flood_child_main(url: str, connections: int, rate: float, seed: int, seconds: float) -> None:
+    """`--flood-child`: waits for "go" on stdin, floods for ``seconds``, prints its statuses and CPU."""
     rng = random.Random(seed)
     bodies = [_body(rng, rng.randint(2_000, 16_000)) for _ in range(connections)]
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     cpu_start = resource.getrusage(resource.RUSAGE_SELF)
-    statuses = await _random_flood(url, bodies, rng, 6.0, rate)
+    statuses = await _random_flood(url, bodies, rng, seconds, rate)
     used = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = used.ru_utime + used.ru_stime - cpu_start.ru_utime - cpu_start.ru_stime
     print(json.dumps({"statuses": statuses, "cpu_s": cpu_s}), flush=True)
@@ -210,9 +221,11 @@ async def _run_random(
     seed: int,
     via_nginx: bool = False,
     profile: Path | None = None,
+    seconds: float = 6.0,
+    flood_nice: int = 0,
 ) -> dict:
-    """One run of ``--random-keys``: probes for 6 s, beside a random-key flood if the setting says so;
-    both through nginx in front of the gateway if ``via_nginx``."""
+    """One run of ``--random-keys``: probes for ``seconds``, beside a random-key flood if the setting
+    says so; both through nginx in front of the gateway if ``via_nginx``."""
     flooded, tree, env = setting
     if via_nginx:
         env = {"FAIRGATE_TRUSTED_PROXIES": "127.0.0.1", **env}
@@ -224,7 +237,7 @@ async def _run_random(
         probe = _body(rng, 800)
         await _probes(url, gateway.keys["chat"], probe, 1.0)  # warm: the valid key is cached
         front_cpu_s = launch._cpu_s(front.process.pid) if front is not None else 0.0
-        child = await _flood_child(url, min(flood, 1_000), rate, seed) if flooded else None
+        child = await _flood_child(url, min(flood, 1_000), rate, seed, seconds, flood_nice) if flooded else None
         profiler = _profiler(gateway.process.pid, profile, 1.0)  # the first wave
         if profiler is not None:
             await asyncio.sleep(0.3)  # py-spy attached
@@ -233,7 +246,13 @@ async def _run_random(
         if child is not None:
             child.stdin.write(b"go\n")  # type: ignore[union-attr]
         starts: list[float] = []
-        during = await _probes(url, gateway.keys["chat"], probe, 6.0, starts)
+
+        async def first_second() -> float:
+            await asyncio.sleep(1.0)
+            return gateway.own_cpu_s() - gateway_cpu_s
+
+        first = asyncio.create_task(first_second())
+        during = await _probes(url, gateway.keys["chat"], probe, seconds, starts)
         sent = json.loads((await child.communicate())[0]) if child is not None else {"statuses": [], "cpu_s": 0.0}
         flood_s = time.perf_counter() - started_s
         gateway_cpu_s = gateway.own_cpu_s() - gateway_cpu_s
@@ -252,6 +271,8 @@ async def _run_random(
             "flood_cpu": sent["cpu_s"] / flood_s,
             "nginx_cpu": front_cpu_s / flood_s,
             "gateway_cpu": gateway_cpu_s / flood_s,
+            "gateway_cpu_first": await first,
+            "load": os.getloadavg()[0],
         }
     finally:
         if front is not None:
@@ -273,15 +294,18 @@ async def main_random(args: argparse.Namespace) -> None:
         settings[f"random-key flood at {args.baseline}"] = (True, args.baseline.resolve(), {})
     rate = f"{args.flood_rate:.0f} requests/s" if args.flood_rate > 0 else "back to back"
     print(f"flood: made-up keys, {rate}, on at most {min(args.flood, 1_000)} connections from {FLOOD_SOURCE}")
+    if args.flood_nice:
+        print(f"the flood's process at nice {args.flood_nice}")
     if args.via_nginx:
         print("through nginx (docs/production.md's server block, plain HTTP) in front of each gateway")
     pooled: dict[str, list[float]] = {name: [] for name in settings}
+    p99s: dict[str, list[float | None]] = {name: [] for name in settings}  # per round
     print(f"1-minute load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)\n")
     print(
         "| round | setting | p50 / p95 / p99 | probes failed | flood 401 / 429 / other | flood rate | flood CPU "
-        "| gateway CPU |"
+        "| gateway CPU (first second) | load |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     cpu_start, wall_start_s = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     try:
         for index in range(args.rounds):
@@ -296,23 +320,27 @@ async def main_random(args: argparse.Namespace) -> None:
                     index,
                     args.via_nginx,
                     _profile_path(args.profile, name) if index == 0 else None,
+                    args.seconds,
+                    args.flood_nice,
                 )
                 pooled[name] += found["during"]
                 during = found["during"]
+                p99s[name].append(percentile(during, 0.99))
                 nginx_cpu = f" (nginx {found['nginx_cpu']:.2f})" if args.via_nginx else ""
                 print(
                     f"| {index + 1} | {name} | {_ms(during, 0.5)} / {_ms(during, 0.95)} / {_ms(during, 0.99)} "
                     f"| {found['probe_failed']} | {found['refused']} / {found['limited']} / {found['other']} "
                     f"| {found['rate']:.0f}/s "
-                    f"| {found['flood_cpu']:.2f} core{nginx_cpu} | {found['gateway_cpu']:.2f} core |",
+                    f"| {found['flood_cpu']:.2f} core{nginx_cpu} | {found['gateway_cpu']:.2f} core "
+                    f"({found['gateway_cpu_first']:.2f} s) | {found['load']:.1f} |",
                     flush=True,
                 )
                 slowest = ", ".join(f"{1000 * t:.0f} ms at {at:.2f} s" for t, at in found["slowest"])
-                print(f"|  | slowest probes, when they started | {slowest} | | | | | |", flush=True)
+                print(f"|  | slowest probes, when they started | {slowest} | | | | | | |", flush=True)
     finally:
         sim.stop()
     for name, values in pooled.items():
-        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | | |")
+        print(f"| all | {name} | {_ms(values, 0.5)} / {_ms(values, 0.95)} / {_ms(values, 0.99)} | | | | | | |")
     used = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = used.ru_utime + used.ru_stime - cpu_start.ru_utime - cpu_start.ru_stime
     print(f"\nprobes' load generator: {cpu_s / (time.perf_counter() - wall_start_s):.2f} of a core on average")
@@ -320,7 +348,11 @@ async def main_random(args: argparse.Namespace) -> None:
     for name in list(settings)[1:]:
         flooded = percentile(pooled[name], 0.99)
         if alone and flooded:
-            print(f"\np99, {name} / no flood: {flooded / alone:.2f}x")
+            print(f"\np99, {name} / no flood: {flooded / alone:.2f}x pooled", end="")
+        ratios = [f / a for f, a in zip(p99s[name], p99s["no flood"]) if f and a]
+        if ratios:
+            listed = ", ".join(f"{r:.2f}" for r in ratios)
+            print(f"; per round {listed}; median of rounds {statistics.median(ratios):.2f}x")
     print(f"1-minute load average at the end: {os.getloadavg()[0]:.1f}")
 
 
@@ -432,11 +464,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--via-nginx", action="store_true", help="--random-keys: through docs/production.md's nginx (plain HTTP)"
     )
+    parser.add_argument(
+        "--seconds", type=float, default=6.0, help="--random-keys: how long each run's probes (and flood) go"
+    )
+    parser.add_argument("--flood-nice", type=int, default=0, help="--random-keys: the flood's process at this nice")
     parser.add_argument("--flood-child", metavar="URL", help=argparse.SUPPRESS)  # the random-key flood's process
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.flood_child:
-        asyncio.run(flood_child_main(args.flood_child, args.flood, args.flood_rate, args.seed))
+        asyncio.run(flood_child_main(args.flood_child, args.flood, args.flood_rate, args.seed, args.seconds))
         return
     asyncio.run(main_random(args) if args.random_keys else main_async(args))
 

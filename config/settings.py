@@ -364,9 +364,10 @@ FAIRGATE_AUTH_TARPIT_FREE_PER_S = env_int("FAIRGATE_AUTH_TARPIT_FREE_PER_S", 50,
 FAIRGATE_AUTH_TARPIT_BURST = env_int("FAIRGATE_AUTH_TARPIT_BURST", 20, minimum=1)
 FAIRGATE_AUTH_TARPIT_MS = env_int("FAIRGATE_AUTH_TARPIT_MS", 5_000, minimum=0)
 FAIRGATE_AUTH_TARPIT_MAX = env_int("FAIRGATE_AUTH_TARPIT_MAX", 10_000, minimum=0)
-# Connections read at once from a client address refused a key in the last 30 s (not a trusted proxy);
-# past it a new one is held unread about FAIRGATE_AUTH_TARPIT_MS, then answered 429 (gateway.connlimit).
-# 0: no limit.
+# Connections read at once from a client address without a valid key in the last 10 minutes (not a
+# trusted proxy); past it a new one waits unread for a place or a valid key (about 1 s at most), or, if
+# the address was refused a key in the last 30 s, is held unread about FAIRGATE_AUTH_TARPIT_MS, then
+# answered 429 (gateway.connlimit). 0: no limit.
 FAIRGATE_CONNECTIONS_PER_ADDRESS = env_int("FAIRGATE_CONNECTIONS_PER_ADDRESS", 32, minimum=0)
 # Terminal states kept for GET /v1/queue/{id}: how long and how many at most.
 FAIRGATE_TERMINAL_KEEP_MS = env_int("FAIRGATE_TERMINAL_KEEP_MS", 3_600_000, minimum=1)

@@ -23,7 +23,7 @@ from django.urls import resolve
 
 from gateway import access, charging, live
 from gateway.auth import authenticate
-from gateway.connlimit import connection_limit
+from gateway.connlimit import CLIENT, connection_limit
 from gateway.db import DATABASE_UNAVAILABLE
 from gateway.errors import ErrorCode, GatewayError
 from gateway.intake import GATE_SCOPE_KEY, INTAKE_PATHS, REQUEST_ID_RE, intake_gate, new_request_id
@@ -70,7 +70,8 @@ class GatewayASGIHandler(ASGIHandler):
       does not authenticate 401 (from the headers); while it streams in, a body of any framing
       (chunked, or an understated Content-Length) is cut off with 413 at its limit. A refusal of
       an unread body closes the connection; a 401 past the free rate waits in the tarpit first
-      (gateway.tarpit), and limits its address's connections for a while (gateway.connlimit).
+      (gateway.tarpit), and limits its address's connections for a while (gateway.connlimit); a
+      valid key lifts that limit.
     """
 
     async def __call__(self, scope, receive, send) -> None:
@@ -78,6 +79,8 @@ class GatewayASGIHandler(ASGIHandler):
             raise ValueError(f"the gateway handler serves HTTP only, not {scope['type']!r}")
         upload = scope["path"] == UPLOAD_PATH
         limit_bytes = _body_limit(scope)
+        peer = (scope.get("client") or (None,))[0]
+        CLIENT.set(peer)  # a valid key (gateway.auth) lifts its address's connection limit
         try:
             if _declared_length(scope) > limit_bytes:
                 raise _too_large(scope)
@@ -85,7 +88,7 @@ class GatewayASGIHandler(ASGIHandler):
             gated = await intake_gate(scope)  # an intake path's key is checked there
         except GatewayError as err:  # 413 as declared, 401 from the headers, or its lane's backlog full
             if err.status == 401:
-                connection_limit().refused((scope.get("client") or (None,))[0])
+                connection_limit().refused(peer)
                 await tarpit().hold()
             await self.send_response(_refused_at_gate(scope, err), send)
             return

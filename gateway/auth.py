@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
+from gateway.connlimit import key_accepted
 from gateway.db import db_call
 from gateway.errors import ErrorCode, GatewayError
 from scheduling.selectors import tenant_spec
@@ -236,6 +237,7 @@ async def authenticate(authorization: str | None) -> Caller:
     if row.expired():
         raise _unauthorized("This API key has expired. Ask your admin for a new one (or use the key that replaced it).")
     _used(prefix)
+    key_accepted()  # its client's address is not limited (gateway.connlimit)
     return row.caller
 
 

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from gateway.connlimit import HELD_ANSWER, connection_limit
+from gateway.connlimit import HELD_ANSWER, READ, WAIT, connection_limit
 from gateway.metrics import multiprocess_prepare
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
@@ -33,62 +33,136 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     uvicorn times only the idle gap between requests (``timeout_keep_alive``, which stops at the
     next request's first byte) and nothing on a fresh connection, so a client sending its headers
     a byte at a time held a connection for as long as it liked. Here a request's headers must be
-    complete within FAIRGATE_HEADER_TIMEOUT_MS of the connection being made (the first request) or
+    complete within FAIRGATE_HEADER_TIMEOUT_MS of the connection being read (the first request) or
     of the request's first byte (later ones on a keep-alive connection); if not, the client gets a
     408 and the connection is closed. This covers every path (API, console, admin, WebSocket
     handshakes); the body's deadline is the gateway handler's (FAIRGATE_BODY_TIMEOUT_MS).
 
-    Before any of that, an address refused a key lately that already has
-    FAIRGATE_CONNECTIONS_PER_ADDRESS connections being read has one more not read at all
-    (gateway.connlimit), checked at its accept and again before its first request is parsed:
-    held paused, then answered 429 and closed, without a request, a task or the app. An intake
-    POST whose key the cache already knows to be refused limits its address as soon as its
-    headers are parsed, before the app refuses it.
+    Before any of that, the per-address limit (gateway.connlimit): a connection past it is paused
+    at its accept, before uvicorn's own set-up (a parser, flow control, its place in the server's
+    connections), until it may be read (a place, a valid key from its address, or its wait over),
+    or held, then answered 429 and closed, if its address was refused a key. A connection read is
+    checked again before its first request is parsed (the flood's first wave comes in before the
+    first refusal). An intake POST whose key the cache already knows to be refused limits its
+    address as soon as its headers are parsed, before the app refuses it.
     """
 
     header_timer: asyncio.TimerHandle | None = None
+    address: str | None = None  # the peer's
     counted: str | None = None  # the address this connection counts under (gateway.connlimit)
     begun = False  # a request has begun on it (the limit is checked before the first only)
-    held: asyncio.TimerHandle | None = None  # a connection not read: when it is answered and closed
+    made = False  # uvicorn's set-up has run: the connection is being read
+    lost = False
+    paused: asyncio.TimerHandle | None = None  # not read: when its wait or hold is over
+    waiting = False  # paused until it may be read; else held (then answered 429)
+    rehold = False  # was waiting when its address was refused (what it sent dropped): held anew when its wait is over
+    early = b""  # what uvloop read of a waiting connection before it was paused
+
+    def __init__(self, config, server_state, app_state, _loop=None) -> None:
+        self._made_with = (config, server_state, app_state)  # uvicorn's set-up waits until it is read
+        self.loop = _loop or asyncio.get_event_loop()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.counted, readable = connection_limit().admit(peer[0] if isinstance(peer, tuple) and peer else None)
-        if not readable:
-            self.transport = transport
-            self._hold()
-            return
+        self.address = peer[0] if isinstance(peer, tuple) and peer else None
+        limit = connection_limit()
+        self.counted, verdict = limit.admit(self.address)
+        if verdict == READ:
+            self._read()
+        elif verdict == WAIT:
+            self._pause(limit.wait_for(), waiting=True)
+        else:
+            self._pause(limit.hold_for())
+
+    def _read(self) -> None:
+        """uvicorn's set-up, deferred from __init__ and connection_made."""
+        transport = self.transport
+        super().__init__(*self._made_with, _loop=self.loop)
         super().connection_made(transport)
+        self.made = True
         self._header_timer_start()
 
     def data_received(self, data: bytes) -> None:
-        if self.held is not None or self.flow is None:  # held (uvloop may start reading after connection_made)
+        if self.paused is not None or not self.made:
+            # Not read: uvloop starts reading after connection_made whatever it was told, so one
+            # read comes in; a waiting connection keeps it for when it is read.
             self.transport.pause_reading()
+            if not self.made and (self.waiting or self.paused is None):
+                self.early += data
             return
         if not self.begun and self.counted is not None and not connection_limit().may_parse(self.counted):
-            connection_limit().closed(self.counted)
-            self.counted = None
+            counted, self.counted = self.counted, None
+            connection_limit().closed(counted)
             self._header_timer_stop()
-            self._hold()
+            self._pause(connection_limit().hold_for())
             return
         self.begun = True
         super().data_received(data)
         if self.counted is not None and self.transport.get_protocol() is not self:  # upgraded to a WebSocket
-            connection_limit().closed(self.counted)  # whose protocol is not this one: it gives its place back now
-            self.counted = None
+            counted, self.counted = self.counted, None
+            connection_limit().closed(counted)  # whose protocol is not this one: it gives its place back now
 
-    def _hold(self) -> None:
-        """Reads no more of this connection; answers 429 and closes it after a while."""
-        limit = connection_limit()
+    def _pause(self, for_s: float, *, waiting: bool = False) -> None:
+        """Reads no more of this connection for ``for_s`` (0: answers 429 and closes it now)."""
         self.transport.pause_reading()
-        hold_s = limit.hold_for()
-        if hold_s <= 0:
-            self._held_end()
+        if for_s <= 0:
+            self._answer_held()
             return
+        limit = connection_limit()
         limit.held += 1
-        self.held = self.loop.call_later(hold_s, self._held_end)
+        self.waiting = waiting
+        if waiting:
+            limit.wait(self.address, self)  # type: ignore[arg-type]
+        self.paused = self.loop.call_later(for_s, self._pause_over)
 
-    def _held_end(self) -> None:
+    def _unpause(self) -> None:
+        limit = connection_limit()
+        if self.paused is not None:
+            self.paused.cancel()
+            self.paused = None
+            limit.held -= 1
+        if self.waiting:
+            self.waiting = False
+            limit.unwait(self.address, self)  # type: ignore[arg-type]
+
+    def _pause_over(self) -> None:
+        waited, rehold = self.waiting, self.rehold
+        self._unpause()
+        if waited:
+            self.counted, verdict = connection_limit().waited(self.address)  # type: ignore[arg-type]
+            if verdict == READ:
+                self._resumed()
+                return
+        elif not rehold:
+            self._answer_held()
+            return
+        self.rehold = False
+        self.early = b""
+        self._pause(connection_limit().hold_for())
+
+    def resume(self, address: str) -> None:
+        """gateway.connlimit: this waiting connection may be read now, counted under ``address``."""
+        self.counted = address
+        self._unpause()
+        self.loop.call_soon(self._resumed)  # not inside the caller (another connection's end, a key check)
+
+    def refused(self) -> None:
+        """gateway.connlimit: this waiting connection's address was refused a key: it is held."""
+        self.waiting = False  # (the limit has let it go)
+        self.rehold = True
+        self.early = b""
+
+    def _resumed(self) -> None:
+        if self.lost or self.made:
+            return
+        self._read()
+        early, self.early = self.early, b""
+        self.transport.resume_reading()
+        if early:
+            self.data_received(early)
+
+    def _answer_held(self) -> None:
         if not self.transport.is_closing():
             self.transport.write(HELD_ANSWER)
             self.transport.close()
@@ -104,15 +178,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             connection_limit().refused(self.counted)  # now: the flood's next connections are held unparsed
 
     def connection_lost(self, exc: Exception | None) -> None:
-        limit = connection_limit()
-        if self.held is not None:
-            self.held.cancel()
-            self.held = None
-            limit.held -= 1
+        self.lost = True
+        self._unpause()
         if self.counted is not None:
-            limit.closed(self.counted)
-            self.counted = None
-        if self.flow is None:  # held from its accept: uvicorn never knew it
+            counted, self.counted = self.counted, None
+            connection_limit().closed(counted)
+        if not self.made:  # never read: uvicorn never knew it
             return
         self._header_timer_stop()
         super().connection_lost(exc)
