@@ -8,11 +8,12 @@ the ETA is made: docs/simulator.md, "ETA calibration".
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.eta import ERROR_TARGET, IN_BOUND_TARGET, EtaTraced, relative_error
+from sim.eta import ERROR_TARGET, IN_BOUND_TARGET, EtaTraced, instant, relative_error
 from sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -36,7 +37,7 @@ def _row(name: str, seed: int) -> list[dict]:
             row[p.confidence] += 1
             continue
         row.setdefault("errors", Counter())[round(relative_error(p), 2)] += 1
-        row["instant"] = row.get("instant", 0) + (p.started_ms == p.at_ms and p.eta_ms == 0)
+        row["instant"] = row.get("instant", 0) + instant(p)
         row["in_bound"] = row.get("in_bound", 0) + (p.started_ms - p.at_ms <= p.upper_ms)
     for row in by_cls.values():  # JSON keys: text
         row["errors"] = {str(k): v for k, v in sorted(row.get("errors", Counter()).items())}
@@ -45,13 +46,17 @@ def _row(name: str, seed: int) -> list[dict]:
     return list(by_cls.values())
 
 
-def rows(seeds: tuple[int, ...], log: Callable[[str], None]) -> list[dict]:
-    out = []
-    for path in sorted(SCENARIOS.glob("*.json")):
-        for seed in seeds:
-            log(f"eta: {path.stem} seed {seed}")
-            out.extend(_row(path.stem, seed))
-    return out
+def rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
+    """Every scenario and seed, in that order (in ``processes`` worker processes when more than one)."""
+    jobs = [(path.stem, seed) for path in sorted(SCENARIOS.glob("*.json")) for seed in seeds]
+    for name, seed in jobs:
+        log(f"eta: {name} seed {seed}")
+    if processes <= 1:
+        parts = [_row(*job) for job in jobs]
+    else:
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            parts = pool.starmap(_row, jobs, chunksize=1)
+    return [row for part in parts for row in part]
 
 
 def _median(errors: Counter[float]) -> float | None:
@@ -87,9 +92,12 @@ def summary(group: list[dict]) -> dict:
 
 
 def _verdict(s: dict) -> tuple[bool, bool]:
+    """(upper bound met, median error met); the error is that of the requests that waited (a promise
+    of 0 kept by an instant start is 0/0, not a measurement)."""
     if not s["measured"]:
         return True, True
-    return s["in_bound"] >= IN_BOUND_TARGET, s["median_error"] <= ERROR_TARGET
+    error = s["median_error_waited"]
+    return s["in_bound"] >= IN_BOUND_TARGET, error is None or error <= ERROR_TARGET
 
 
 def _pct(value: float | None) -> str:
@@ -102,7 +110,7 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         groups.setdefault((r["scenario"], r["cls"]), []).append(r)
     lines = [
         "| scenario | class | started | not `measured` | `measured`: started by the upper bound (≥ 90 %) | "
-        "median \\|start − point\\| / wait (≤ 30 %) | the same, of those that waited | met |",
+        "median \\|start − point\\| / wait, of those that waited (≤ 30 %) | the same, with instant starts | met |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     misses = []
@@ -112,27 +120,21 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         if not bound_ok:
             misses.append(f"`{name}` {cls}: {_pct(s['in_bound'])} started by the upper bound (target ≥ 90 %)")
         if not error_ok:
-            misses.append(f"`{name}` {cls}: median relative error {_pct(s['median_error'])} (target ≤ 30 %)")
+            misses.append(f"`{name}` {cls}: median relative error {_pct(s['median_error_waited'])} (target ≤ 30 %)")
         met = "yes" if bound_ok and error_ok else "**no**"
         lines.append(
             f"| `{name}` | {cls} | {s['started']:,} | {_pct(s['not_measured'])} | {_pct(s['in_bound'])} | "
-            f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | {met} |"
+            f"{_pct(s['median_error_waited'])} | {_pct(s['median_error'])} | {met} |"
         )
     s = summary(data)
     bound_ok, error_ok = _verdict(s)
     lines.append(
-        f"| **the sweep** | all | {s['started']:,} | {_pct(s['not_measured'])} | {_pct(s['in_bound'])} | "
-        f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | "
+        f"| **the sweep** | all | {s['started']:,} | {_pct(s['not_measured'])} | **{_pct(s['in_bound'])}** | "
+        f"**{_pct(s['median_error_waited'])}** | {_pct(s['median_error'])} | "
         f"{'yes' if bound_ok and error_ok else '**no**'} |"
     )
-    if s["median_error_waited"] is not None and s["median_error_waited"] > ERROR_TARGET:
-        misses.insert(
-            0,
-            f"across the sweep, leaving out the requests promised 0 that started at once: median relative "
-            f"error {_pct(s['median_error_waited'])} (over the 30 % target; with them it is met)",
-        )
     if not error_ok:
-        misses.insert(0, f"across the sweep: median relative error {_pct(s['median_error'])} (target ≤ 30 %)")
+        misses.insert(0, f"across the sweep: median relative error {_pct(s['median_error_waited'])} (target ≤ 30 %)")
     if not bound_ok:
         misses.insert(0, f"across the sweep: {_pct(s['in_bound'])} started by the upper bound (target ≥ 90 %)")
     return "\n".join(lines), misses
