@@ -43,10 +43,11 @@ class EtaBook:
     """Per class and depth (``near``: within the model's slots of the head, else ``far``), a
     histogram of actual wait / the model's wait of the requests that got a first ETA."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "_factors")
 
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = {}
+        self._factors: dict[str, tuple[float, float] | None] = {}  # by key, until its counts change
 
     def as_record(self) -> dict[str, list[int]]:
         return {key: list(counts) for key, counts in self.counts.items()}
@@ -71,6 +72,7 @@ class EtaBook:
         if counts is None:
             counts = self.counts[first[5]] = [0] * STEPS
         counts[step] += 1
+        self._factors.pop(first[5], None)
         if sum(counts) >= BOOK_HALVES_AT:
             counts[:] = [c // 2 for c in counts]
 
@@ -80,6 +82,12 @@ class EtaBook:
         The point: the ratio with the most ratios within 30 % of it (the middle of the first run of
         such points), among those whose double covers `COVER` of them; the upper bound: the
         `UPPER_QUANTILE` ratio, between the point and twice it."""
+        if key in self._factors:
+            return self._factors[key]
+        factors = self._factors[key] = self._fresh_factors(key)
+        return factors
+
+    def _fresh_factors(self, key: str) -> tuple[float, float] | None:
         counts = self.counts.get(key)
         total = sum(counts) if counts else 0
         if not counts or total < BOOK_MIN:

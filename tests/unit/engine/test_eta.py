@@ -1,6 +1,7 @@
 """The ETA as a promise: upper bound, confidence, the first ETA kept, and each slip reason provoked."""
 
 import math
+from types import SimpleNamespace
 
 from scheduling.engine import eta
 from scheduling.engine.snapshot import from_record, to_record
@@ -171,3 +172,14 @@ def test_before_its_spread_is_measured_the_bound_is_twice_the_point():
 def test_a_book_kept_at_another_resolution_starts_anew():
     book = eta.EtaBook.from_record({"BATCH/far": [1] * 40, "BATCH/near": [1] * eta.STEPS})
     assert list(book.counts) == ["BATCH/near"]
+
+
+def test_the_factors_follow_the_book_as_requests_start():
+    book = _book({1.0: 30})
+    before = book.factors("BATCH/far")
+    started = SimpleNamespace(eta_first=(0, 0, 0, 0, 1_000, "BATCH/far"))  # promised at 0, model's wait 1 s
+    for _ in range(100):
+        book.started(started, 4_000)  # waited 4 s: ratio 4
+    after = book.factors("BATCH/far")
+    assert after != before and after == eta.EtaBook.from_record(book.as_record()).factors("BATCH/far")
+    assert after is not None and after[0] > 2.0
