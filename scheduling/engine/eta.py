@@ -3,8 +3,8 @@
 Computed on query only (``Scheduler.position``). Kept per ticket: the first ETA given
 (``Ticket.eta_first``), set by the first query; kept per class: :class:`EtaBook`, the ratios of
 actual wait to the model's wait of the requests that were asked about, which calibrate the point
-(their median) and the upper bound (a high quantile). The model, its calibration and the meaning of
-each field: docs/engine.md, "Position and ETA".
+(their most common ratio) and the upper bound (a high quantile). The model, its calibration and the
+meaning of each field: docs/engine.md, "Position and ETA".
 """
 
 from __future__ import annotations
@@ -23,32 +23,40 @@ if TYPE_CHECKING:
 MEASURED, PRIOR, BLOCKED = "measured", "prior", "blocked"
 HIGHER_CLASS, FAIR_SHARE, CIRCUIT_OPEN = "higher_class", "fair_share", "circuit_open"
 SLIP_GRACE_MS = 1_000  # an expected start later than the first one given by more than this has slipped
-UPPER_Z = 1.65  # the upper bound's width in standard deviations of the wait (about the 95th percentile)
 MIN_SHARE = 0.1  # the least share of the model's turnover left to a class below busy higher classes
 BLOCKED_SHARE = 0.5  # higher classes' dispatches at or above this share of the turnover: blocked
-STEPS_PER_DOUBLING = 4  # EtaBook's resolution: ratio buckets 2 ** (1/4) wide
-LOWEST_STEP, STEPS = -16, 40  # buckets cover ratios 1/16 to 16 (beyond: the end buckets)
+STEPS_PER_DOUBLING = 8  # EtaBook's resolution: ratio buckets 2 ** (1/8) wide
+LOWEST_STEP, STEPS = -32, 80  # buckets cover ratios 1/16 to 16 (beyond: the end buckets)
 BOOK_MIN = 20  # ratios of a key before its book calibrates the ETA
 BOOK_HALVES_AT = 2_000  # a key's counts are halved when they reach this (the recent ones weigh)
-POINT_QUANTILE, UPPER_QUANTILE = 0.5, 0.92
+UPPER_QUANTILE = 0.92  # the upper bound: this quantile of the ratios (at most twice the point)
+COVER = 0.8  # the point is raised until twice it covers at least this share of the ratios
+SUBSTEPS = 4  # candidate points per bucket
+CLOSE_LOW, CLOSE_HIGH = 1 / 1.3, 1 / 0.7  # a wait within 30 % of the point: ratio / point in this range
+_CLOSE_STEPS = (  # those limits in buckets
+    STEPS_PER_DOUBLING * math.log2(CLOSE_LOW),
+    STEPS_PER_DOUBLING * math.log2(CLOSE_HIGH),
+)
 
 
 class EtaBook:
     """Per class and depth (``near``: within the model's slots of the head, else ``far``), a
     histogram of actual wait / the model's wait of the requests that got a first ETA."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "_factors")
 
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = {}
+        self._factors: dict[str, tuple[float, float] | None] = {}  # by key, until its counts change
 
     def as_record(self) -> dict[str, list[int]]:
         return {key: list(counts) for key, counts in self.counts.items()}
 
     @classmethod
     def from_record(cls, record: dict[str, list[int]] | None) -> EtaBook:
+        """The book a record holds; a key kept at another resolution (an older engine's) starts anew."""
         book = cls()
-        book.counts = {key: list(counts) for key, counts in (record or {}).items()}
+        book.counts = {key: list(counts) for key, counts in (record or {}).items() if len(counts) == STEPS}
         return book
 
     def started(self, ticket: Ticket, now_ms: int) -> None:
@@ -64,28 +72,69 @@ class EtaBook:
         if counts is None:
             counts = self.counts[first[5]] = [0] * STEPS
         counts[step] += 1
+        self._factors.pop(first[5], None)
         if sum(counts) >= BOOK_HALVES_AT:
             counts[:] = [c // 2 for c in counts]
 
     def factors(self, key: str) -> tuple[float, float] | None:
-        """(point, upper) multipliers of the model's wait for ``key``: the median ratio (raised to half the
-        upper one where the ratios spread wider), a high quantile; None until it has `BOOK_MIN` ratios."""
+        """(point, upper) multipliers of the model's wait for ``key``; None until it has `BOOK_MIN` ratios.
+
+        The point: the ratio with the most ratios within 30 % of it (the middle of the first run of
+        such points), among those whose double covers `COVER` of them; the upper bound: the
+        `UPPER_QUANTILE` ratio, between the point and twice it."""
+        if key in self._factors:
+            return self._factors[key]
+        factors = self._factors[key] = self._fresh_factors(key)
+        return factors
+
+    def _fresh_factors(self, key: str) -> tuple[float, float] | None:
         counts = self.counts.get(key)
         total = sum(counts) if counts else 0
         if not counts or total < BOOK_MIN:
             return None
-        upper = _quantile(counts, total, UPPER_QUANTILE)
-        return max(_quantile(counts, total, POINT_QUANTILE), upper / 2), upper  # the bound is at most twice the point
+        cumulative = [0]
+        for count in counts:
+            cumulative.append(cumulative[-1] + count)
+        first = last = STEPS * SUBSTEPS  # the run of candidates with the most ratios close, in ticks
+        best_close = -1.0
+        for tick in range(STEPS * SUBSTEPS + 1):  # candidate points, a quarter of a bucket apart
+            at = tick / SUBSTEPS
+            if _below(cumulative, at + STEPS_PER_DOUBLING) < COVER * total:
+                continue  # twice this point would cover less than COVER
+            close = _below(cumulative, at + _CLOSE_STEPS[1]) - _below(cumulative, at + _CLOSE_STEPS[0])
+            if close > best_close + 1e-9:
+                first = last = tick
+                best_close = close
+            elif close > best_close - 1e-9 and last == tick - 1:
+                last = tick
+        best = (first + last) / (2 * SUBSTEPS)
+        point = _ratio(best)
+        return point, min(2 * point, max(point, _ratio(_edge(counts, total, UPPER_QUANTILE))))
 
 
-def _quantile(counts: list[int], total: int, share: float) -> float:
-    """The ratio at ``share`` of the histogram (the upper edge of its bucket)."""
+def _ratio(edge: float) -> float:
+    """The ratio at a bucket edge (edge 0: the lowest bucket's lower edge)."""
+    return float(2.0 ** ((edge + LOWEST_STEP) / STEPS_PER_DOUBLING))
+
+
+def _edge(counts: list[int], total: int, share: float) -> int:
+    """The upper edge of the bucket that holds ``share`` of the histogram."""
     seen = 0
     for step, count in enumerate(counts):
         seen += count
         if seen >= share * total:
-            return float(2.0 ** ((step + 1 + LOWEST_STEP) / STEPS_PER_DOUBLING))
-    return float(2.0 ** ((STEPS + LOWEST_STEP) / STEPS_PER_DOUBLING))
+            return step + 1
+    return STEPS
+
+
+def _below(cumulative: list[int], edge: float) -> float:
+    """The ratios below fractional bucket edge ``edge`` (spread evenly within a bucket)."""
+    if edge <= 0:
+        return 0.0
+    if edge >= STEPS:
+        return float(cumulative[-1])
+    whole = int(edge)
+    return cumulative[whole] + (edge - whole) * (cumulative[whole + 1] - cumulative[whole])
 
 
 def position(sched: Scheduler, ticket: Ticket, now_ms: int) -> QueuePosition:
@@ -112,7 +161,6 @@ def position(sched: Scheduler, ticket: Ticket, now_ms: int) -> QueuePosition:
     work_ms += (ahead - counted) * own_ms
     mean_ms = work_ms / ahead if ahead > 0 else own_ms
     higher = sched._higher.get(ticket.cls, ())
-    higher_rate = sum(adm.rate_window(sched._cls_rate, name).count(now_ms) for name in higher) / adm.WINDOW_MS
     busy = 0.0  # the share of the slots higher classes' new requests keep busy (their recent dispatches)
     if slots:
         for name in higher:
@@ -132,12 +180,8 @@ def position(sched: Scheduler, ticket: Ticket, now_ms: int) -> QueuePosition:
         if factors is not None:  # calibrated by the actual waits of earlier requests like it
             point = math.ceil(model_ms * factors[0])
             upper = math.ceil(model_ms * factors[1])
-        else:  # the spread of service times and of higher-class arrivals alone
-            must_start = ahead + 1 - free
-            service = sched._cls_service.get(ticket.cls)
-            cv2 = service.dispersion() if service is not None else 1.0
-            arrivals = higher_rate * model_ms  # higher-class arrivals expected while it waits (Poisson)
-            upper = math.ceil(model_ms + UPPER_Z * math.sqrt(must_start * cv2 + arrivals) / turnover)
+        else:  # its spread not measured yet: the widest bound the promise allows
+            upper = 2 * point
         upper = min(2 * point, max(point, upper))
     higher_waiting = sum(ln.live for ln in lanes if ln.level < plan.level)
     cls_service = sched._cls_service.get(ticket.cls)

@@ -58,7 +58,7 @@ def default_admission_data(args: argparse.Namespace) -> dict:
 def eta_data(args: argparse.Namespace) -> dict:
     if args.json_in:
         return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
-    return {"rows": eta.rows((1,) if args.quick else (1, 2, 3), log)}
+    return {"rows": eta.rows((1,) if args.quick else (1, 2, 3), log, args.jobs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eta", action="store_true", help="the ETA part (the ETA's calibration)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
     parser.add_argument("--no-speed", action="store_true", help="admission part: leave the engine-speed rows out")
-    parser.add_argument("--jobs", type=int, default=1, help="headroom, default-admission: processes")
+    parser.add_argument("--jobs", type=int, default=1, help="headroom, default-admission, eta: processes")
     parser.add_argument("--write-report", action="store_true")
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--from-json", dest="json_in", help="render a saved run instead of running")

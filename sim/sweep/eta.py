@@ -8,11 +8,12 @@ the ETA is made: docs/simulator.md, "ETA calibration".
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.eta import ERROR_TARGET, IN_BOUND_TARGET, EtaTraced, relative_error
+from sim.eta import ERROR_TARGET, IN_BOUND_TARGET, EtaTraced, instant, relative_error
 from sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -36,7 +37,7 @@ def _row(name: str, seed: int) -> list[dict]:
             row[p.confidence] += 1
             continue
         row.setdefault("errors", Counter())[round(relative_error(p), 2)] += 1
-        row["instant"] = row.get("instant", 0) + (p.started_ms == p.at_ms and p.eta_ms == 0)
+        row["instant"] = row.get("instant", 0) + instant(p)
         row["in_bound"] = row.get("in_bound", 0) + (p.started_ms - p.at_ms <= p.upper_ms)
     for row in by_cls.values():  # JSON keys: text
         row["errors"] = {str(k): v for k, v in sorted(row.get("errors", Counter()).items())}
@@ -45,13 +46,17 @@ def _row(name: str, seed: int) -> list[dict]:
     return list(by_cls.values())
 
 
-def rows(seeds: tuple[int, ...], log: Callable[[str], None]) -> list[dict]:
-    out = []
-    for path in sorted(SCENARIOS.glob("*.json")):
-        for seed in seeds:
-            log(f"eta: {path.stem} seed {seed}")
-            out.extend(_row(path.stem, seed))
-    return out
+def rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
+    """Every scenario and seed, in that order (in ``processes`` worker processes when more than one)."""
+    jobs = [(path.stem, seed) for path in sorted(SCENARIOS.glob("*.json")) for seed in seeds]
+    for name, seed in jobs:
+        log(f"eta: {name} seed {seed}")
+    if processes <= 1:
+        parts = [_row(*job) for job in jobs]
+    else:
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            parts = pool.starmap(_row, jobs, chunksize=1)
+    return [row for part in parts for row in part]
 
 
 def _median(errors: Counter[float]) -> float | None:
@@ -75,10 +80,12 @@ def summary(group: list[dict]) -> dict:
     measured = sum(errors.values())
     in_bound = sum(r["in_bound"] for r in group)
     waited = Counter(errors)
-    waited[0.0] -= sum(r.get("instant", 0) for r in group)  # promised 0 and started at once
+    instant = sum(r.get("instant", 0) for r in group)
+    waited[0.0] -= instant  # promised 0 and started at once
     return {
         "started": started,
         "measured": measured,
+        "waited": measured - instant,
         "not_measured": 1 - measured / started if started else 0.0,
         "in_bound": in_bound / measured if measured else None,
         "median_error": _median(errors),
@@ -87,9 +94,12 @@ def summary(group: list[dict]) -> dict:
 
 
 def _verdict(s: dict) -> tuple[bool, bool]:
+    """(upper bound met, median error met); the error is that of the requests that waited (a promise
+    of 0 kept by an instant start is 0/0, not a measurement)."""
     if not s["measured"]:
         return True, True
-    return s["in_bound"] >= IN_BOUND_TARGET, s["median_error"] <= ERROR_TARGET
+    error = s["median_error_waited"]
+    return s["in_bound"] >= IN_BOUND_TARGET, error is None or error <= ERROR_TARGET
 
 
 def _pct(value: float | None) -> str:
@@ -102,8 +112,9 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         groups.setdefault((r["scenario"], r["cls"]), []).append(r)
     lines = [
         "| scenario | class | started | not `measured` | `measured`: started by the upper bound (≥ 90 %) | "
-        "median \\|start − point\\| / wait (≤ 30 %) | the same, of those that waited | met |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "`measured` that waited | median \\|start − point\\| / wait, of those (≤ 30 %) | "
+        "the same, with instant starts | met |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     misses = []
     for (name, cls), group in groups.items():
@@ -112,27 +123,21 @@ def table(data: list[dict]) -> tuple[str, list[str]]:
         if not bound_ok:
             misses.append(f"`{name}` {cls}: {_pct(s['in_bound'])} started by the upper bound (target ≥ 90 %)")
         if not error_ok:
-            misses.append(f"`{name}` {cls}: median relative error {_pct(s['median_error'])} (target ≤ 30 %)")
+            misses.append(f"`{name}` {cls}: median relative error {_pct(s['median_error_waited'])} (target ≤ 30 %)")
         met = "yes" if bound_ok and error_ok else "**no**"
         lines.append(
             f"| `{name}` | {cls} | {s['started']:,} | {_pct(s['not_measured'])} | {_pct(s['in_bound'])} | "
-            f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | {met} |"
+            f"{s['waited']:,} | {_pct(s['median_error_waited'])} | {_pct(s['median_error'])} | {met} |"
         )
     s = summary(data)
     bound_ok, error_ok = _verdict(s)
     lines.append(
-        f"| **the sweep** | all | {s['started']:,} | {_pct(s['not_measured'])} | {_pct(s['in_bound'])} | "
-        f"{_pct(s['median_error'])} | {_pct(s['median_error_waited'])} | "
+        f"| **the sweep** | all | {s['started']:,} | {_pct(s['not_measured'])} | **{_pct(s['in_bound'])}** | "
+        f"{s['waited']:,} | **{_pct(s['median_error_waited'])}** | {_pct(s['median_error'])} | "
         f"{'yes' if bound_ok and error_ok else '**no**'} |"
     )
-    if s["median_error_waited"] is not None and s["median_error_waited"] > ERROR_TARGET:
-        misses.insert(
-            0,
-            f"across the sweep, leaving out the requests promised 0 that started at once: median relative "
-            f"error {_pct(s['median_error_waited'])} (over the 30 % target; with them it is met)",
-        )
     if not error_ok:
-        misses.insert(0, f"across the sweep: median relative error {_pct(s['median_error'])} (target ≤ 30 %)")
+        misses.insert(0, f"across the sweep: median relative error {_pct(s['median_error_waited'])} (target ≤ 30 %)")
     if not bound_ok:
         misses.insert(0, f"across the sweep: {_pct(s['in_bound'])} started by the upper bound (target ≥ 90 %)")
     return "\n".join(lines), misses
@@ -148,22 +153,33 @@ def render(data: dict) -> str:
         "Every shipped scenario as configured, seeds " + ", ".join(map(str, seeds)) + ". The ETA is the one "
         "the engine gave each admitted request right after its admission (its first ETA); a request that "
         "never started (timed out, gave up, fast-failed) is not counted. Relative error: |start − point| / "
-        "actual wait (a request that started at once counts 0 if promised 0; the next column leaves those "
-        "out). Targets on `measured` "
-        "requests, across the sweep and per class; the share not `measured` (`prior`: no completion of "
-        "its class yet; `blocked`: a higher class held the pool) is reported, without a target.",
+        "actual wait, of the `measured` requests that waited: a request promised 0 that started at once is "
+        "left out (0/0 is not a measurement; the next column counts it as 0, without a target). Targets on "
+        "`measured` requests, across the sweep and per class; the share not `measured` (`prior`: no "
+        "completion of its class yet; `blocked`: a higher class held the pool) is reported, without a "
+        "target. The upper bound is at most twice the point, always (the engine caps it).",
         "",
         body,
         "",
         "Misses: " + ("none." if not misses else ""),
         *[f"- {m}" for m in misses],
         "",
-        "Where it misses: the upper bound, on bursts promised before the calibration saw requests of the "
-        "burst start (`idle-burst`, `quiet-burst`, `surge` BATCH) or overtaken by a higher class's burst "
-        "after the promise (`higher-surge` BATCH, whose first ETAs are mostly `prior`); the median error, on "
-        "short waits (the first slot to free among a few running requests), whose spread is wider than the "
-        "bound's cap of twice the point allows, so the point sits above the median to keep the bound "
-        '(docs/engine.md, "Position and ETA").',
+        'Why they miss (the method: docs/engine.md, "Position and ETA"). Median error, INTERACTIVE and '
+        "NEAR_RT in every mixed scenario, `small-tenant` NEAR_RT: their waits are for the next slot to free "
+        "among 32–90 running requests, nearly memoryless; with every request's features dumped (seed 1), no "
+        "single factor on the model's wait puts more than 20–40 % of such waits within 30 % of the point "
+        "(46 % on `small-tenant`), so their median error stays at 35–75 %. The pooled target is met because the "
+        "long waits (BATCH backlogs) are promised within a few % once calibrated. Upper bound: "
+        "`higher-surge` BATCH was promised before a chat campaign no forecast could see (its slip "
+        "reason says `higher_class`); `on-off` and `on-off-short-queue` BATCH: a tenant's share moves "
+        "each time `onoff` comes back or leaves, after the promise; `surge` NEAR_RT, `aging-storm`, "
+        "`higher-surge` INTERACTIVE: next-slot waits again, whose point is where they are densest and "
+        "whose bound, capped at twice it, covers 80–90 % of them. `quiet-burst` BATCH: most of its "
+        "burst is promised before any long BATCH wait has ended, so the point is the model's "
+        "uncalibrated wait (1.8× short there, seed 1), and `rnd`'s 800 take a share of the turns after "
+        "the promise. A class with a few hundred waits or fewer (`idle-burst`, `steady-70`, `steady-90` "
+        "BATCH) misses on requests promised a few ms that started at once (error: the point over 1 ms) "
+        "or on next-slot waits.",
         "",
         END,
     ]

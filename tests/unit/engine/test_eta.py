@@ -1,5 +1,8 @@
 """The ETA as a promise: upper bound, confidence, the first ETA kept, and each slip reason provoked."""
 
+import math
+from types import SimpleNamespace
+
 from scheduling.engine import eta
 from scheduling.engine.snapshot import from_record, to_record
 from tests.unit.engine.engine_helpers import backend, config, req, scheduler, submit, tenants
@@ -126,10 +129,57 @@ def test_a_snapshot_carries_the_first_eta_and_the_calibration():
         assert copy.position(rid, now_ms=now) == sched.position(rid, now_ms=now)
 
 
-def test_the_book_calibrates_the_point_by_the_median_ratio():
+def _book(counts_at: dict[float, int]) -> eta.EtaBook:
+    """A book whose "BATCH/far" key holds ``count`` ratios in the bucket starting at each ratio."""
     book = eta.EtaBook()
-    book.counts["BATCH/far"] = [0] * eta.STEPS
-    book.counts["BATCH/far"][-eta.LOWEST_STEP + 4] = 100  # every ratio in [2, 2 ** 1.25)
-    point, upper = book.factors("BATCH/far")
-    assert 2.0 < point <= 2.0**1.25 and upper == point
-    assert book.factors("BATCH/near") is None
+    counts = book.counts["BATCH/far"] = [0] * eta.STEPS
+    for ratio, count in counts_at.items():
+        counts[round(eta.STEPS_PER_DOUBLING * math.log2(ratio)) - eta.LOWEST_STEP] = count
+    return book
+
+
+def test_the_book_calibrates_the_point_by_the_ratios_of_earlier_requests():
+    step = 2.0 ** (1 / eta.STEPS_PER_DOUBLING)
+    point, upper = _book({2.0: 100}).factors("BATCH/far")  # every ratio in [2, 2 * step)
+    # every point in [2 * step * 0.7, 2 * 1.3] is within 30 % of all of them: the point is the middle
+    assert abs(point - (2.0 * step * 0.7 * 2.0 * 1.3) ** 0.5) < 0.05 and 2.0 * step <= upper <= 2 * point
+    assert _book({2.0: 100}).factors("BATCH/near") is None
+
+
+def test_the_point_is_the_most_common_ratio_not_the_median():
+    # 45 ratios at 1, 55 spread thinly from 0.25 to 0.6: the median is about 0.55, but more requests
+    # are within 30 % of a point near 1 than of any other point
+    thin = {0.25 * 2.0 ** (k / eta.STEPS_PER_DOUBLING): 5 for k in range(11)}
+    point, upper = _book({1.0: 45, **thin}).factors("BATCH/far")
+    assert 0.7 < point <= 1.1 and 1.0 < upper <= 2 * point
+
+
+def test_the_point_is_raised_until_twice_it_covers_most_ratios():
+    # half the ratios at 1, half at 4: twice 1 would cover half of them; the point rises (to the 4s,
+    # the densest window among the points whose double covers them) and the bound covers them all
+    point, upper = _book({1.0: 50, 4.0: 50}).factors("BATCH/far")
+    assert 2 * point > 4.0 and 4.0 < upper <= 2 * point
+
+
+def test_before_its_spread_is_measured_the_bound_is_twice_the_point():
+    sched = scheduler(config(aging="none"), slots=1, tenant_specs=tenants(("a", 1.0)))
+    submit(sched, req("run", at=0), req("w", at=0))
+    sched.dispatch(now_ms=0)
+    answer = sched.position("w", now_ms=0)
+    assert answer.eta_ms > 0 and answer.eta_upper_ms == 2 * answer.eta_ms
+
+
+def test_a_book_kept_at_another_resolution_starts_anew():
+    book = eta.EtaBook.from_record({"BATCH/far": [1] * 40, "BATCH/near": [1] * eta.STEPS})
+    assert list(book.counts) == ["BATCH/near"]
+
+
+def test_the_factors_follow_the_book_as_requests_start():
+    book = _book({1.0: 30})
+    before = book.factors("BATCH/far")
+    started = SimpleNamespace(eta_first=(0, 0, 0, 0, 1_000, "BATCH/far"))  # promised at 0, model's wait 1 s
+    for _ in range(100):
+        book.started(started, 4_000)  # waited 4 s: ratio 4
+    after = book.factors("BATCH/far")
+    assert after != before and after == eta.EtaBook.from_record(book.as_record()).factors("BATCH/far")
+    assert after is not None and after[0] > 2.0
