@@ -100,6 +100,7 @@ def main() -> None:
     if connection.vendor != "postgresql":
         raise SystemExit("DATABASE_URL must point at PostgreSQL")
     connection.settings_dict["TEST"]["NAME"] = "test_fairgate_bench_billing_worker"
+    connection.settings_dict["CONN_MAX_AGE"] = None  # one backend throughout: its CPU is read by pid
     test_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     events.unsubscribe(SUBSCRIBER)
     events.relay()  # as in the worker: committed events ride on its answers
