@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from operator import attrgetter
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
@@ -28,7 +27,6 @@ from events import publish_on_commit
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
-_columns_of = attrgetter(*COLUMNS)  # an entry's values in the order of COLUMNS
 _AT = COLUMNS.index("at")
 MAX_BATCH = 256  # asks per transaction (3 entries × 23 columns each stays far below bind limits)
 
@@ -86,9 +84,11 @@ def _reprice_superseded(plans: list[BookingPlan], superseded: set[int]) -> None:
 def _write(entries: list[Booked], rows: list[BudgetRow]) -> None:
     """Step 5: the append of the entries, the UPDATE of the moved rows."""
     adapt_at = connection.ops.adapt_datetimefield_value
-    values = [list(_columns_of(entry)) for entry in entries]
-    for row in values:
-        row[_AT] = adapt_at(row[_AT])
+    values: list[list[object]] = []
+    for entry in entries:
+        row: list[object] = list(entry)  # (a Booked is its row)
+        row[_AT] = adapt_at(entry.at)
+        values.append(row)
     statements.booking_writes(
         COLUMNS,
         values,

@@ -3,9 +3,10 @@ the ledger entries they write, and the reasons and attempt keys they are booked 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import NamedTuple
 
 from billing.inflight import HeldEntry
 from billing.models import LedgerEntry
@@ -70,9 +71,10 @@ class Charged:
     unbilled: Decimal = ZERO
 
 
-@dataclass(frozen=True)
-class Booked:
-    """One ledger entry as appended (the columns of LedgerEntry but its id)."""
+class Booked(NamedTuple):
+    """One ledger entry as appended (the columns of LedgerEntry but its id), in the order of
+    COLUMNS: the row the append writes as it is (a frozen dataclass of 23 fields cost the billing
+    worker about 3 us to make, three times per request)."""
 
     kind: str
     at: datetime
@@ -99,7 +101,7 @@ class Booked:
     key_creator: str = ""
 
 
-COLUMNS = tuple(f.name for f in fields(Booked))
+COLUMNS = Booked._fields
 assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields if not f.primary_key}
 
 

@@ -51,6 +51,56 @@ def test_raw_sql_cannot_change_or_delete_entries(entry, sql):
     assert LedgerEntry.objects.get(pk=entry.pk).amount == D("1.12")
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("column", "table"),
+    [
+        ("budget_id", "billing_budget"),
+        ("month_budget_id", "billing_budget"),
+        ("tenant_id", "gateway_tenant"),
+        ("price_version_id", "scheduling_priceversion"),
+    ],
+)
+def test_an_entry_naming_a_missing_row_is_refused(entry, column, table):
+    """PostgreSQL checks the ledger's references with a trigger per statement (migration 0011;
+    SQLite keeps its deferred foreign keys): one bad row among good ones refuses the statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COALESCE(MAX(id), 0) + 1000 FROM {table}")
+        (missing,) = cursor.fetchone()
+    columns = ("budget_id", "month_budget_id", "price_version_id", "tenant_id")
+    named = ", ".join("%s" if c == column else c for c in columns)
+    copied = (
+        "SELECT 'adjustment', at, '', '', '', '', 0, 0, 0, 1, 1, 0, 'x', 'x', {}, '', 0, '', '', '' "
+        "FROM billing_ledgerentry WHERE id = %s"
+    )
+    before = LedgerEntry.objects.count()
+    with pytest.raises(DatabaseError):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO billing_ledgerentry (kind, at, request_id, class_name, model, backend_name, "
+                "prompt_tokens, completion_tokens, base_cost, factor, amount, overrun, reason, author, "
+                f"{', '.join(columns)}, owner, unbilled, job_id, key_creator, key_prefix) "
+                f"{copied.format(', '.join(columns))} UNION ALL {copied.format(named)}",
+                [entry.pk, missing, entry.pk],
+            )
+    assert LedgerEntry.objects.count() == before
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [("billing_budget", "budget_id"), ("gateway_tenant", "tenant_id"), ("scheduling_priceversion", "price_version_id")],
+)
+def test_a_row_the_ledger_names_cannot_be_deleted(entry, table, column):
+    named = getattr(entry, column)
+    with pytest.raises(DatabaseError):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE id = %s", [named])
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*) FROM {table} WHERE id = %s", [named])
+        assert cursor.fetchone() == (1,)
+
+
 def verify() -> str:
     out = io.StringIO()
     call_command("ledger", "verify", stdout=out, stderr=out)
