@@ -1,9 +1,10 @@
 """Predictive headroom: a freed slot stays free briefly when the top class is about to need it.
 
 With ``headroom.enabled`` the engine forecasts the top class's arrivals (``forecast``) and keeps up
-to the slots they need free (``need``, bounded by ``max_slots`` and, with ``miss_share``, by the
-pool's turnover) instead of handing each freed slot to a lower class at once; a hold ends after
-``hold_ms`` and is never renewed. :class:`Headroom` is the engine's part for it; it owns its holds
+to the slots they need free (``need``, bounded by ``max_slots``, with ``miss_share`` by the pool's
+turnover and with ``deadline_share`` by what the lower classes can spare, ``headroom_spare``)
+instead of handing each freed slot to a lower class at once; a hold ends after ``hold_ms`` and is
+never renewed. :class:`Headroom` is the engine's part for it; it owns its holds
 and its forecast, both carried by the snapshot. The rules and why: docs/engine.md, "Headroom".
 """
 
@@ -26,8 +27,9 @@ class Headroom:
     holds and what they cost. The scheduler calls it on a top-class arrival, a freed slot, a
     dispatch round and each grant; its state outlives a reconfiguration that turns it off."""
 
-    def __init__(self, capacity: Capacity) -> None:
+    def __init__(self, capacity: Capacity, spare: Callable[[float, int], int] | None = None) -> None:
         self.capacity = capacity
+        self.spare = spare  # (deadline_share, now_ms) -> slots the lower classes can spare (``headroom_spare``)
         self.policy = HeadroomPolicy()
         self.on = False
         self.hold_idle = False  # also hold free slots that did not just free
@@ -64,6 +66,8 @@ class Headroom:
         if policy.miss_share > 0:
             bound = turnover_bound(self.free_rate(now_ms) * policy.horizon_ms / expected, policy.miss_share)
             need = need if bound is None else min(need, bound)
+        if need and policy.deadline_share > 0 and self.spare is not None:
+            need = min(need, self.spare(policy.deadline_share, now_ms))
         return need
 
     def free_rate(self, now_ms: int) -> float:
