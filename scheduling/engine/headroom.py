@@ -59,15 +59,18 @@ class Headroom:
         if forecast is None:
             return 0
         policy = self.policy
+        spare = policy.max_slots  # read first: 0 (a lower class short) is common and ends it
+        if policy.deadline_share > 0 and self.spare is not None:
+            spare = min(spare, self.spare(policy.deadline_share, now_ms))
+            if not spare:
+                return 0
         expected = forecast.expected(now_ms, policy.horizon_ms, policy.profile_weight)
         if expected < policy.min_expected:
             return 0
-        need = min(policy.max_slots, math.ceil(expected))
+        need = min(spare, math.ceil(expected))
         if policy.miss_share > 0:
             bound = turnover_bound(self.free_rate(now_ms) * policy.horizon_ms / expected, policy.miss_share)
             need = need if bound is None else min(need, bound)
-        if need and policy.deadline_share > 0 and self.spare is not None:
-            need = min(need, self.spare(policy.deadline_share, now_ms))
         return need
 
     def free_rate(self, now_ms: int) -> float:
