@@ -355,7 +355,7 @@ def render(results: dict[str, dict], speed: list[dict] | None, seed: int | None)
     return "\n".join(parts)
 
 
-MARKED = re.compile(r"<!-- (sim\.[a-z_.]+): start -->.*?<!-- \1: end -->", re.DOTALL)
+MARKED = re.compile(r"<!-- (sim\.[a-z_.-]+): start -->.*?<!-- \1: end -->", re.DOTALL)
 
 
 def keep_sections(old: str, new: str) -> str:

@@ -1,9 +1,10 @@
 """Predictive headroom: a freed slot stays free briefly when the top class is about to need it.
 
 With ``headroom.enabled`` the engine forecasts the top class's arrivals (``forecast``) and keeps up
-to the slots they need free (``need``, bounded by ``max_slots`` and, with ``miss_share``, by the
-pool's turnover) instead of handing each freed slot to a lower class at once; a hold ends after
-``hold_ms`` and is never renewed. :class:`Headroom` is the engine's part for it; it owns its holds
+to the slots they need free (``need``, bounded by ``max_slots``, with ``miss_share`` by the pool's
+turnover and with ``deadline_share`` by what the lower classes can spare, ``headroom_spare``)
+instead of handing each freed slot to a lower class at once; a hold ends after ``hold_ms`` and is
+never renewed. :class:`Headroom` is the engine's part for it; it owns its holds
 and its forecast, both carried by the snapshot. The rules and why: docs/engine.md, "Headroom".
 """
 
@@ -26,8 +27,9 @@ class Headroom:
     holds and what they cost. The scheduler calls it on a top-class arrival, a freed slot, a
     dispatch round and each grant; its state outlives a reconfiguration that turns it off."""
 
-    def __init__(self, capacity: Capacity) -> None:
+    def __init__(self, capacity: Capacity, spare: Callable[[float, int], int] | None = None) -> None:
         self.capacity = capacity
+        self.spare = spare  # (deadline_share, now_ms) -> slots the lower classes can spare (``headroom_spare``)
         self.policy = HeadroomPolicy()
         self.on = False
         self.hold_idle = False  # also hold free slots that did not just free
@@ -57,10 +59,15 @@ class Headroom:
         if forecast is None:
             return 0
         policy = self.policy
+        spare = policy.max_slots  # read first: 0 (a lower class short) is common and ends it
+        if policy.deadline_share > 0 and self.spare is not None:
+            spare = min(spare, self.spare(policy.deadline_share, now_ms))
+            if not spare:
+                return 0
         expected = forecast.expected(now_ms, policy.horizon_ms, policy.profile_weight)
         if expected < policy.min_expected:
             return 0
-        need = min(policy.max_slots, math.ceil(expected))
+        need = min(spare, math.ceil(expected))
         if policy.miss_share > 0:
             bound = turnover_bound(self.free_rate(now_ms) * policy.horizon_ms / expected, policy.miss_share)
             need = need if bound is None else min(need, bound)

@@ -97,23 +97,39 @@ class QueuePolicy:
 
 @dataclass(frozen=True)
 class HeadroomPolicy:
-    """Predictive headroom for the top class (``headroom.py``, ``forecast.py``); off unless ``enabled``
-    (and off in the fifo/strict/linear presets)."""
+    """Predictive headroom for the top class (``headroom.py``, ``forecast.py``); on by default since
+    issue 48, bounded by the lower classes' deadlines (``deadline_share``); ``HEADROOM_OFF`` in the
+    fifo/strict/linear presets. Why these defaults: docs/configuration.md, "The headroom section"."""
 
-    enabled: bool = False
+    enabled: bool = True
     horizon_ms: int = 4000  # hold when top-class arrivals are expected within this long
-    hold_ms: int = 8000  # a freed slot stays free at most this long
-    max_slots: int = 6  # at most this many slots held at once
-    min_expected: float = 0.5  # expected top-class arrivals within the horizon that justify a hold
+    hold_ms: int = 16000  # a freed slot stays free at most this long
+    max_slots: int = 12  # at most this many slots held at once
+    min_expected: float = 0.1  # expected top-class arrivals within the horizon that justify a hold
     bucket_ms: int = 300_000  # the time-of-day profile's bucket (divides a day)
     profile_alpha: float = 0.5  # weight of the newest day's count in its bucket's average
     recent_ms: int = 60_000  # time constant of the recent arrival rate
     profile_weight: float = 0.5  # the profile's share of the forecast (the rest: the recent rate)
-    hold_idle: bool = False  # also hold free slots that did not just free (an idle pool filled at once)
-    miss_share: float = 0.0  # > 0: hold no more than the pool's turnover needs so that this share of top-class
+    hold_idle: bool = True  # also hold free slots that did not just free (an idle pool filled at once)
+    miss_share: float = 0.015  # > 0: hold no more than the pool's turnover needs so that this share of top-class
     # arrivals finds no held slot (0: the need is the forecast arrivals alone)
-    rescue_ms: int = 0  # > 0: inside a class, a request this close to its deadline goes before the fair order
+    rescue_ms: int = 1500  # > 0: inside a class, a request this close to its deadline goes before the fair order
     # (earliest deadline first among those at risk); works with or without ``enabled`` (``dispatching``)
+    deadline_share: float = 0.5  # > 0: hold only slots the lower classes can spare, each one's queued work
+    # dispatched before its oldest request has waited this share of its SLA (``headroom_spare``; 0: no bound)
+
+
+# Headroom as it was before issue 48 made it the default: the fifo/strict/linear presets' baseline.
+HEADROOM_OFF = HeadroomPolicy(
+    enabled=False,
+    hold_ms=8000,
+    max_slots=6,
+    min_expected=0.5,
+    hold_idle=False,
+    miss_share=0.0,
+    rescue_ms=0,
+    deadline_share=0.0,
+)
 
 
 @dataclass(frozen=True)

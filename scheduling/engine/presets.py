@@ -2,15 +2,16 @@
 
 ``fairgate`` (the configuration as written), ``fifo`` (one global FIFO, no aging, depth limit,
 expiry or cancellation), ``strict`` (class priority, FIFO inside a class, no aging) and ``linear``
-(boost = wait ratio). Every preset but ``fairgate`` turns prediction and headroom off, so the
-presets stay the baselines they were. Details: docs/engine.md, "Presets".
+(boost = wait ratio). Every preset but ``fairgate`` turns prediction and headroom off (headroom to
+``HEADROOM_OFF``, the section's defaults before issue 48), so the presets stay the baselines they
+were. Details: docs/engine.md, "Presets".
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .model import AgingPolicy, FairnessMode, HeadroomPolicy, Policy, SchedulerConfig
+from .model import HEADROOM_OFF, AgingPolicy, FairnessMode, Policy, SchedulerConfig
 
 
 def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConfig:
@@ -18,7 +19,7 @@ def apply_policy(config: SchedulerConfig, policy: Policy | str) -> SchedulerConf
     if policy is Policy.FAIRGATE:
         return replace(config, policy=policy)
     unpredicted = replace(config.queue, admission="depth", fast_fail=False, prior_weight=0, margin_after_ms=0)
-    config = replace(config, headroom=HeadroomPolicy())  # predictive headroom is Fairgate's too
+    config = replace(config, headroom=HEADROOM_OFF)  # predictive headroom (on by default) is Fairgate's
     if policy is Policy.FIFO:
         queue = replace(
             unpredicted, single_queue=True, enforce_depth=False, enforce_deadline=False, honour_cancel=False

@@ -23,6 +23,7 @@ from .counters import Counters, TenantInClass
 from .dispatching import DispatchOrder, PreemptEntry, RescueEntry
 from .fairness import Lane, tenant_weights
 from .headroom import Headroom
+from .headroom_spare import LowerSpare
 from .model import BackendSpec, ClassSpec, Request, RequestId, SchedulerConfig, TenantSpec
 from .outcomes import ADMITTED, NO_BACKEND, Admission, Grant, Live, QueuePosition
 from .prediction import UNKNOWN_MS, Prediction
@@ -73,7 +74,8 @@ class Scheduler:
         self._books: dict[tuple[str, str], TenantInClass] = {}  # by (class, tenant)
         self._store_holds_live_tickets = getattr(self._store, "holds_live_tickets", False)
         self._capacity = Capacity(backends, self._store)
-        self.headroom = Headroom(self._capacity)  # slots held for the top class (``headroom``)
+        # slots held for the top class, no more than the lower classes can spare (``headroom``)
+        self.headroom = Headroom(self._capacity, LowerSpare(self))
         self.eta_book = eta.EtaBook()  # the ETA's calibration (``eta``)
         self._tenant_specs: dict[str, TenantSpec] = {t.slug: t for t in tenants}
         self._retired: dict[str, ClassSpec] = {}

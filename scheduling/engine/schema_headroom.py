@@ -33,6 +33,7 @@ def headroom_section(ck: Checker, raw: Any) -> HeadroomPolicy | None:
         ("profile_alpha", "in (0, 1]", True),
         ("profile_weight", "in [0, 1]", False),
         ("miss_share", "in [0, 1]", False),
+        ("deadline_share", "in [0, 1]", False),
     ):
         high = None if key == "min_expected" else 1.0
         values[key] = ck.get(

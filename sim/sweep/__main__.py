@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.sweep import admission, default_admission, eta, headroom
+from sim.sweep import admission, default_admission, eta, headroom, headroom_default
 from sim.sweep.report import END, REPORT, START, render, write_report
 
 SPEED_SIZES = (1_000, 20_000, 100_000)
@@ -55,6 +55,13 @@ def default_admission_data(args: argparse.Namespace) -> dict:
     }
 
 
+def headroom_default_data(args: argparse.Namespace) -> dict:
+    if args.json_in:
+        return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
+    seeds = (1,) if args.quick else tuple(args.seeds or (1, 2, 3))
+    return {"rows": headroom_default.rows(seeds, log, args.jobs)}
+
+
 def eta_data(args: argparse.Namespace) -> dict:
     if args.json_in:
         return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
@@ -67,10 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--default-admission", action="store_true", help="predicted admission as shipped: precision, recall vs depth"
     )
+    parser.add_argument(
+        "--headroom-default",
+        action="store_true",
+        help="every scenario with headroom off and on by default: within-SLA share per class, the ramp's targets",
+    )
+    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], help="headroom-default: seeds")
     parser.add_argument("--eta", action="store_true", help="the ETA part (the ETA's calibration)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
     parser.add_argument("--no-speed", action="store_true", help="admission part: leave the engine-speed rows out")
-    parser.add_argument("--jobs", type=int, default=1, help="headroom, default-admission, eta: processes")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="headroom, default-admission, headroom-default, eta: processes"
+    )
     parser.add_argument("--write-report", action="store_true")
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--from-json", dest="json_in", help="render a saved run instead of running")
@@ -78,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.default_admission:
         data = default_admission_data(args)
         section, markers = default_admission.render(data), default_admission.MARKERS
+    elif args.headroom_default:
+        data = headroom_default_data(args)
+        section, markers = headroom_default.render(data), headroom_default.MARKERS
     elif args.eta:
         data = eta_data(args)
         section, markers = eta.render(data), eta.MARKERS

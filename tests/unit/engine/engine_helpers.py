@@ -19,6 +19,7 @@ from scheduling.engine import (
     SchedulerConfig,
     TenantSpec,
 )
+from scheduling.engine.model import HEADROOM_OFF, HeadroomPolicy
 
 REPORT_SEGMENTS = (
     AgingSegment(0.0, 0.5, Boost.NONE),
@@ -40,8 +41,12 @@ def config(
     fairness: FairnessMode = FairnessMode.WEIGHTED_FAIR_TOKENS,
     classes: tuple[ClassSpec, ...] = CLASSES,
     min_share: float = 0.02,
+    headroom: HeadroomPolicy = HEADROOM_OFF,
     **queue: object,
 ) -> SchedulerConfig:
+    """The test classes and aging; headroom off unless given (the dispatch order these tests pin has
+    no holds and no deadline rescue; the default, on, has its own tests: ``test_headroom_spare``, the
+    ``Default`` property tests)."""
     segments = REPORT_SEGMENTS if aging == "piecewise" else ()
     queue.setdefault("enforce_depth", False)
     return SchedulerConfig(
@@ -49,6 +54,7 @@ def config(
         aging=AgingPolicy(mode=aging, segments=segments),
         fairness=FairnessPolicy(mode=fairness, min_share=min_share),
         queue=QueuePolicy(**queue),
+        headroom=headroom,
     )
 
 

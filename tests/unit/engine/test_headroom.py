@@ -10,14 +10,17 @@ import pytest
 from scheduling.engine import apply_policy
 from scheduling.engine.forecast import DAY_MS, ArrivalForecast
 from scheduling.engine.headroom import turnover_bound
-from scheduling.engine.model import HeadroomPolicy
+from scheduling.engine.model import HEADROOM_OFF, HeadroomPolicy
 from scheduling.engine.schema import ConfigError, config_from_dict, config_from_yaml, config_to_dict, config_to_yaml
 from scheduling.engine.snapshot import from_record, to_record
 from tests.unit.engine.engine_helpers import config, req, scheduler, submit
 
 MINUTE = 60_000
 NOW = 11_000
-HEADROOM = HeadroomPolicy(enabled=True, horizon_ms=2000, hold_ms=1000, max_slots=2, min_expected=0.5, recent_ms=5000)
+# the section's pre-default keys (no hold_idle, miss_share, rescue or deadline bound) with these values
+HEADROOM = replace(
+    HEADROOM_OFF, enabled=True, horizon_ms=2000, hold_ms=1000, max_slots=2, min_expected=0.5, recent_ms=5000
+)
 
 
 def headroom_config(policy: HeadroomPolicy = HEADROOM):
@@ -177,12 +180,12 @@ def test_holds_and_forecast_survive_a_snapshot():
 @pytest.mark.parametrize("policy", ["fifo", "strict", "linear"])
 def test_presets_turn_headroom_off(policy):
     cfg = apply_policy(headroom_config(), policy)
-    assert cfg.headroom == HeadroomPolicy()
+    assert cfg.headroom == HEADROOM_OFF
     assert apply_policy(headroom_config(), "fairgate").headroom == HEADROOM
 
 
-def test_headroom_off_by_default_grants_at_once():
-    sched = busy_pool(HeadroomPolicy())
+def test_headroom_off_grants_at_once():
+    sched = busy_pool(HEADROOM_OFF)
     sched.complete("b0", now_ms=NOW, prompt_tokens=1, output_tokens=1)
     assert [g.request.id for g in sched.dispatch(now_ms=NOW)] == ["b2"]
     assert sched.headroom_need(now_ms=NOW) == 0
@@ -270,4 +273,4 @@ def test_miss_share_is_in_the_yaml_and_checked():
     with pytest.raises(ConfigError) as caught:
         config_from_yaml(YAML + "  headroom: {miss_share: 1.5}\n")
     assert any(issue.field == "scheduler.headroom.miss_share" for issue in caught.value.issues)
-    assert apply_policy(headroom_config(replace(HEADROOM, miss_share=0.01)), "strict").headroom == HeadroomPolicy()
+    assert apply_policy(headroom_config(replace(HEADROOM, miss_share=0.01)), "strict").headroom == HEADROOM_OFF

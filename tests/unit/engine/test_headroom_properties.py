@@ -11,19 +11,36 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine import TenantSpec, apply_policy
 from scheduling.engine.headroom import turnover_bound
-from scheduling.engine.model import HeadroomPolicy
+from scheduling.engine.headroom_spare import spare_slots
+from scheduling.engine.model import HEADROOM_OFF, HeadroomPolicy
 from scheduling.engine.store import WAITING
-from tests.unit.engine.engine_helpers import backend, scheduler
-from tests.unit.engine.test_properties import FAST, TENANTS, Harness, complete_op, ran, runs_agree, short_sla_config
+from tests.unit.engine.engine_helpers import backend, config, req, scheduler, tenants, with_sla
+from tests.unit.engine.test_properties import (
+    FAST,
+    TENANTS,
+    Harness,
+    complete_op,
+    ran,
+    run_to_end,
+    runs_agree,
+    short_sla_config,
+)
 
 POLICIES = ("fairgate", "fifo", "strict", "linear")
-HEADROOM = HeadroomPolicy(
-    enabled=True, horizon_ms=400, hold_ms=250, max_slots=2, min_expected=0.3, recent_ms=1000, bucket_ms=60_000
+HEADROOM = replace(  # the section's pre-default keys with these values; the default: ``DefaultHarness``
+    HEADROOM_OFF,
+    enabled=True,
+    horizon_ms=400,
+    hold_ms=250,
+    max_slots=2,
+    min_expected=0.3,
+    recent_ms=1000,
+    bucket_ms=60_000,
 )
 
 top_heavy_submit = st.tuples(
@@ -72,7 +89,7 @@ class HeadroomHarness(Harness):
     def op_reconfigure(self, variant):
         before = {r.id for r in self.sched.waiting()}
         if variant == "off":
-            cfg = headroom_config(self.policy, HeadroomPolicy())
+            cfg = headroom_config(self.policy, HEADROOM_OFF)
         elif variant == "tight":
             cfg = headroom_config(self.policy, replace(HEADROOM, max_slots=1, min_expected=1.0))
         else:
@@ -166,3 +183,88 @@ class TurnoverHarness(IdleHoldHarness):
 @given(headroom_ops, st.sampled_from(POLICIES))
 def test_with_miss_share_the_need_keeps_within_the_turnover_bound_and_the_run_is_deterministic(sequence, policy):
     runs_agree(lambda: TurnoverHarness(policy), sequence, finish=True, extra=holds)
+
+
+class DefaultHarness(HeadroomHarness):
+    """Headroom as a configuration without the section gets it (``HeadroomPolicy()``, on, bounded by
+    the lower classes' deadlines), the horizon and holds scaled to the harness's short SLAs. After
+    every step the need is within what the lower classes can spare; the same invariants otherwise,
+    but the holds may exceed a need that a grant of the same round lowered (released next round)."""
+
+    def __init__(self, policy: str = "fairgate") -> None:
+        HeadroomHarness.__init__(self, policy)
+        default = replace(HeadroomPolicy(), horizon_ms=400, hold_ms=1000, recent_ms=1000, bucket_ms=60_000)
+        self.sched.reconfigure(now_ms=0, config=headroom_config(policy, default))
+        self.default = default
+
+    def op_reconfigure(self, variant):
+        if variant == "fairgate":  # back to the default
+            before = {r.id for r in self.sched.waiting()}
+            self.sched.reconfigure(now_ms=self.now, config=headroom_config(self.policy, self.default))
+            assert {r.id for r in self.sched.waiting()} == before
+        else:
+            super().op_reconfigure(variant)
+
+    def check_holds(self):
+        sched, now = self.sched, self.now
+        policy = sched.headroom.policy
+        need = sched.headroom_need(now_ms=now)
+        if sched.headroom.on and policy.deadline_share:
+            assert need <= spare_slots(sched, policy.deadline_share, now)
+        holds = sched.headroom_holds()
+        assert len(holds) <= policy.max_slots
+        hold_ms = max(policy.hold_ms, self.default.hold_ms)  # a reconfiguration leaves the holds it finds
+        assert all(now < end <= now + hold_ms for end in holds)
+        state = sched._capacity.states["g1"]
+        if state.hold_until_ms > now:
+            return
+        free = max(0, state.slots - state.busy)
+        waiting = [t for t in sched._store.tickets() if t.state == WAITING]
+        if any(not sched._plans[t.cls].privileged for t in waiting) and free:
+            assert free <= len(holds)
+        if any(sched._plans[t.cls].privileged for t in waiting):
+            assert not free
+        if holds and waiting:
+            assert sched.next_wakeup_ms(now_ms=now) <= holds[0]
+
+
+@FAST
+@given(headroom_ops)
+def test_the_default_conserves_requests_and_holds_no_more_than_the_lower_classes_spare(sequence):
+    ran(DefaultHarness(), sequence)
+
+
+@FAST
+@given(headroom_ops, st.sampled_from(POLICIES))
+def test_the_default_is_deterministic_across_presets(sequence, policy):
+    runs_agree(lambda: DefaultHarness(policy), sequence, finish=True, extra=holds)
+
+
+@FAST
+@given(headroom_ops)
+def test_the_default_is_deterministic_byte_for_byte(sequence):
+    runs = [ran(DefaultHarness(), sequence, finish=True) for _ in range(2)]
+    first, second = (repr((h.log, h.sched.counters.as_dict(), h.terminal, holds(h))).encode() for h in runs)
+    assert first == second
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(10, 300),
+    st.lists(st.integers(0, 20000), max_size=100),
+    st.lists(st.sampled_from(TENANTS), min_size=1, max_size=300),
+)
+def test_no_starvation_within_capacity_with_headroom_on_by_default(batch_count, interactive_at, batch_tenants):
+    # test_properties' no-starvation case with the default headroom (its horizon, holds and rescue as
+    # shipped): 4 slots x 100 ms, BATCH work <= 0.45 of capacity over its 20 s SLA, INTERACTIVE sparse
+    cfg = with_sla(config(headroom=HeadroomPolicy()), "BATCH", 20000)
+    sched = scheduler(cfg, slots=4, tenant_specs=tenants(("a", 0.6), ("b", 0.3), ("c", 0.1)))
+    arrivals = [
+        (0, req(f"b{k}", tenant=batch_tenants[k % len(batch_tenants)], cls="BATCH", at=0)) for k in range(batch_count)
+    ]
+    arrivals += [(t, req(f"i{k}", cls="INTERACTIVE", at=t)) for k, t in enumerate(interactive_at)]
+    grants = run_to_end(sched, arrivals, 100)
+    assert sched.counters.total("queue_timeout") == 0
+    assert len(grants) == len(arrivals)
+    for g in grants:
+        assert g.waited_ms <= sched._class_spec(g.request.cls).sla_ms
