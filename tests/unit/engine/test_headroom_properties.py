@@ -19,14 +19,14 @@ from scheduling.engine.headroom import turnover_bound
 from scheduling.engine.headroom_spare import spare_slots
 from scheduling.engine.model import HEADROOM_OFF, HeadroomPolicy
 from scheduling.engine.store import WAITING
-from tests.unit.engine.engine_helpers import backend, config, req, scheduler, tenants, with_sla
+from tests.unit.engine.engine_helpers import backend, config, scheduler
 from tests.unit.engine.test_properties import (
     FAST,
     TENANTS,
     Harness,
     complete_op,
+    every_request_within_sla,
     ran,
-    run_to_end,
     runs_agree,
     short_sla_config,
 )
@@ -257,14 +257,4 @@ def test_the_default_is_deterministic_byte_for_byte(sequence):
 def test_no_starvation_within_capacity_with_headroom_on_by_default(batch_count, interactive_at, batch_tenants):
     # test_properties' no-starvation case with the default headroom (its horizon, holds and rescue as
     # shipped): 4 slots x 100 ms, BATCH work <= 0.45 of capacity over its 20 s SLA, INTERACTIVE sparse
-    cfg = with_sla(config(headroom=HeadroomPolicy()), "BATCH", 20000)
-    sched = scheduler(cfg, slots=4, tenant_specs=tenants(("a", 0.6), ("b", 0.3), ("c", 0.1)))
-    arrivals = [
-        (0, req(f"b{k}", tenant=batch_tenants[k % len(batch_tenants)], cls="BATCH", at=0)) for k in range(batch_count)
-    ]
-    arrivals += [(t, req(f"i{k}", cls="INTERACTIVE", at=t)) for k, t in enumerate(interactive_at)]
-    grants = run_to_end(sched, arrivals, 100)
-    assert sched.counters.total("queue_timeout") == 0
-    assert len(grants) == len(arrivals)
-    for g in grants:
-        assert g.waited_ms <= sched._class_spec(g.request.cls).sla_ms
+    every_request_within_sla(config(headroom=HeadroomPolicy()), batch_count, interactive_at, batch_tenants)

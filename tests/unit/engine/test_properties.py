@@ -327,7 +327,11 @@ def run_to_end(sched, arrivals, service_ms):
 )
 def test_no_starvation_within_capacity(batch_count, interactive_at, batch_tenants):
     # 4 slots x 100 ms: BATCH work <= 0.45 of capacity over its 20 s SLA, INTERACTIVE sparse
-    cfg = with_sla(config(), "BATCH", 20000)
+    every_request_within_sla(config(), batch_count, interactive_at, batch_tenants)
+
+
+def every_request_within_sla(base, batch_count, interactive_at, batch_tenants) -> None:
+    cfg = with_sla(base, "BATCH", 20000)
     sched = scheduler(cfg, slots=4, tenant_specs=tenants(("a", 0.6), ("b", 0.3), ("c", 0.1)))
     arrivals = [
         (0, req(f"b{k}", tenant=batch_tenants[k % len(batch_tenants)], cls="BATCH", at=0)) for k in range(batch_count)
