@@ -20,11 +20,12 @@ from sim.scenario import scenario_from_dict
 from sim.simulate import result
 from sim.simulation import simulate
 from sim.sweep.default_admission import SCENARIOS, load_raw, scenario_names
+from sim.sweep.headroom import BATCH_COST, P95_MS, P99_MS, ramp_checks
 
 MARKERS = ("<!-- sim.sweep.headroom-default: start -->", "<!-- sim.sweep.headroom-default: end -->")
 SHARE_LIMIT = 0.02  # a class's within-SLA share may fall by at most 2 points
 RAMP = "morning-ramp"
-P95_MS, P99_MS, BATCH_COST = 300, 1000, 0.10
+
 WAYS = ("off", "on")
 
 
@@ -96,13 +97,7 @@ def ramp_rows(data: list[dict]) -> list[dict]:
     out = []
     for seed in sorted(on.keys() & strict.keys()):
         r, s = on[seed], strict[seed]
-        cost = r["batch_median_ms"] / s["batch_median_ms"] - 1 if s["batch_median_ms"] else 0.0
-        checks = {
-            "p95": r["p95_ms"] <= P95_MS,
-            "p99": r["p99_ms"] <= P99_MS,
-            "timeouts": r["timeouts"] == 0,
-            "batch cost": cost <= BATCH_COST,
-        }
+        cost, checks = ramp_checks(r, s)
         out.append({"seed": seed, "on": r, "strict": s, "cost": cost, "checks": checks})
     return out
 
