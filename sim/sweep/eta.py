@@ -164,22 +164,28 @@ def render(data: dict) -> str:
         "Misses: " + ("none." if not misses else ""),
         *[f"- {m}" for m in misses],
         "",
-        'Why they miss (the method: docs/engine.md, "Position and ETA"). Median error, INTERACTIVE and '
-        "NEAR_RT in every mixed scenario, `small-tenant` NEAR_RT: their waits are for the next slot to free "
-        "among 32–90 running requests, nearly memoryless; with every request's features dumped (seed 1), no "
-        "single factor on the model's wait puts more than 20–40 % of such waits within 30 % of the point "
-        "(46 % on `small-tenant`), so their median error stays at 35–75 %. The pooled target is met because the "
-        "long waits (BATCH backlogs) are promised within a few % once calibrated. Upper bound: "
-        "`higher-surge` BATCH was promised before a chat campaign no forecast could see (its slip "
-        "reason says `higher_class`); `on-off` and `on-off-short-queue` BATCH: a tenant's share moves "
-        "each time `onoff` comes back or leaves, after the promise; `surge` NEAR_RT, `aging-storm`, "
-        "`higher-surge` INTERACTIVE: next-slot waits again, whose point is where they are densest and "
-        "whose bound, capped at twice it, covers 80–90 % of them. `quiet-burst` BATCH: most of its "
-        "burst is promised before any long BATCH wait has ended, so the point is the model's "
-        "uncalibrated wait (1.8× short there, seed 1), and `rnd`'s 800 take a share of the turns after "
-        "the promise. A class with a few hundred waits or fewer (`idle-burst`, `steady-70`, `steady-90` "
-        "BATCH) misses on requests promised a few ms that started at once (error: the point over 1 ms) "
-        "or on next-slot waits.",
+        'Why they miss (the method: docs/engine.md, "Position and ETA"; the causes were traced at seed 1 on '
+        "the ETA branch, before predicted admission's refusal rules and headroom by default were merged beside "
+        "it). Median error, INTERACTIVE and NEAR_RT in every mixed scenario, `small-tenant` NEAR_RT: their "
+        "waits are for the next slot to free among 32–90 running requests, nearly memoryless; with every "
+        "request's features dumped (ETA branch), no single factor on the model's wait put more than 20–40 % of "
+        "such waits within 30 % of the point (46 % on `small-tenant`), so their median error stays at 41–90 %. "
+        "Two moved with the merge (seed 1, `EtaTraced` with one setting changed, a one-off script outside the "
+        "sweep): `surge-30min` NEAR_RT 73 % with headroom off, as on the ETA branch, 109 % with the default; "
+        "`small-tenant` NEAR_RT 34 % on the ETA branch, 44 % merged with headroom off, 42 % with it, 29 % with "
+        "`admission: depth` and headroom off: the merged admission code moved it, how was not traced. The "
+        "pooled target is met because the long waits (BATCH backlogs) are promised within a few % once "
+        "calibrated. Upper bound: `higher-surge` BATCH was promised before a chat campaign no forecast could "
+        "see (its slip reason says `higher_class`); `on-off` and `on-off-short-queue` BATCH: a tenant's share "
+        "moves each time `onoff` comes back or leaves, after the promise; `surge` NEAR_RT, `aging-storm`, "
+        "`higher-surge` INTERACTIVE, `small-tenant` NEAR_RT: next-slot waits again, whose point is where they "
+        "are densest and whose bound, capped at twice it, covers 80–90 % of them (`small-tenant` at seed 1: "
+        "91.4 % on the ETA branch, 89.4 % merged with headroom off, 87.8 % with it). `quiet-burst` BATCH: "
+        "most of its burst is promised before any long BATCH wait has ended, so the point is the model's "
+        "uncalibrated wait (1.8× short there), and `rnd`'s 800 take a share of the turns after the promise. "
+        "A class with a few hundred waits or fewer (`idle-burst` INTERACTIVE and NEAR_RT, `steady-70`) misses "
+        "on requests promised a few ms that started at once (error: the point over 1 ms) or on next-slot "
+        "waits.",
         "",
         END,
     ]
