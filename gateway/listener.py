@@ -72,7 +72,6 @@ class Listener:
         if verdict == READ:
             self.serve(conn, counted)
             return
-        conn.setblocking(False)
         parked = Parked(self, conn, address)
         if verdict == WAIT:
             parked.wait(limit.wait_for())
@@ -190,6 +189,7 @@ class Parked:
         """What it sent read and dropped first, so that the close is not a reset."""
         conn = self.conn
         try:
+            conn.setblocking(False)
             drained = 0
             while drained < DRAIN_BYTES and (chunk := conn.recv(65536)):
                 drained += len(chunk)
