@@ -10,17 +10,21 @@ one queue through Redis (gateway.shared).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
 import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-from uvicorn.supervisors import Multiprocess
 
 from gateway.connlimit import HELD_ANSWER, READ, WAIT, connection_limit
 from gateway.metrics import multiprocess_prepare
 
 REQUEST_TIMEOUT = STATUS_LINE[408] + b"content-length: 0\r\nconnection: close\r\n\r\n"
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -47,7 +51,6 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     address: str | None = None  # the peer's
     counted: str | None = None  # the address this connection counts under (gateway.connlimit)
     begun = False  # a request has begun on it (the limit is checked before the first only)
-    admitted = False  # gateway.listener admitted it before the loop saw it
     made = False  # uvicorn's set-up has run: the connection is being read
     lost = False
     paused: asyncio.TimerHandle | None = None  # not read: when its wait or hold is over
@@ -59,18 +62,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._made_with = (config, server_state, app_state)  # uvicorn's set-up waits until it is read
         self.loop = _loop or asyncio.get_event_loop()
 
-    def accepted(self, counted: str | None) -> None:
-        """gateway.listener: admitted at its accept, counted under ``counted``: read at once."""
-        self.counted = counted
-        self.admitted = True
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.address = peer[0] if isinstance(peer, tuple) and peer else None
-        if self.admitted:
-            self._read()
-            return
         limit = connection_limit()
         self.counted, verdict = limit.admit(self.address)
         if verdict == READ:
@@ -255,32 +250,21 @@ class Command(BaseCommand):
             + (f", {workers} gateway processes" if workers > 1 else "")
         )
         self.stdout.flush()
-        config = uvicorn.Config(
+        uvicorn.run(
             "config.asgi:application",
             host=host,
             port=port,
             log_level=log_level,
             http=HeaderTimeoutProtocol,  # httptools (uvicorn[standard]) with a header deadline
-            loop="gateway.listener:new_event_loop",  # uvloop, accepting in gateway.listener
+            loop="uvloop" if _installed("uvloop") else "asyncio",
             proxy_headers=False,  # X-Forwarded-For is trusted only from FAIRGATE_TRUSTED_PROXIES, by the gateway
             server_header=False,
             access_log=False,
             lifespan="on",
             backlog=4096,
             timeout_keep_alive=30,
-            workers=workers,
+            workers=workers if workers > 1 else None,  # uvicorn's supervisor: one socket, N processes
         )
-        sock = config.bind_socket()  # ours, so that gateway.listener accepts on it
-        server = uvicorn.Server(config)
-        try:
-            if workers > 1:  # uvicorn's supervisor: one socket, N processes
-                Multiprocess(config, sockets=[sock]).run()
-                return
-            server.run(sockets=[sock])
-        except KeyboardInterrupt:
-            pass
-        if not server.started:
-            raise CommandError("the server did not start")
 
 
 def _credentials_check() -> None:
