@@ -22,7 +22,7 @@ from .queues import compact_age, unqueue
 from .store import WAITING, Ticket
 
 if TYPE_CHECKING:
-    from .fairness import Lane
+    from .fairness import Lane, TenantQueue
     from .scheduler import Scheduler
 
 FAST_FAIL_EVERY_MS = 250  # the fast-fail check runs at most this often (when expire runs)
@@ -270,10 +270,12 @@ class Prediction:
 
     def _earliest_promise_ms(self, cls: str, tenant: str, in_class: int) -> int | None:
         """``D``: the earliest deadline among the newest requests of other tenants whose bound is the
-        whole class (``k / w >= in_class``); None when there is none."""
+        whole class (``k / w >= in_class``) and that a new request of ``tenant`` would overtake (its
+        fair-share tag below theirs); None when there is none."""
         earliest: int | None = None
         weights, unknown = self.engine._tenant_weight, self.engine._unknown_weight
         for lane in self.engine._class_lanes.get(cls, ()):
+            new_tag = _new_tag(lane, tenant)
             for key, tq in lane.tenants.items():
                 if (
                     not tq.live
@@ -282,9 +284,10 @@ class Prediction:
                 ):
                     continue
                 tail = tq.tail()
-                deadline_ms = None if tail is None else tail.deadline_ms
-                if deadline_ms is not None and (earliest is None or deadline_ms < earliest):
-                    earliest = deadline_ms
+                if tail is None or tail.deadline_ms is None or _tag(lane, tq, tail) <= new_tag:
+                    continue  # it starts before the new request (ties go to the older)
+                if earliest is None or tail.deadline_ms < earliest:
+                    earliest = tail.deadline_ms
         return earliest
 
     def limit(self, plan: ClassPlan, now_ms: int) -> int:
@@ -377,6 +380,28 @@ def _due_by(lane: Lane, until_ms: float, cap: float) -> int:
     if stale > STALE_VISITS and stale > count:
         compact_age(lane)
     return count
+
+
+def _tag(lane: Lane, tq: TenantQueue, ticket: Ticket) -> float:
+    """When fair sharing would start ``ticket``, the newest of ``tq``: its tenant's counter once the
+    requests ahead of it were charged."""
+    ahead = tq.cost_sum - ticket.cost_tokens if lane.by_tokens else tq.live - 1
+    return tq.counter + ahead / tq.weight
+
+
+def _new_tag(lane: Lane, tenant: str) -> float:
+    """The tag a new request of ``tenant`` would get in ``lane``, behind its tenant's queued ones; a
+    tenant with none queued is lifted to the lane's least backlogged counter (``Lane.push``)."""
+    tq = lane.tenants.get(tenant)
+    if tq is not None and tq.live:
+        return tq.counter + (tq.cost_sum if lane.by_tokens else tq.live) / tq.weight
+    if tq is not None:
+        counter = tq.counter
+    else:
+        stored = lane.store.fair_counter_get((lane.name, lane.model, tenant))
+        counter = lane.vt if stored is None else stored
+    floor = lane.min_backlogged()
+    return max(counter, lane.vt if floor is None else floor)
 
 
 def _queue_full(excess: float, rate_per_ms: float, plan: ClassPlan) -> Admission:

@@ -79,17 +79,29 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="every scenario with headroom off and on by default: within-SLA share per class, the ramp's targets",
     )
-    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], help="headroom-default: seeds")
+    parser.add_argument(
+        "--starts",
+        metavar="SCENARIO",
+        help="requests started within SLA per 10 minutes, as configured and with the depth rule (prints only)",
+    )
+    parser.add_argument(
+        "--seeds", type=lambda text: [int(s) for s in text.split(",")], help="headroom-default, starts: seeds"
+    )
     parser.add_argument("--eta", action="store_true", help="the ETA part (the ETA's calibration)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
     parser.add_argument("--no-speed", action="store_true", help="admission part: leave the engine-speed rows out")
     parser.add_argument(
-        "--jobs", type=int, default=1, help="headroom, default-admission, headroom-default, eta: processes"
+        "--jobs", type=int, default=1, help="headroom, default-admission, headroom-default, eta, starts: processes"
     )
     parser.add_argument("--write-report", action="store_true")
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--from-json", dest="json_in", help="render a saved run instead of running")
     args = parser.parse_args(argv)
+    if args.starts:
+        step_ms = 600_000
+        rows = default_admission.start_rows(args.starts, tuple(args.seeds or (1,)), step_ms, args.jobs)
+        print(default_admission.render_starts(args.starts, rows, step_ms))
+        return 0
     if args.default_admission:
         data = default_admission_data(args)
         section, markers = default_admission.render(data), default_admission.MARKERS

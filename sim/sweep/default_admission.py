@@ -4,19 +4,21 @@ Every shipped scenario, and the field report's own configuration (``config/sched
 on the ``surge`` trace: 48 slots, the 12,400 burst, BATCH SLA 30 min), runs twice per seed: as
 configured (a scenario without ``queue.admission`` gets the default, ``predicted``) and with
 ``admission: depth`` and no fast-fail. ``prior_rows`` compares where a class's service prior comes
-from. Targets and what each figure counts: docs/simulator.md, "Default admission".
+from; ``start_rows`` counts when each rule's within-SLA requests started. Targets and what each figure
+counts: docs/simulator.md, "Default admission".
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.scenario import scenario_from_dict
+from sim.scenario import Scenario, scenario_from_dict
 from sim.simulate import result, with_queue
-from sim.simulation import simulate
+from sim.simulation import Simulation, simulate
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 FIELD_REPORT = "field-report"  # the example configuration on the surge trace
@@ -60,6 +62,60 @@ def run_classes(name: str, seed: int, queue: dict) -> dict:
             "service_ms": round(mean.mean_ms) if mean is not None and mean.samples else None,
         }
     return classes
+
+
+class _StartCount(Simulation):
+    """A simulation that also counts the requests that started within their SLA, per window of ``step_ms``."""
+
+    def __init__(self, scenario: Scenario, step_ms: int) -> None:
+        super().__init__(scenario, policy="fairgate")
+        self.step_ms = step_ms
+        self.starts: Counter[int] = Counter()
+
+    def on_complete(self, rid: str, t_ms: int) -> None:
+        flight = self.flights[rid]
+        if flight.dispatched_ms - flight.trace.at_ms <= self.sla_ms[flight.cls]:
+            self.starts[flight.dispatched_ms // self.step_ms] += 1
+        super().on_complete(rid, t_ms)
+
+
+def within_by_start(raw: dict, seed: int, queue: dict, step_ms: int, base: Path = SCENARIOS) -> list[int]:
+    """Requests of one run finished within their SLA, by the window of ``step_ms`` their start fell in."""
+    scenario = scenario_from_dict(raw, base=base, seed=seed)
+    sim = _StartCount(with_queue(scenario, queue) if queue else scenario, step_ms)
+    sim.run()
+    return [sim.starts[i] for i in range(max(sim.starts, default=-1) + 1)]
+
+
+def start_rows(name: str, seeds: tuple[int, ...], step_ms: int, processes: int = 1) -> list[dict]:
+    """Per seed, ``within_by_start`` of ``name`` as configured and with the depth rule."""
+    jobs = [(load_raw(name), seed, queue, step_ms) for seed in seeds for queue in ({}, DEPTH)]
+    if processes <= 1:
+        outs = [within_by_start(*job) for job in jobs]
+    else:
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            outs = pool.starmap(within_by_start, jobs, chunksize=1)
+    return [{"seed": seed, "default": outs[2 * i], "depth": outs[2 * i + 1]} for i, seed in enumerate(seeds)]
+
+
+def render_starts(name: str, rows: list[dict], step_ms: int) -> str:
+    """The windows as rows, each seed's ``default / depth`` as columns."""
+    seeds = [r["seed"] for r in rows]
+    lines = [
+        f"| `{name}`, started in minute | " + " | ".join(f"seed {s}: as configured / depth" for s in seeds) + " |",
+        "|---|" + "---:|" * len(seeds),
+    ]
+    windows = max(len(r["default"]) for r in rows + [{"default": r["depth"]} for r in rows])
+    for i in range(windows):
+        cells = []
+        for r in rows:
+            ours, depth = (r[k][i] if i < len(r[k]) else 0 for k in ("default", "depth"))
+            cells.append(f"{ours:,} / {depth:,}")
+        lo, hi = i * step_ms // 60_000, (i + 1) * step_ms // 60_000
+        lines.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
+    totals = [f"{sum(r['default']):,} / {sum(r['depth']):,}" for r in rows]
+    lines.append("| all | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
 
 
 def _pool(jobs: list[tuple], processes: int, log: Callable[[str], None]) -> list[dict]:

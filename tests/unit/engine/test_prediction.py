@@ -11,7 +11,17 @@ from scheduling.engine import AgingPolicy, FairnessMode, Policy, apply_policy
 from scheduling.engine.admission import count_at_least, poisson_at_least
 from scheduling.engine.aging import AgingCurve
 from scheduling.engine.prediction import FAST_FAIL_EVERY_MS, MISS_RISK, SHARE_RISK
-from tests.unit.engine.engine_helpers import REPORT_SEGMENTS, backend, config, req, scheduler, tenants, with_sla
+from tests.unit.engine.engine_helpers import (
+    REPORT_SEGMENTS,
+    backend,
+    config,
+    drain_order,
+    req,
+    scheduler,
+    submit,
+    tenants,
+    with_sla,
+)
 
 MIN = 60_000
 
@@ -125,6 +135,32 @@ def test_a_new_request_must_not_push_an_admitted_one_past_its_deadline():
     # would allow: whatever comes in is served before a's newest, which must still start in time
     assert 85 <= sum(results) <= 90
     assert sched.depth("BATCH") / rate <= 1_800_000 - now
+
+
+def test_only_the_requests_a_new_one_would_overtake_must_still_start_in_time():
+    three = tenants(("a", 0.3), ("b", 0.3), ("c", 0.3))
+
+    def filled(cfg):
+        sched = scheduler(cfg, slots=1, tenant_specs=three)
+        submit(sched, req("b0", tenant="b"))
+        assert [g.request.id for g in sched.dispatch(now_ms=0)] == ["b0"]  # b's counter is charged
+        # a waits with the lowest counter; b's newest (client deadline 80 s) is behind the whole class
+        submit(sched, req("a1", tenant="a"), req("b1", tenant="b", deadline=80_000))
+        return sched
+
+    # R = 1 slot / 20 s prior: the class (a1, b1, the new one) and b0's fresh slot (G 1/2) need 3.5
+    # starts; 0.8 x 100 s x R = 4 fit the new request's own deadline, 0.8 x 80 s x R = 3.2 do not fit b1's
+    sched = filled(predicting())
+    from_a = sched.submit(req("a2", tenant="a", deadline=100_000), now_ms=0)
+    from_c = sched.submit(req("c1", tenant="c", deadline=100_000), now_ms=0)
+    assert from_a.admitted  # a's second starts after b1 (their tags tie; the older goes first)
+    assert not from_c.admitted and from_c.reason == "queue_full"  # c is lifted to a's counter: before b1
+    sched.complete("b0", now_ms=0, prompt_tokens=100, output_tokens=100)
+    assert drain_order(sched, 0) == ["a1", "b1", "a2"]
+    everyone = filled(predicting(enforce_depth=False))
+    submit(everyone, req("c1", tenant="c", deadline=100_000))
+    everyone.complete("b0", now_ms=0, prompt_tokens=100, output_tokens=100)
+    assert drain_order(everyone, 0) == ["a1", "c1", "b1"]  # what c1 would have done to b1
 
 
 def test_a_heavy_tenant_is_judged_by_its_own_drain():

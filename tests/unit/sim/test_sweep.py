@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.scenario import scenario_from_dict
+from sim.simulate import result, with_queue
+from sim.simulation import simulate
 from sim.sweep import admission, default_admission
 from sim.sweep import report as sweep_report
+from tests.unit.sim.conftest import tiny_surge
 
 RAW = {
     "backends": [{"name": "gpu", "models": ["m"], "slots": 32}],
@@ -69,3 +72,16 @@ def test_the_field_report_runs_the_example_configuration_with_the_default_admiss
     assert {c.name: c.sla_ms for c in scenario.config.classes}["BATCH"] == 1_800_000
     assert sum(b.slots for b in scenario.backends) == 48
     assert default_admission.scenario_names()[0] == default_admission.FIELD_REPORT
+
+
+def test_starts_count_each_request_finished_within_sla_once_in_the_window_it_started(tmp_path: Path):
+    raw, step_ms = tiny_surge(), 60_000
+    for queue in ({}, default_admission.DEPTH):
+        windows = default_admission.within_by_start(raw, 7, queue, step_ms, base=tmp_path)
+        scenario = scenario_from_dict(raw, base=tmp_path, seed=7)
+        plain = result(simulate(with_queue(scenario, queue) if queue else scenario, policy="fairgate"))
+        assert sum(windows) == plain["totals"]["completed_within_sla"] > 0
+        assert len(windows) > 2 and all(count >= 0 for count in windows)
+    rows = [{"seed": 7, "default": [5, 3], "depth": [5, 3, 2]}]
+    table = default_admission.render_starts("x", rows, step_ms)
+    assert "| 2-3 | 0 / 2 |" in table and "| all | 8 / 10 |" in table
