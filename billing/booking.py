@@ -23,7 +23,7 @@ from billing.budgets import budget_scope, thresholds_crossed
 from billing.errors import BillingError
 from billing.models import Budget, LedgerEntry
 from billing.money import money
-from events import publish_on_commit
+from events import Event, publish_all_on_commit
 
 log = logging.getLogger("fairgate.billing")
 Kind = LedgerEntry.Kind
@@ -83,12 +83,10 @@ def _reprice_superseded(plans: list[BookingPlan], superseded: set[int]) -> None:
 
 def _write(entries: list[Booked], rows: list[BudgetRow]) -> None:
     """Step 5: the append of the entries, the UPDATE of the moved rows."""
-    adapt_at = connection.ops.adapt_datetimefield_value
-    values: list[list[object]] = []
-    for entry in entries:
-        row: list[object] = list(entry)  # (a Booked is its row)
-        row[_AT] = adapt_at(entry.at)
-        values.append(row)
+    values: Sequence[Sequence[object]] = entries  # a Booked is its row; PostgreSQL's driver takes its datetimes
+    if connection.vendor != "postgresql":
+        adapt_at = connection.ops.adapt_datetimefield_value
+        values = [[*entry[:_AT], adapt_at(entry.at), *entry[_AT + 1 :]] for entry in entries]
     statements.booking_writes(
         COLUMNS,
         values,
@@ -126,9 +124,10 @@ def _apply(plans: list[BookingPlan]) -> None:
         moved = [r for r in rows.values() if r.dirty]
         _write(entries, moved)
         _alert(moved)
-        for entry in entries:
-            if entry.kind == Kind.CHARGE:
-                publish_on_commit(news.CHARGE, entry.tenant_id, news.charge_news(entry))
+        charge = Kind.CHARGE
+        publish_all_on_commit(
+            [Event(news.CHARGE, e.tenant_id, news.charge_news(e)) for e in entries if e.kind == charge]
+        )
 
 
 def _book_prepared(plans: list[BookingPlan]) -> None:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from billing.inflight import HeldEntry
 from billing.models import LedgerEntry
 from billing.money import ZERO
+from billing.wire import PickledAsTuple
 
 STALE_REASON = "stale"  # no owner to ask, released by age: a late settlement still charges what was consumed
 OWNER_GONE_REASON = "owner_gone"  # released because its gateway process died (billing.heartbeats)
@@ -20,7 +21,7 @@ MAX_ATTEMPTS = 64  # requests one id may name: an id whose request ended unserve
 
 
 @dataclass(frozen=True)
-class HoldAsk:
+class HoldAsk(PickledAsTuple):
     request_id: str
     tenant_slug: str
     class_name: str
@@ -40,7 +41,7 @@ class HoldAsk:
 
 
 @dataclass(frozen=True)
-class SettleAsk:
+class SettleAsk(PickledAsTuple):
     request_id: str
     backend_name: str
     prompt_tokens: int
@@ -53,7 +54,7 @@ class SettleAsk:
 
 
 @dataclass(frozen=True)
-class ReleaseAsk:
+class ReleaseAsk(PickledAsTuple):
     request_id: str
     reason: str
     at: datetime
@@ -64,7 +65,7 @@ Ask = HoldAsk | SettleAsk | ReleaseAsk
 
 
 @dataclass(frozen=True)
-class Charged:
+class Charged(PickledAsTuple):
     """A settlement's result: what was charged, and what the usage priced beyond what could be."""
 
     amount: Decimal

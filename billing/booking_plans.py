@@ -43,7 +43,10 @@ class BookingPlan:
         return held.budget_ids
 
 
-def _check_tokens(*counts: int) -> None:
+def _check_tokens(first: int, second: int) -> None:
+    if type(first) is int and type(second) is int and first >= 0 and second >= 0:  # (a bool's type is not int)
+        return
+    counts = (first, second)
     if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in counts):
         raise BillingError(f"token counts are non-negative integers, not {counts}")
 

@@ -6,12 +6,12 @@ from 1 April 2025 to 1 April 2026, end exclusive). Boundaries are aware datetime
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,25 @@ def month_period_at(at: datetime) -> Period:
 
 
 def period_key(at: datetime) -> tuple:
-    """What names `at`'s fiscal month and year under the current settings, cheaply: the month's
-    start is memoised per minute (no time zone's offset has a finer step, so a minute never
-    straddles a local midnight)."""
-    tz_name, start_month = settings.FAIRGATE_FISCAL_TZ, _start_month()
-    return tz_name, start_month, _month_start(at.replace(second=0, microsecond=0), tz_name)
+    """What names `at`'s fiscal month and year under the current settings, cheaply: the month
+    last asked for is remembered with its bounds (and forgotten when a fiscal setting changes)."""
+    global _last_month
+    last = _last_month
+    if last is not None and at.tzinfo is not None and last[0] <= at < last[1]:
+        return last[2]
+    month = month_period_at(at)
+    key = (settings.FAIRGATE_FISCAL_TZ, _start_month(), month.starts_at)
+    _last_month = (month.starts_at, month.ends_at, key)
+    return key
 
 
-@functools.lru_cache(maxsize=1024)
-def _month_start(minute: datetime, tz_name: str) -> datetime:
-    """`tz_name` (the setting month_period_at reads) is part of the memo's key."""
-    return month_period_at(minute).starts_at
+_last_month: tuple[datetime, datetime, tuple] | None = None  # (from, until, period_key) of one month
+
+
+def _fiscal_setting_changed(*, setting: str, **_) -> None:
+    global _last_month
+    if setting in ("FAIRGATE_FISCAL_TZ", "FAIRGATE_FISCAL_YEAR_START_MONTH"):
+        _last_month = None
+
+
+setting_changed.connect(_fiscal_setting_changed)

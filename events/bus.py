@@ -89,11 +89,21 @@ def publish_on_commit(kind: str, tenant_id: int, payload: dict[str, Any]) -> Non
     transaction.on_commit(partial(_committed, Event(kind, tenant_id, payload)))
 
 
+def publish_all_on_commit(events: list[Event]) -> None:
+    """`publish_on_commit` of each of ``events``, with one callback for all (a billing batch's charges)."""
+    if events:
+        transaction.on_commit(partial(_all_committed, events))
+
+
 def _committed(event: Event) -> None:
+    _all_committed([event])
+
+
+def _all_committed(events: list[Event]) -> None:
     if _relayed is not None:
-        _relayed.append(event)
+        _relayed.extend(events)
     else:
-        send(Committed.of_events([event]))
+        send(Committed.of_events(events))
 
 
 def send(committed: Committed | dict[Group, bytes]) -> None:

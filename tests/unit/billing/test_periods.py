@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from billing.periods import month_period_at, year_period, year_period_at
+from billing.periods import month_period_at, period_key, year_period, year_period_at
 
 
 @hsettings(max_examples=300, deadline=None)
@@ -40,3 +40,21 @@ def test_periods_contain_their_instant(at, start_month, zone):
 def test_fiscal_year_label_is_the_start_year(start_month, at, fiscal_year):
     with override_settings(FAIRGATE_FISCAL_YEAR_START_MONTH=start_month, FAIRGATE_FISCAL_TZ="UTC"):
         assert year_period_at(at).fiscal_year == fiscal_year
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    instants=st.lists(
+        st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+        min_size=1,
+        max_size=6,
+    ),
+    start_month=st.integers(1, 12),
+    zone=st.sampled_from(["UTC", "Asia/Shanghai", "America/New_York", "Pacific/Kiritimati"]),
+)
+def test_period_key_names_the_fiscal_month_whatever_was_asked_before(instants, start_month, zone):
+    """period_key remembers the last month asked for: any sequence of instants (and of settings)
+    gets each instant's own month, as month_period_at computes it."""
+    with override_settings(FAIRGATE_FISCAL_YEAR_START_MONTH=start_month, FAIRGATE_FISCAL_TZ=zone):
+        for at in instants:
+            assert period_key(at) == (zone, start_month, month_period_at(at).starts_at)
