@@ -82,7 +82,15 @@ def render(found: dict) -> str:
     ]
     parts += latency_table(found["latency"])
     rates_stepped = found.get("rates", STEP_RATES)
-    parts += [
+    if rates_stepped:
+        parts += _sustained(found["steps"], rates_stepped)
+    if any(found["saturation"].values()):
+        parts += [""] + saturation_table(found["saturation"])
+    return "\n".join(parts) + "\n"
+
+
+def _sustained(steps_by_name: dict, rates_stepped: tuple[int, ...]) -> list[str]:
+    parts = [
         "",
         f"### Highest sustained rate (added p99 < {SUSTAIN_ADDED_P99_MS:.0f} ms, >= 99.9% answered, "
         f"generator's send lag p99 < {GENERATOR_LAG_LIMIT_MS:.0f} ms; steps "
@@ -90,7 +98,7 @@ def render(found: dict) -> str:
         "",
     ]
     bests = {}
-    for name, steps in found["steps"].items():
+    for name, steps in steps_by_name.items():
         lines, bests[name] = step_table(name, steps)
         parts += lines + [""]
     for name, best in bests.items():
@@ -99,8 +107,7 @@ def render(found: dict) -> str:
             f"- {name}: sustains {shown} (target >= {SUSTAINED_TARGET}/s: "
             f"{mark_cell(bool(best) and best >= SUSTAINED_TARGET)})"
         )
-    parts += [""] + saturation_table(found["saturation"])
-    return "\n".join(parts) + "\n"
+    return parts
 
 
 def _by_connections(runs: list[Saturated]) -> dict[int, tuple[float, float]]:

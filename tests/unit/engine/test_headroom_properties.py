@@ -29,6 +29,7 @@ from tests.unit.engine.test_properties import (
     ran,
     runs_agree,
     short_sla_config,
+    submits,
 )
 
 POLICIES = ("fairgate", "fifo", "strict", "linear")
@@ -43,15 +44,7 @@ HEADROOM = replace(  # the section's pre-default keys with these values; the def
     bucket_ms=60_000,
 )
 
-top_heavy_submit = st.tuples(
-    st.just("submit"),
-    st.integers(1, 6),
-    st.sampled_from(TENANTS),
-    st.sampled_from(["INTERACTIVE", "INTERACTIVE", "BATCH", "NEAR_RT", "RETRY"]),
-    st.sampled_from([50, 400, 1500, 3000]),
-    st.integers(1, 1000),
-    st.one_of(st.none(), st.integers(50, 5000)),
-)
+top_heavy_submit = submits((1, 6), ["INTERACTIVE", "INTERACTIVE", "BATCH", "NEAR_RT", "RETRY"])
 headroom_ops = st.lists(
     st.one_of(
         top_heavy_submit,

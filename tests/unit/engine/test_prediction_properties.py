@@ -14,7 +14,7 @@ from scheduling.engine.prediction import MISS_RISK
 from scheduling.engine.store import WAITING
 from tests.unit.engine.engine_helpers import config, with_sla
 from tests.unit.engine.test_hot_path import CheckedHarness
-from tests.unit.engine.test_properties import FAST, TENANTS, Harness, any_ops, complete_op, ran, runs_agree, submit_op
+from tests.unit.engine.test_properties import FAST, Harness, any_ops, complete_op, ran, runs_agree, submit_op, submits
 
 POLICIES = ("fairgate", "fifo", "strict", "linear")
 SHORT = {"INTERACTIVE": 600, "NEAR_RT": 1500, "BATCH": 4000, "RETRY": 8000}  # test_properties' SLAs
@@ -24,15 +24,7 @@ LONG = {"INTERACTIVE": 5000, "NEAR_RT": 20000, "BATCH": 120_000, "RETRY": 240_00
 # Long horizons: requests hold a slot 0.5-30 s (``LongPredictHarness``) and the clock moves up to
 # 20 s at a time, so classes stay backlogged for more than the 60 s window: measured drains and
 # early fast-fail are exercised, not only the assumption.
-long_submit_op = st.tuples(
-    st.just("submit"),
-    st.integers(5, 40),
-    st.sampled_from(TENANTS),
-    st.sampled_from(["BATCH", "BATCH", "RETRY", "NEAR_RT", "INTERACTIVE"]),
-    st.sampled_from([50, 400, 1500, 3000]),
-    st.integers(1, 1000),
-    st.one_of(st.none(), st.integers(5000, 200_000)),
-)
+long_submit_op = submits((5, 40), ["BATCH", "BATCH", "RETRY", "NEAR_RT", "INTERACTIVE"], (5000, 200_000))
 long_ops = st.lists(
     st.one_of(
         submit_op,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,15 +29,22 @@ def short_sla_config(
     return apply_policy(cfg, policy)
 
 
-submit_op = st.tuples(
-    st.just("submit"),
-    st.integers(1, 12),
-    st.sampled_from(TENANTS),
-    st.sampled_from(CLASS_NAMES),
-    st.sampled_from([50, 400, 1500, 3000]),
-    st.integers(1, 1000),
-    st.one_of(st.none(), st.integers(50, 5000)),
-)
+def submits(
+    count: tuple[int, int] = (1, 12), classes: Sequence[str] = CLASS_NAMES, sla: tuple[int, int] = (50, 5000)
+) -> st.SearchStrategy[tuple]:
+    """A "submit" op: (count, tenant, class, prompt tokens, service ms, deadline ms or None)."""
+    return st.tuples(
+        st.just("submit"),
+        st.integers(*count),
+        st.sampled_from(TENANTS),
+        st.sampled_from(classes),
+        st.sampled_from([50, 400, 1500, 3000]),
+        st.integers(1, 1000),
+        st.one_of(st.none(), st.integers(*sla)),
+    )
+
+
+submit_op = submits()
 complete_op = st.tuples(st.just("complete"), st.integers(0, 50), st.integers(0, 3000))
 advance_op = st.tuples(st.just("advance"), st.integers(1, 700))
 ops = st.lists(
