@@ -11,7 +11,6 @@ the bench can cut) while the bench counts through the direct URL. Nothing here i
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -27,12 +26,12 @@ import psycopg
 
 from bench.launch import (
     REPO_ROOT,
-    SETUP_CODE,
     Server,
     free_port,
     gateway_env,
     postgres_create,
     postgres_drop,
+    set_up,
     start_sim,
     wait_ready,
 )
@@ -198,22 +197,6 @@ def log_wait(server: Server, text: str, *, since: int = 0, limit_s: float = 60.0
         time.sleep(0.2)
 
 
-def _setup(env: dict[str, str], yaml_path: Path, keys: dict[str, tuple[str, str]]) -> dict[str, str]:
-    """Migrate the scratch database, load the YAML, make the API keys (bench.launch's set-up code)."""
-    code = SETUP_CODE.format(yaml=str(yaml_path), keys=keys)
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"set-up failed:\n{done.stdout}\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
-
-
 def production_env(
     var_dir: Path, yaml_path: Path, database_url: str, redis_url: str, **settings: str
 ) -> dict[str, str]:
@@ -258,7 +241,7 @@ def stack_start(
     env = production_env(var_dir, yaml_path, database_url, redis_url, **settings)
     stack = Stack(var_dir, env, direct_url, {}, procfile(), free_port(), sim, proxy)
     try:
-        stack.keys = _setup({**env, "DATABASE_URL": direct_url}, yaml_path, keys)
+        stack.keys = set_up({**env, "DATABASE_URL": direct_url}, yaml_path, keys)
         for name in ("web", "worker", "beat"):
             stack.spawn(name)
     except BaseException:

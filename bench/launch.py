@@ -167,6 +167,22 @@ def gateway_env(var_dir: Path, yaml_path: Path, **settings: str) -> dict[str, st
     return env
 
 
+def set_up(env: dict[str, str], yaml_path: Path, keys: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """Migrate the database of ``env``, load the YAML, make the API keys; returns name -> key."""
+    code = SETUP_CODE.format(yaml=str(yaml_path), keys=keys)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"set-up failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
+
+
 def start_gateway(
     var_dir: Path,
     yaml_text: str,
@@ -182,18 +198,7 @@ def start_gateway(
     yaml_path = var_dir / "scheduler.yaml"
     yaml_path.write_text(yaml_text)
     env = gateway_env(var_dir, yaml_path, **settings)
-    code = SETUP_CODE.format(yaml=str(yaml_path), keys=keys)
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-v", "0", "-c", code],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"gateway setup failed:\n{done.stdout}\n{done.stderr}")
-    made = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("KEYS="))
+    made = set_up(env, yaml_path, keys)
     port = free_port()
     log_path = var_dir / f"{name}.log"
     with log_path.open("w") as log_file:
