@@ -113,6 +113,24 @@ def ended(sdk: openai.OpenAI, batch_id: str, status: str = "completed", gateway=
         raise
 
 
+def batch_holding_the_slots(sdk: openai.OpenAI, sim, lines: list[dict], what: str):
+    """A batch of ``lines`` created while the backend's gate is closed, once its lines hold every slot."""
+    batch = sdk.batches.create(
+        input_file_id=upload(sdk, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    wait_until(lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS, limit_s=60, what=what)
+    return batch
+
+
+def holds_released(gateway, batch_id: str, what: str) -> None:
+    wait_until(
+        lambda: gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch_id}.")).strip() == "0",
+        limit_s=30,
+        step_s=0.5,
+        what=what,
+    )
+
+
 def output_of(sdk: openai.OpenAI, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
@@ -273,15 +291,8 @@ def test_a_cancelled_batch_lets_its_running_lines_finish_and_ends_cancelled(stac
     sdk = gateway.sdk("fin")
     httpx.post(f"{sim.url}/gate", json={"action": "close"}).raise_for_status()
     try:
-        batch = sdk.batches.create(
-            input_file_id=upload(sdk, [chat_line(f"c{i}") for i in range(8)]),
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-        )
-        wait_until(
-            lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS,
-            limit_s=60,
-            what="the backend's slots taken by the batch",
+        batch = batch_holding_the_slots(
+            sdk, sim, [chat_line(f"c{i}") for i in range(8)], "the backend's slots taken by the batch"
         )
         assert sdk.batches.cancel(batch.id).status == "cancelling"
     finally:
@@ -293,12 +304,7 @@ def test_a_cancelled_batch_lets_its_running_lines_finish_and_ends_cancelled(stac
     assert len(errors) == 8 - SLOTS and {e["error"]["code"] for e in errors} == {"batch_cancelled"}
     charged = json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())
     assert len(charged) == SLOTS
-    wait_until(
-        lambda: gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0",
-        limit_s=30,
-        step_s=0.5,
-        what="every hold of the cancelled lines released",
-    )
+    holds_released(gateway, batch.id, "every hold of the cancelled lines released")
 
 
 WINDOW_ENDS = """
@@ -314,15 +320,8 @@ def test_a_batch_whose_window_ends_expires_its_waiting_lines_and_keeps_what_ran(
     sdk = gateway.sdk("fin")
     httpx.post(f"{sim.url}/gate", json={"action": "close"}).raise_for_status()
     try:
-        batch = sdk.batches.create(
-            input_file_id=upload(sdk, [chat_line(f"x{i}") for i in range(6)]),
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-        )
-        wait_until(
-            lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS,
-            limit_s=60,
-            what="two lines running, the others waiting",
+        batch = batch_holding_the_slots(
+            sdk, sim, [chat_line(f"x{i}") for i in range(6)], "two lines running, the others waiting"
         )
         gateway.shell(WINDOW_ENDS.format(batch_id=batch.id))  # as if 24 h had passed
         wait_until(
@@ -340,12 +339,7 @@ def test_a_batch_whose_window_ends_expires_its_waiting_lines_and_keeps_what_ran(
     errors = output_of(sdk, done.error_file_id)
     assert {e["error"]["code"] for e in errors} == {"batch_expired"} and len(errors) == 6 - SLOTS
     assert len(json.loads(gateway.shell(CHARGES.format(prefix=f"fin/{batch.id}.")).strip())) == SLOTS
-    wait_until(
-        lambda: gateway.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0",
-        limit_s=30,
-        step_s=0.5,
-        what="every hold of the expired lines released",
-    )
+    holds_released(gateway, batch.id, "every hold of the expired lines released")
 
 
 LINE_STATES = """
@@ -401,12 +395,7 @@ def test_a_gateway_killed_with_lines_in_its_engine_loses_none_and_charges_each_o
         keys = json.loads(second.shell(CHARGED_KEYS.format(prefix=f"fin/{batch.id}.")).strip())
         lines_charged = sorted(key.split("#")[0].split("~")[0] for key in keys)  # whichever feed ran it
         assert lines_charged == sorted(f"fin/{batch.id}.{n}" for n in range(1, 7))
-        wait_until(
-            lambda: second.shell(HOLDS_OPEN.format(prefix=f"fin/{batch.id}.")).strip() == "0",
-            limit_s=30,
-            step_s=0.5,
-            what="no hold left open",
-        )
+        holds_released(second, batch.id, "no hold left open")
     finally:
         httpx.post(f"{sim.url}/gate", json={"action": "open"})
         stop_process(worker)
@@ -440,15 +429,8 @@ def test_a_worker_killed_mid_line_has_its_lines_run_once_more_by_another(tmp_pat
     other = None
     try:
         sdk = gateway.sdk("fin")
-        batch = sdk.batches.create(
-            input_file_id=upload(sdk, [chat_line(f"w{i}") for i in range(4)]),
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-        )
-        wait_until(
-            lambda: httpx.get(f"{sim.url}/gate").json()["waiting"] == SLOTS,
-            limit_s=60,
-            what="the only worker running two lines, held at the backend",
+        batch = batch_holding_the_slots(
+            sdk, sim, [chat_line(f"w{i}") for i in range(4)], "the only worker running two lines, held at the backend"
         )
         other = start_celery(gateway.env, tmp_path / "other.log")
         doomed.kill()  # SIGKILL mid-line: its two calls and their results die with it
