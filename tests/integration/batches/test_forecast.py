@@ -64,20 +64,22 @@ def _said(lines, *, slots: int = 4, service_ms: float = 1000.0, tenant: str = "a
     )
 
 
+def _held(line, tenant: str, request_id: str) -> Decimal:
+    """What booking ``line``'s hold for ``tenant`` holds."""
+    return budget_hold(
+        tenant_slug=tenant,
+        request_id=request_id,
+        class_name="BATCH",
+        model="m",
+        prompt_tokens=prompt_bound(line.payload),
+        max_output_tokens=line.payload.output_limit,
+    ).amount
+
+
 def test_the_cost_bound_is_the_sum_of_the_holds_the_lines_will_book(world):
     lines = _lines(5)
     said = _said(lines)
-    held = [
-        budget_hold(
-            tenant_slug="alpha",
-            request_id=f"h{line.number}",
-            class_name="BATCH",
-            model="m",
-            prompt_tokens=prompt_bound(line.payload),
-            max_output_tokens=line.payload.output_limit,
-        ).amount
-        for line in lines
-    ]
+    held = [_held(line, "alpha", f"h{line.number}") for line in lines]
     assert Decimal(said["cost_bound"]) == sum(held) > 0
     assert said["budget_covers"] is True and Decimal(said["budget_remaining"]) == year_budget("alpha").remaining + sum(
         held
@@ -86,17 +88,7 @@ def test_the_cost_bound_is_the_sum_of_the_holds_the_lines_will_book(world):
 
 def test_a_budget_that_cannot_hold_the_cheapest_line_refuses_the_batch_with_402(world):
     lines = _lines(3)
-    cheapest = min(
-        budget_hold(
-            tenant_slug="beta",
-            request_id=f"p{line.number}",
-            class_name="BATCH",
-            model="m",
-            prompt_tokens=prompt_bound(line.payload),
-            max_output_tokens=line.payload.output_limit,
-        ).amount
-        for line in lines
-    )
+    cheapest = min(_held(line, "beta", f"p{line.number}") for line in lines)
     assert _said(lines)["budget_covers"] is True  # a large budget (and its rows made)
     budget = year_budget("alpha")
     Tenant.objects.filter(slug="alpha").update(annual_budget=budget.spent + budget.held + cheapest / 2)
