@@ -23,11 +23,19 @@ FORESEEN_TURNOVERS = 10  # the profile decides for a request with at least this 
 
 
 def foreseen_refusal(
-    prediction: Prediction, plan: ClassPlan, book: TenantInClass, tenant: str, left_ms: int, usable: int, now_ms: int
+    prediction: Prediction,
+    plan: ClassPlan,
+    book: TenantInClass,
+    tenant: str,
+    left_ms: int,
+    usable: int,
+    rate_per_ms: float,
+    now_ms: int,
 ) -> Admission | bool | None:
     """False to admit a new request of ``tenant`` (its ``book`` in the class), a ``queue_full`` to
     refuse it, None where the profile does not decide (no day covered the time to the deadline, or
-    it is shorter than ``FORESEEN_TURNOVERS`` of the class's service times)."""
+    it is shorter than ``FORESEEN_TURNOVERS`` of the class's service times). ``rate_per_ms``:
+    admission's ``R``, which bounds the starts too."""
     engine, cls = prediction.engine, plan.spec.name
     demand = engine.demand
     if demand is None:
@@ -43,7 +51,7 @@ def foreseen_refusal(
     higher_ms = 0.0  # slot-ms the higher classes' waiting and foreseen requests take
     for name in engine._higher[cls]:
         higher_ms += (depth.get(name, 0) + demand.expected(name, "", now_ms, end_ms)) * prediction._service_now(name)
-    starts = max(0.0, usable * left_ms - higher_ms) / service_ms
+    starts = min(max(0.0, usable * left_ms - higher_ms) / service_ms, rate_per_ms * left_ms)
     if engine._fair_lanes:
         own = book.waiting + 1
         need = own + _others(prediction, cls, tenant, own, now_ms, end_ms)

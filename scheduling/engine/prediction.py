@@ -194,7 +194,7 @@ class Prediction:
             return _queue_full(depth - self.engine._depth_cap + 1, rate, plan)
         left_ms = max(0, deadline_ms - now_ms)
         if self.engine.demand is not None:
-            foreseen = foreseen_refusal(self, plan, book, tenant, left_ms, usable, now_ms)
+            foreseen = foreseen_refusal(self, plan, book, tenant, left_ms, usable, rate, now_ms)
             if foreseen is not None:
                 return foreseen if isinstance(foreseen, Admission) else None
         after_ms = self.evidence.after_ms(cls, drain.measured, left_ms)

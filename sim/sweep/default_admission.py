@@ -46,11 +46,19 @@ def load_raw(name: str) -> dict:
     return json.loads((SCENARIOS / f"{name}.json").read_text(encoding="utf-8"))
 
 
+def day_shift_ms(scenario: Scenario) -> int:
+    """Whole days from the start of ``scenario``'s trace to its day 1: one, or as many as its trace spans."""
+    last_ms = max((r.at_ms for r in scenario.requests), default=0)
+    return (last_ms // DAY_MS + 1) * DAY_MS
+
+
 def two_days(scenario: Scenario) -> Scenario:
-    """``scenario``'s trace twice: as day 0, then a day later (day 1)."""
+    """``scenario``'s trace twice: as day 0, then ``day_shift_ms`` later (day 1; a trace that already
+    spans days, such as ``morning-ramp``'s two mornings, is shifted past its own last day)."""
+    shift_ms = day_shift_ms(scenario)
     day0 = [replace(r, id=f"day0-{r.id}") for r in scenario.requests]
-    day1 = [replace(r, at_ms=r.at_ms + DAY_MS) for r in scenario.requests]
-    horizon_ms = None if scenario.horizon_ms is None else scenario.horizon_ms + DAY_MS
+    day1 = [replace(r, at_ms=r.at_ms + shift_ms) for r in scenario.requests]
+    horizon_ms = None if scenario.horizon_ms is None else scenario.horizon_ms + shift_ms
     return replace(scenario, requests=day0 + day1, horizon_ms=horizon_ms)
 
 
@@ -59,10 +67,11 @@ class _DayOne(Simulation):
 
     def __init__(self, scenario: Scenario) -> None:
         super().__init__(two_days(scenario), policy="fairgate")
+        self.shift_ms = day_shift_ms(scenario)
         self.day0: dict[str, tuple[int, int, int, int]] | None = None
 
     def _before(self, t_ms: int) -> None:
-        if self.day0 is None and t_ms >= DAY_MS:
+        if self.day0 is None and t_ms >= self.shift_ms:
             if self.flights:
                 raise AssertionError("day 0 has requests in flight when day 1 begins")
             self.day0 = {
