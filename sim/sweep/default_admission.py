@@ -300,7 +300,8 @@ def render(data: dict) -> str:
         "",
         *(
             [
-                "Each trace runs twice in one engine, as day 0 and again a day later (day 1); both rules are "
+                "Each trace runs twice in one engine, as day 0 and again on the first whole day after it (day 1; "
+                "`morning-ramp`'s trace holds two mornings, so its day 1 is two days later); both rules are "
                 "measured on day 1 only, so the engine has learned the previous day's demand "
                 '(docs/engine.md, "Foreseen demand").',
                 "",
@@ -308,7 +309,8 @@ def render(data: dict) -> str:
             if day
             else []
         ),
-        "Written by `python -m sim.sweep --default-admission --write-report`. Each scenario runs as configured "
+        f"Written by `python -m sim.sweep --default-admission{' --previous-day' if day else ''} --write-report`. "
+        "Each scenario runs as configured "
         "(a scenario without `queue.admission` gets the default, `predicted`) and with `admission: depth` and "
         "no fast-fail, same trace and seed, same run. Precision: of all admitted requests, the share "
         "finished within their class's SLA (a 504 after admission, fast-failed or not, and a client's give-up "
