@@ -17,6 +17,7 @@ from . import admission as adm
 from .class_plans import ClassPlan
 from .counters import TenantInClass
 from .evidence import Evidence
+from .foreseen import foreseen_refusal
 from .outcomes import Admission
 from .queues import compact_age, unqueue
 from .store import WAITING, Ticket
@@ -192,6 +193,10 @@ class Prediction:
         if depth >= self.engine._depth_cap:
             return _queue_full(depth - self.engine._depth_cap + 1, rate, plan)
         left_ms = max(0, deadline_ms - now_ms)
+        if self.engine.demand is not None:
+            foreseen = foreseen_refusal(self, plan, book, tenant, left_ms, usable, rate, now_ms)
+            if foreseen is not None:
+                return foreseen if isinstance(foreseen, Admission) else None
         after_ms = self.evidence.after_ms(cls, drain.measured, left_ms)
         kept_ms = self.evidence.kept_ms(left_ms, after_ms)  # what a predicted wait may take of it
         own_ms = kept_ms  # of it, what the tenant's own drain may take

@@ -17,6 +17,7 @@ from . import admission as adm
 from .aging import AgingCurve
 from .class_plans import ClassPlan
 from .fairness import Lane
+from .forecast import DemandProfile
 from .model import ClassSpec, FairnessMode, SchedulerConfig
 from .store import RUNNING, WAITING, Ticket
 
@@ -70,6 +71,11 @@ def apply_config(engine: Scheduler, config: SchedulerConfig) -> None:
     engine._margin_after_ms = queue.margin_after_ms if engine._predicted else 0
     engine._depth_cap = queue.depth_cap
     engine.headroom.apply(config.headroom, single_queue=engine._single_queue)
+    bucket_ms, alpha = config.headroom.bucket_ms, config.headroom.profile_alpha
+    if not engine._predicted:
+        engine.demand = None
+    elif engine.demand is None or not engine.demand.compatible(bucket_ms=bucket_ms, alpha=alpha):
+        engine.demand = DemandProfile(bucket_ms=bucket_ms, alpha=alpha)
     # the deadline rescue needs deadlines (expiry) and a fair order to step out of
     engine._rescue_ms = config.headroom.rescue_ms if queue.enforce_deadline and not engine._single_queue else 0
     engine._weights()

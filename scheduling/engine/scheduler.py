@@ -22,6 +22,7 @@ from .class_plans import ClassPlan
 from .counters import Counters, TenantInClass
 from .dispatching import DispatchOrder, PreemptEntry, RescueEntry
 from .fairness import Lane, tenant_weights
+from .forecast import DemandProfile
 from .headroom import Headroom
 from .headroom_spare import LowerSpare
 from .model import BackendSpec, ClassSpec, Request, RequestId, SchedulerConfig, TenantSpec
@@ -77,6 +78,7 @@ class Scheduler:
         # slots held for the top class, no more than the lower classes can spare (``headroom``)
         self.headroom = Headroom(self._capacity, LowerSpare(self))
         self.eta_book = eta.EtaBook()  # the ETA's calibration (``eta``)
+        self.demand: DemandProfile | None = None  # arrivals by (class, tenant) and time of day (predicted admission)
         self._tenant_specs: dict[str, TenantSpec] = {t.slug: t for t in tenants}
         self._retired: dict[str, ClassSpec] = {}
         self._lanes: dict[tuple[str, str], Lane] = {}
@@ -160,6 +162,8 @@ class Scheduler:
             raise ValueError(f"request {request.id!r} is already in the scheduler")
         if self.headroom.forecast is not None and self._plans[request.cls].privileged:
             self.headroom.top_arrival(now_ms)
+        if self.demand is not None:
+            self.demand.observe(request.cls, request.tenant, now_ms)
         tenant = self._tenant_specs.get(request.tenant)
         vip = request.vip or (tenant is not None and tenant.vip)
         book = self._book(request.cls, request.tenant)

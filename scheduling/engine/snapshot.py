@@ -3,9 +3,10 @@
 The record carries everything a decision reads: the tickets (queued, running, and those the lazy
 heaps and queues still name), the lanes with their tenant queues and heaps, the preempt, deadline
 and rescue heaps, counters, rate windows and service means, backlog starts, the store's fair
-counters and windows, the backends' busy slots and holds, and headroom's forecast and holds. What
-the configuration determines (plans, aging curve, indexes) is recomputed from it. A restored
-engine makes the same decisions as the one recorded. A record of another ``version`` is refused.
+counters and windows, the backends' busy slots and holds, headroom's forecast and holds, and
+prediction's demand profile (optional: older records have none). What the configuration determines
+(plans, aging curve, indexes) is recomputed from it. A restored engine makes the same decisions as
+the one recorded. A record of another ``version`` is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .config_record import backend_from_record, config_from_record, from_plain, 
 from .counters import Tally
 from .eta import EtaBook
 from .fairness import Lane, TenantQueue
+from .forecast import DemandProfile
 from .model import ClassSpec, FairnessMode, Request, RequestId
 from .queues import apply_config
 from .scheduler import Scheduler
@@ -170,6 +172,7 @@ def to_record(sched: Scheduler) -> dict[str, Any]:
         "cls_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._cls_service.items()},
         "model_service": {name: [m.mean_ms, m.samples, m.var_ms2] for name, m in sched._model_service.items()},
         "headroom": sched.headroom.as_record(),
+        "demand": None if sched.demand is None else sched.demand.as_record(),
         "eta_book": sched.eta_book.as_record(),
         "store": {
             "fair": [[*key, value] for key, value in store._fair.items()],
@@ -296,6 +299,11 @@ def from_record(record: object) -> Scheduler:
         capacity.states[state.name] = state
     capacity._index()
     sched.headroom.restore(record["headroom"])
+    demand = record.get("demand")  # optional: older records have none
+    if demand is not None and sched.demand is not None:
+        restored = DemandProfile.from_record(demand)
+        if restored.compatible(bucket_ms=sched.demand.bucket_ms, alpha=sched.demand.alpha):
+            sched.demand = restored
     sched.eta_book = EtaBook.from_record(record.get("eta_book"))  # optional: older records have none
     _restore_indexes(sched, record, tickets)
     return sched

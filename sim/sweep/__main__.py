@@ -48,7 +48,9 @@ def headroom_data(args: argparse.Namespace) -> dict:
 def default_admission_data(args: argparse.Namespace) -> dict:
     if args.json_in:
         return json.loads(Path(args.json_in).read_text(encoding="utf-8"))
-    seeds = (1,) if args.quick else (1, 2, 3)
+    seeds = (1,) if args.quick else tuple(args.seeds or (1, 2, 3))
+    if args.previous_day:
+        return {"rows": default_admission.precision_recall_rows(seeds, log, args.jobs, previous_day=True), "day": 1}
     return {
         "rows": default_admission.precision_recall_rows(seeds, log, args.jobs),
         "prior": default_admission.prior_rows(seeds, log, args.jobs),
@@ -85,7 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         help="requests started within SLA per 10 minutes, as configured and with the depth rule (prints only)",
     )
     parser.add_argument(
-        "--seeds", type=lambda text: [int(s) for s in text.split(",")], help="headroom-default, starts: seeds"
+        "--previous-day",
+        action="store_true",
+        help="default-admission: run each trace as day 0, measure day 1 (the trace a day later)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(s) for s in text.split(",")],
+        help="headroom-default, default-admission, starts: seeds",
     )
     parser.add_argument("--eta", action="store_true", help="the ETA part (the ETA's calibration)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only")
@@ -104,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.default_admission:
         data = default_admission_data(args)
-        section, markers = default_admission.render(data), default_admission.MARKERS
+        section = default_admission.render(data)
+        markers = default_admission.DAY_MARKERS if data.get("day") else default_admission.MARKERS
     elif args.headroom_default:
         data = headroom_default_data(args)
         section, markers = headroom_default.render(data), headroom_default.MARKERS

@@ -14,8 +14,10 @@ import json
 import multiprocessing
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from scheduling.engine.forecast import DAY_MS
 from sim.scenario import Scenario, scenario_from_dict
 from sim.simulate import result, with_queue
 from sim.simulation import Simulation, simulate
@@ -26,6 +28,10 @@ DEPTH = {"admission": "depth", "fast_fail": False}
 PRECISION_TARGET, RECALL_TARGET = 0.995, 0.95
 CLASS_MIN = 100  # a class's recall is shown once the depth rule finished this many of it within SLA
 MARKERS = ("<!-- sim.sweep.default-admission: start -->", "<!-- sim.sweep.default-admission: end -->")
+DAY_MARKERS = (
+    "<!-- sim.sweep.default-admission-previous-day: start -->",
+    "<!-- sim.sweep.default-admission-previous-day: end -->",
+)
 PRIOR_SCENARIOS = (FIELD_REPORT, "surge-30min", "quiet-burst")
 
 
@@ -40,25 +46,67 @@ def load_raw(name: str) -> dict:
     return json.loads((SCENARIOS / f"{name}.json").read_text(encoding="utf-8"))
 
 
-def run_classes(name: str, seed: int, queue: dict) -> dict:
+def day_shift_ms(scenario: Scenario) -> int:
+    """Whole days from the start of ``scenario``'s trace to its day 1: one, or as many as its trace spans."""
+    last_ms = max((r.at_ms for r in scenario.requests), default=0)
+    return (last_ms // DAY_MS + 1) * DAY_MS
+
+
+def two_days(scenario: Scenario) -> Scenario:
+    """``scenario``'s trace twice: as day 0, then ``day_shift_ms`` later (day 1; a trace that already
+    spans days, such as ``morning-ramp``'s two mornings, is shifted past its own last day)."""
+    shift_ms = day_shift_ms(scenario)
+    day0 = [replace(r, id=f"day0-{r.id}") for r in scenario.requests]
+    day1 = [replace(r, at_ms=r.at_ms + shift_ms) for r in scenario.requests]
+    horizon_ms = None if scenario.horizon_ms is None else scenario.horizon_ms + shift_ms
+    return replace(scenario, requests=day0 + day1, horizon_ms=horizon_ms)
+
+
+class _DayOne(Simulation):
+    """A simulation of ``two_days`` that notes each class's figures as day 1 begins (``day0``)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        super().__init__(two_days(scenario), policy="fairgate")
+        self.shift_ms = day_shift_ms(scenario)
+        self.day0: dict[str, tuple[int, int, int, int]] | None = None
+
+    def _before(self, t_ms: int) -> None:
+        if self.day0 is None and t_ms >= self.shift_ms:
+            if self.flights:
+                raise AssertionError("day 0 has requests in flight when day 1 begins")
+            self.day0 = {
+                name: (c.admitted, c.completed_within_sla, c.queue_timeout, self.fast_failed[name])
+                for name, c in self.classes.items()
+            }
+        super()._before(t_ms)
+
+
+def run_classes(name: str, seed: int, queue: dict, previous_day: bool = False) -> dict:
     """Per class of one run: admitted, finished within SLA, 504s (of them fast-failed), and the
-    engine's mean service time at the end (``service_ms``, the class's measured mean, or None)."""
+    engine's mean service time at the end (``service_ms``, the class's measured mean, or None).
+    With ``previous_day``: day 1's figures of a run of the trace on two days (``two_days``)."""
     raw = load_raw(name)
     scenario = scenario_from_dict(raw, base=SCENARIOS, seed=seed)
     if queue:
         scenario = with_queue(scenario, queue)
-    sim = simulate(scenario, policy="fairgate")
+    if previous_day:
+        sim: Simulation = _DayOne(scenario)
+        sim.run()
+    else:
+        sim = simulate(scenario, policy="fairgate")
     out = result(sim)
     if not out["conservation"]["ok"]:
         raise AssertionError(f"{name} seed {seed}: {out['conservation']['problems']}")
+    day0 = getattr(sim, "day0", None) or {}
     classes = {}
     for cls, c in out["classes"].items():
         mean = sim.sched._cls_service.get(cls)
+        before = day0.get(cls, (0, 0, 0, 0))
         classes[cls] = {
-            "admitted": c["admitted"],
-            "within": c["completed_within_sla"],
-            "queue_timeout": c["queue_timeout"],
-            "fast_failed": out["queue_timeouts"][cls]["fast_failed"],
+            "admitted": c["admitted"] - before[0],
+            "within": c["completed_within_sla"] - before[1],
+            "queue_timeout": c["queue_timeout"] - before[2],
+            "fast_failed": out["queue_timeouts"][cls]["fast_failed"] - before[3],
             "service_ms": round(mean.mean_ms) if mean is not None and mean.samples else None,
         }
     return classes
@@ -120,17 +168,21 @@ def render_starts(name: str, rows: list[dict], step_ms: int) -> str:
 
 def _pool(jobs: list[tuple], processes: int, log: Callable[[str], None]) -> list[dict]:
     for job in jobs:
-        log(f"default admission: {job[0]} / seed {job[1]} / {job[2] or 'as configured'}")
+        day = " / day 1" if len(job) > 3 and job[3] else ""
+        log(f"default admission: {job[0]} / seed {job[1]} / {job[2] or 'as configured'}{day}")
     if processes <= 1:
         return [run_classes(*job) for job in jobs]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         return pool.starmap(run_classes, jobs, chunksize=1)
 
 
-def precision_recall_rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1) -> list[dict]:
-    """One row per scenario and seed: the per-class figures as configured and with the depth rule."""
+def precision_recall_rows(
+    seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1, previous_day: bool = False
+) -> list[dict]:
+    """One row per scenario and seed: the per-class figures as configured and with the depth rule
+    (with ``previous_day``: both on day 1, after a day 0 of the same trace)."""
     names = scenario_names()
-    jobs = [(name, seed, queue) for name in names for seed in seeds for queue in ({}, DEPTH)]
+    jobs = [(name, seed, queue, previous_day) for name in names for seed in seeds for queue in ({}, DEPTH)]
     outs = iter(_pool(jobs, processes, log))
     return [
         {"scenario": name, "seed": seed, "default": next(outs), "depth": next(outs)} for name in names for seed in seeds
@@ -240,11 +292,25 @@ def prior_rows(seeds: tuple[int, ...], log: Callable[[str], None], processes: in
 
 
 def render(data: dict) -> str:
+    day = bool(data.get("day"))
     lines = [
-        MARKERS[0],
-        "## Predicted admission as the default, against the depth rule (`python -m sim.sweep --default-admission`)",
+        DAY_MARKERS[0] if day else MARKERS[0],
+        "## Predicted admission as the default, against the depth rule (`python -m sim.sweep --default-admission"
+        + (" --previous-day`), on a second day" if day else "`)"),
         "",
-        "Written by `python -m sim.sweep --default-admission --write-report`. Each scenario runs as configured "
+        *(
+            [
+                "Each trace runs twice in one engine, as day 0 and again on the first whole day after it (day 1; "
+                "`morning-ramp`'s trace holds two mornings, so its day 1 is two days later); both rules are "
+                "measured on day 1 only, so the engine has learned the previous day's demand "
+                '(docs/engine.md, "Foreseen demand").',
+                "",
+            ]
+            if day
+            else []
+        ),
+        f"Written by `python -m sim.sweep --default-admission{' --previous-day' if day else ''} --write-report`. "
+        "Each scenario runs as configured "
         "(a scenario without `queue.admission` gets the default, `predicted`) and with `admission: depth` and "
         "no fast-fail, same trace and seed, same run. Precision: of all admitted requests, the share "
         "finished within their class's SLA (a 504 after admission, fast-failed or not, and a client's give-up "
@@ -292,5 +358,5 @@ def render(data: dict) -> str:
                 f"{min(r['batch_precision'] for r in runs):.2%} | {min(r['batch_recall'] for r in runs):.3f} | "
                 f"{min(r['precision'] for r in runs):.2%} | {min(r['recall'] for r in runs):.3f} |"
             )
-    lines.append(MARKERS[1])
+    lines.append(DAY_MARKERS[1] if day else MARKERS[1])
     return "\n".join(lines)

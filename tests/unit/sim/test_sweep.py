@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scheduling.engine.forecast import DAY_MS
 from sim.scenario import scenario_from_dict
 from sim.simulate import result, with_queue
 from sim.simulation import simulate
@@ -85,3 +86,18 @@ def test_starts_count_each_request_finished_within_sla_once_in_the_window_it_sta
     rows = [{"seed": 7, "default": [5, 3], "depth": [5, 3, 2]}]
     table = default_admission.render_starts("x", rows, step_ms)
     assert "| 2-3 | 0 / 2 |" in table and "| all | 8 / 10 |" in table
+
+
+def test_previous_day_runs_the_trace_twice_in_one_engine_and_notes_day_0(tmp_path: Path):
+    scenario = scenario_from_dict(tiny_surge(), base=tmp_path, seed=7)
+    doubled = default_admission.two_days(scenario)
+    one_day = len(scenario.requests)
+    assert len(doubled.requests) == 2 * one_day and len({r.id for r in doubled.requests}) == 2 * one_day
+    assert [r.at_ms - DAY_MS for r in doubled.requests[one_day:]] == [r.at_ms for r in scenario.requests]
+    sim = default_admission._DayOne(scenario)
+    sim.run()
+    assert sim.day0 is not None and sim.sched.demand is not None
+    plain = result(simulate(scenario, policy="fairgate"))
+    day0_admitted = sum(admitted for admitted, *_ in sim.day0.values())
+    assert day0_admitted == sum(c["admitted"] for c in plain["classes"].values())  # day 0 is the plain run
+    assert sum(c.arrived for c in sim.classes.values()) == 2 * one_day
