@@ -32,6 +32,7 @@ DAY_MARKERS = (
     "<!-- sim.sweep.default-admission-previous-day: start -->",
     "<!-- sim.sweep.default-admission-previous-day: end -->",
 )
+PREVIOUS_DAY_SEED = 1000  # day 0 of --previous-day: the same scenario drawn with seed + this
 PRIOR_SCENARIOS = (FIELD_REPORT, "surge-30min", "quiet-burst")
 
 
@@ -47,16 +48,17 @@ def load_raw(name: str) -> dict:
 
 
 def day_shift_ms(scenario: Scenario) -> int:
-    """Whole days from the start of ``scenario``'s trace to its day 1: one, or as many as its trace spans."""
+    """Whole days from the start of ``scenario``'s trace to the next day: one, or as many as its trace spans."""
     last_ms = max((r.at_ms for r in scenario.requests), default=0)
     return (last_ms // DAY_MS + 1) * DAY_MS
 
 
-def two_days(scenario: Scenario) -> Scenario:
-    """``scenario``'s trace twice: as day 0, then ``day_shift_ms`` later (day 1; a trace that already
-    spans days, such as ``morning-ramp``'s two mornings, is shifted past its own last day)."""
-    shift_ms = day_shift_ms(scenario)
-    day0 = [replace(r, id=f"day0-{r.id}") for r in scenario.requests]
+def two_days(previous: Scenario, scenario: Scenario) -> Scenario:
+    """``previous``'s trace as day 0, then ``scenario``'s ``day_shift_ms(previous)`` later (day 1; a
+    trace that already spans days, such as ``morning-ramp``'s two mornings, is shifted past its own
+    last day)."""
+    shift_ms = day_shift_ms(previous)
+    day0 = [replace(r, id=f"day0-{r.id}") for r in previous.requests]
     day1 = [replace(r, at_ms=r.at_ms + shift_ms) for r in scenario.requests]
     horizon_ms = None if scenario.horizon_ms is None else scenario.horizon_ms + shift_ms
     return replace(scenario, requests=day0 + day1, horizon_ms=horizon_ms)
@@ -65,9 +67,9 @@ def two_days(scenario: Scenario) -> Scenario:
 class _DayOne(Simulation):
     """A simulation of ``two_days`` that notes each class's figures as day 1 begins (``day0``)."""
 
-    def __init__(self, scenario: Scenario) -> None:
-        super().__init__(two_days(scenario), policy="fairgate")
-        self.shift_ms = day_shift_ms(scenario)
+    def __init__(self, previous: Scenario, scenario: Scenario) -> None:
+        super().__init__(two_days(previous, scenario), policy="fairgate")
+        self.shift_ms = day_shift_ms(previous)
         self.day0: dict[str, tuple[int, int, int, int]] | None = None
 
     def _before(self, t_ms: int) -> None:
@@ -84,13 +86,15 @@ class _DayOne(Simulation):
 def run_classes(name: str, seed: int, queue: dict, previous_day: bool = False) -> dict:
     """Per class of one run: admitted, finished within SLA, 504s (of them fast-failed), and the
     engine's mean service time at the end (``service_ms``, the class's measured mean, or None).
-    With ``previous_day``: day 1's figures of a run of the trace on two days (``two_days``)."""
+    With ``previous_day``: day 1's figures of a run on two days (``two_days``), day 0 the same scenario
+    drawn with another seed (``PREVIOUS_DAY_SEED``)."""
     raw = load_raw(name)
     scenario = scenario_from_dict(raw, base=SCENARIOS, seed=seed)
     if queue:
         scenario = with_queue(scenario, queue)
     if previous_day:
-        sim: Simulation = _DayOne(scenario)
+        previous = scenario_from_dict(raw, base=SCENARIOS, seed=seed + PREVIOUS_DAY_SEED)
+        sim: Simulation = _DayOne(with_queue(previous, queue) if queue else previous, scenario)
         sim.run()
     else:
         sim = simulate(scenario, policy="fairgate")
@@ -180,7 +184,7 @@ def precision_recall_rows(
     seeds: tuple[int, ...], log: Callable[[str], None], processes: int = 1, previous_day: bool = False
 ) -> list[dict]:
     """One row per scenario and seed: the per-class figures as configured and with the depth rule
-    (with ``previous_day``: both on day 1, after a day 0 of the same trace)."""
+    (with ``previous_day``: both on day 1, after a day 0 of the same scenario, another seed)."""
     names = scenario_names()
     jobs = [(name, seed, queue, previous_day) for name in names for seed in seeds for queue in ({}, DEPTH)]
     outs = iter(_pool(jobs, processes, log))
@@ -300,10 +304,11 @@ def render(data: dict) -> str:
         "",
         *(
             [
-                "Each trace runs twice in one engine, as day 0 and again on the first whole day after it (day 1; "
-                "`morning-ramp`'s trace holds two mornings, so its day 1 is two days later); both rules are "
-                "measured on day 1 only, so the engine has learned the previous day's demand "
-                '(docs/engine.md, "Foreseen demand").',
+                "Each scenario runs on two days in one engine: day 0 is the scenario drawn with seed + "
+                f"{PREVIOUS_DAY_SEED} (the same generators, other arrivals and service times), day 1 the seed "
+                "named, on the first whole day after day 0 (`morning-ramp`'s trace holds two mornings, so its "
+                "day 1 is two days later). Both rules are measured on day 1 only, so the engine has learned a "
+                'previous day like it, not the same one (docs/engine.md, "Foreseen demand").',
                 "",
             ]
             if day

@@ -88,16 +88,19 @@ def test_starts_count_each_request_finished_within_sla_once_in_the_window_it_sta
     assert "| 2-3 | 0 / 2 |" in table and "| all | 8 / 10 |" in table
 
 
-def test_previous_day_runs_the_trace_twice_in_one_engine_and_notes_day_0(tmp_path: Path):
+def test_previous_day_runs_another_draw_then_the_scenario_in_one_engine_and_notes_day_0(tmp_path: Path):
+    previous = scenario_from_dict(tiny_surge(), base=tmp_path, seed=7 + default_admission.PREVIOUS_DAY_SEED)
     scenario = scenario_from_dict(tiny_surge(), base=tmp_path, seed=7)
-    doubled = default_admission.two_days(scenario)
-    one_day = len(scenario.requests)
-    assert len(doubled.requests) == 2 * one_day and len({r.id for r in doubled.requests}) == 2 * one_day
-    assert [r.at_ms - DAY_MS for r in doubled.requests[one_day:]] == [r.at_ms for r in scenario.requests]
-    sim = default_admission._DayOne(scenario)
+    assert [r.at_ms for r in previous.requests] != [r.at_ms for r in scenario.requests]  # another day, not the same
+    doubled = default_admission.two_days(previous, scenario)
+    first = len(previous.requests)
+    assert len(doubled.requests) == first + len(scenario.requests)
+    assert len({r.id for r in doubled.requests}) == len(doubled.requests)
+    assert [r.at_ms - DAY_MS for r in doubled.requests[first:]] == [r.at_ms for r in scenario.requests]
+    sim = default_admission._DayOne(previous, scenario)
     sim.run()
     assert sim.day0 is not None and sim.sched.demand is not None
-    plain = result(simulate(scenario, policy="fairgate"))
+    plain = result(simulate(previous, policy="fairgate"))
     day0_admitted = sum(admitted for admitted, *_ in sim.day0.values())
-    assert day0_admitted == sum(c["admitted"] for c in plain["classes"].values())  # day 0 is the plain run
-    assert sum(c.arrived for c in sim.classes.values()) == 2 * one_day
+    assert day0_admitted == sum(c["admitted"] for c in plain["classes"].values())  # day 0 is the previous draw's run
+    assert sum(c.arrived for c in sim.classes.values()) == len(doubled.requests)
