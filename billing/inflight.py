@@ -45,6 +45,15 @@ class HeldEntry(NamedTuple):
     # gateway decides from it whether its next holds may be booked while their requests go on.
     room: Decimal | None = None
 
+    def __eq__(self, other: object) -> bool:  # the room is not part of the entry
+        return type(other) is HeldEntry and self[:-1] == other[:-1]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[:-1])
+
     @property
     def budget_ids(self) -> tuple[int, ...]:
         return (self.budget_id,) if self.month_budget_id is None else (self.budget_id, self.month_budget_id)

@@ -45,3 +45,10 @@ def test_a_hold_booked_under_another_key_keeps_its_fields():
     assert again._asdict() == {**HELD._asdict(), "request_id": "r-1#2", "room": Decimal("3")}
     assert list(again._asdict()) == list(HELD._asdict())  # field order: what the wire sends
     assert _crossed(again) == again and _crossed(again).room == Decimal("3")
+
+
+def test_the_room_is_not_part_of_a_held_entry():
+    same = HELD.booked_as(HELD.request_id, None)
+    assert same == HELD and hash(same) == hash(HELD) and not same != HELD
+    assert HELD.booked_as("r-2") != HELD
+    assert HELD != tuple(HELD)  # a held entry equals held entries only
