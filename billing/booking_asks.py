@@ -3,7 +3,6 @@ the ledger entries they write, and the reasons and attempt keys they are booked 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import NamedTuple
@@ -11,7 +10,7 @@ from typing import NamedTuple
 from billing.inflight import HeldEntry
 from billing.models import LedgerEntry
 from billing.money import ZERO
-from billing.wire import PickledAsTuple
+from billing.wire import pickled_as_tuple
 
 STALE_REASON = "stale"  # no owner to ask, released by age: a late settlement still charges what was consumed
 OWNER_GONE_REASON = "owner_gone"  # released because its gateway process died (billing.heartbeats)
@@ -20,8 +19,8 @@ LATE_SETTLEMENT_REASONS = frozenset({STALE_REASON, OWNER_GONE_REASON, FORCED_REA
 MAX_ATTEMPTS = 64  # requests one id may name: an id whose request ended unserved may be sent again
 
 
-@dataclass(frozen=True)
-class HoldAsk(PickledAsTuple):
+@pickled_as_tuple
+class HoldAsk(NamedTuple):
     request_id: str
     tenant_slug: str
     class_name: str
@@ -40,8 +39,8 @@ class HoldAsk(PickledAsTuple):
     key_creator: str = ""
 
 
-@dataclass(frozen=True)
-class SettleAsk(PickledAsTuple):
+@pickled_as_tuple
+class SettleAsk(NamedTuple):
     request_id: str
     backend_name: str
     prompt_tokens: int
@@ -53,8 +52,8 @@ class SettleAsk(PickledAsTuple):
     held: HeldEntry | None = None  # the hold it ends, as booked; None: from this process's memo, else the ledger
 
 
-@dataclass(frozen=True)
-class ReleaseAsk(PickledAsTuple):
+@pickled_as_tuple
+class ReleaseAsk(NamedTuple):
     request_id: str
     reason: str
     at: datetime
@@ -64,8 +63,8 @@ class ReleaseAsk(PickledAsTuple):
 Ask = HoldAsk | SettleAsk | ReleaseAsk
 
 
-@dataclass(frozen=True)
-class Charged(PickledAsTuple):
+@pickled_as_tuple
+class Charged(NamedTuple):
     """A settlement's result: what was charged, and what the usage priced beyond what could be."""
 
     amount: Decimal

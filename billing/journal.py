@@ -106,7 +106,7 @@ class Journal:
             # (Lines wait in the buffer only without a syncer, which never comes back once gone:
             # none is queued ahead of this one.)
             try:
-                _write([(segment.fd, _line(ask))], sync=False)
+                _append(segment.fd, _line(ask))
             except OSError as failed:
                 log.error("could not write the settlement journal: %r", failed)
                 future.set_exception(failed)
@@ -387,6 +387,12 @@ def _write(ops: list[tuple[int, bytes | Path]], *, sync: bool = True) -> list[in
     for fd, path in removed:
         unlink_segment(path, fd)
     return list(lines)
+
+
+def _append(fd: int, line: bytes) -> None:
+    """One line, in one write unless the file takes it in parts."""
+    while line:
+        line = line[os.write(fd, line) :]
 
 
 def _log_failed_sync(done: asyncio.Future) -> None:

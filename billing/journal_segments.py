@@ -7,7 +7,6 @@ import fcntl
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import fields
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -28,7 +27,7 @@ def safe_owner(owner: str) -> str:
     return owner.replace("/", "_")
 
 
-_FIELDS = tuple(f.name for f in fields(SettleAsk) if f.name != "held")  # replayed, the hold is read from the ledger
+_FIELDS = tuple(name for name in SettleAsk._fields if name != "held")  # replayed, the hold is read from the ledger
 
 
 assert _FIELDS == ("request_id", "backend_name", "prompt_tokens", "completion_tokens", "at", "base_cost"), _FIELDS

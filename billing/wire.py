@@ -1,23 +1,21 @@
-"""How the frozen dataclasses that cross the billing worker's pipe (billing.client.pipe) pickle:
-as their class and one tuple of their values, not pickle's default dict of field names and values
-per object (a third fewer bytes, and a quarter less CPU to pickle and unpickle, on both sides)."""
+"""How the named tuples that cross the billing worker's pipe (billing.client.pipe) pickle: as
+``tuple.__new__`` of their class and one tuple of their values, rebuilt in C on unpickling, not
+through their class's ``__new__`` in Python (pickle's default for a named tuple, twice as slow
+both ways). Docs: docs/billing-and-console.md ("The billing client")."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound=tuple)
+_tuple_new = tuple.__new__
 
 
-def _rebuilt(cls: type, values: tuple) -> Any:
-    made: Any = object.__new__(cls)
-    made.__dict__.update(zip(cls.__dataclass_fields__, values))  # type: ignore[attr-defined]  # a dataclass
-    return made
+def _reduce(self: tuple) -> tuple[Any, tuple[type, tuple]]:
+    return _tuple_new, (type(self), tuple(self))
 
 
-class PickledAsTuple:
-    """A dataclass base: its instances pickle as their values in field order (the order a
-    dataclass's ``__init__`` sets them in, and `_rebuilt` too)."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, tuple[type, tuple]]:
-        return _rebuilt, (type(self), tuple(self.__dict__.values()))
+def pickled_as_tuple(cls: type[T]) -> type[T]:
+    """A NamedTuple class decorator: its instances pickle as their values in field order."""
+    cls.__reduce__ = _reduce  # type: ignore[assignment,method-assign]
+    return cls

@@ -282,9 +282,8 @@ class Booker:
                 if isinstance(ask, HoldAsk):
                     if isinstance(result, HeldEntry):
                         held_remember(result)
-                else:
+                else:  # an end: booked, or kept until it is (billing.client.unbooked)
                     held_forget(ask.request_id)
-                if not isinstance(ask, HoldAsk):  # an end: booked, or kept until it is (billing.client.unbooked)
                     if isinstance(result, BaseException):
                         self.unbooked.failed(ask, result)  # kept and retried (a settlement is journaled)
                         result = None if isinstance(ask, SettleAsk) else False

@@ -5,16 +5,14 @@ what each step guarantees."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 CANCELLED = "cancelled"  # the release reason of a hold whose caller left (gateway.lifecycle.Outcome's)
 
 
-@dataclass(frozen=True)
-class Hold:
+class Hold(NamedTuple):
     """What was held for one request. ``cls`` may be lower than asked (budget fallback)."""
 
     tenant: str
@@ -28,8 +26,7 @@ class Hold:
     factor: Decimal | None = None  # its class's price factor (once booked)
 
 
-@dataclass(frozen=True)
-class Spender:
+class Spender(NamedTuple):
     """Who spends, as every ledger entry of the request records it: the API key's public prefix,
     the job (``X-Job-Id``, or a batch line's batch id) and the key's creator (its username)."""
 

@@ -35,13 +35,20 @@ def test_asks_and_results_cross_the_pipe_unchanged():
     back = _crossed(asks)
     assert back == asks
     assert [type(a) for a in back] == [type(a) for a in asks]
-    assert [vars(a) for a in back] == [vars(a) for a in asks]  # every field, in order
+    assert [a._asdict() for a in back] == [a._asdict() for a in asks]  # every field, in order
     assert back[-1].room == Decimal("12.500000") and back[1].held.room == Decimal("12.500000")
-    assert len(pickle.dumps(asks[0], pickle.HIGHEST_PROTOCOL)) < len(pickle.dumps(vars(asks[0])))
+    assert len(pickle.dumps(asks[0], pickle.HIGHEST_PROTOCOL)) < len(pickle.dumps(asks[0]._asdict()))
 
 
 def test_a_hold_booked_under_another_key_keeps_its_fields():
     again = HELD.booked_as("r-1#2", Decimal("3"))
-    assert vars(again) == {**vars(HELD), "request_id": "r-1#2", "room": Decimal("3")}
-    assert list(vars(again)) == list(vars(HELD))  # field order: what the wire sends
+    assert again._asdict() == {**HELD._asdict(), "request_id": "r-1#2", "room": Decimal("3")}
+    assert list(again._asdict()) == list(HELD._asdict())  # field order: what the wire sends
     assert _crossed(again) == again and _crossed(again).room == Decimal("3")
+
+
+def test_the_room_is_not_part_of_a_held_entry():
+    same = HELD.booked_as(HELD.request_id, None)
+    assert same == HELD and hash(same) == hash(HELD) and not same != HELD
+    assert HELD.booked_as("r-2") != HELD
+    assert HELD != tuple(HELD)  # a held entry equals held entries only
