@@ -19,7 +19,8 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse, HttpResponseBase
-from django.urls import resolve
+from django.urls import get_resolver, resolve
+from django.urls.resolvers import ResolverMatch, URLResolver
 
 from gateway import access, charging, live
 from gateway.auth import authenticate
@@ -165,6 +166,18 @@ class GatewayASGIHandler(ASGIHandler):
         except asyncio.CancelledError:  # the client left while we were sending
             pass
 
+    def resolve_request(self, request) -> ResolverMatch:
+        """Django's URL resolution, but an intake path's match is resolved once per URLconf and reused."""
+        path = request.path_info
+        if path not in INTAKE_PATHS or hasattr(request, "urlconf"):
+            return super().resolve_request(request)
+        resolver = get_resolver()
+        match = _INTAKE_MATCHES.get((resolver, path))
+        if match is None:
+            match = _INTAKE_MATCHES[(resolver, path)] = resolver.resolve(path)
+        request.resolver_match = match
+        return match
+
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware: list[Callable[..., Any]] = []
         self._template_response_middleware: list[Callable[..., Any]] = []
@@ -175,6 +188,9 @@ class GatewayASGIHandler(ASGIHandler):
             else self._get_response  # type: ignore[attr-defined]  # as above
         )
         self._middleware_chain = convert_exception_to_response(get_response)
+
+
+_INTAKE_MATCHES: dict[tuple[URLResolver, str], ResolverMatch] = {}  # (URLconf's resolver, path) -> its match
 
 
 def _body_late(limit_ms: int) -> HttpResponse:
