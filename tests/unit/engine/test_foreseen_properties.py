@@ -24,37 +24,18 @@ from tests.unit.engine.test_properties import (
     FAST,
     TENANTS,
     Harness,
-    advance_op,
-    complete_op,
+    op_lists,
     overload_ops,
     ran,
     run_to_end,
     runs_agree,
     short_sla_config,
-    submit_op,
 )
 from tests.unit.engine.test_snapshot import packed, queue_view, restored
 
 BUCKET = 300_000  # headroom's default bucket_ms, the profile's
 day_ops = st.one_of(  # test_properties' ops, reconfiguring only to what keeps prediction (Fairgate's)
-    st.lists(
-        st.one_of(
-            submit_op,
-            submit_op,
-            submit_op,
-            advance_op,
-            advance_op,
-            advance_op,
-            complete_op,
-            st.tuples(st.just("fail"), st.integers(0, 50)),
-            st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(0, 400)),
-            st.tuples(st.just("cancel"), st.integers(0, 50)),
-            st.tuples(st.just("reconfigure"), st.sampled_from(["fairgate", "wrr", "sla", "fifo_lanes"])),
-        ),
-        min_size=20,
-        max_size=120,
-    ),
-    overload_ops,
+    op_lists(["fairgate", "wrr", "sla", "fifo_lanes"]), overload_ops
 )
 DAY1 = [("next_day",), ("submit", 12, "a", "RETRY", 400, 1, None)]  # past the free slots, 8 s to go
 

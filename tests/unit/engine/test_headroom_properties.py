@@ -24,8 +24,8 @@ from tests.unit.engine.test_properties import (
     FAST,
     TENANTS,
     Harness,
-    complete_op,
     every_request_within_sla,
+    op_lists,
     ran,
     runs_agree,
     short_sla_config,
@@ -45,21 +45,8 @@ HEADROOM = replace(  # the section's pre-default keys with these values; the def
 )
 
 top_heavy_submit = submits((1, 6), ["INTERACTIVE", "INTERACTIVE", "BATCH", "NEAR_RT", "RETRY"])
-headroom_ops = st.lists(
-    st.one_of(
-        top_heavy_submit,
-        top_heavy_submit,
-        st.tuples(st.just("advance"), st.integers(1, 400)),
-        st.tuples(st.just("advance"), st.integers(1, 400)),
-        complete_op,
-        st.tuples(st.just("fail"), st.integers(0, 50)),
-        st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(0, 400)),
-        st.tuples(st.just("cancel"), st.integers(0, 50)),
-        st.tuples(st.just("reconfigure"), st.sampled_from(["fairgate", "strict", "off", "tight"])),
-    ),
-    min_size=20,
-    max_size=120,
-)
+headroom_advance = st.tuples(st.just("advance"), st.integers(1, 400))
+headroom_ops = op_lists(["fairgate", "strict", "off", "tight"], top_heavy_submit, headroom_advance, repeat=2)
 
 
 def headroom_config(policy: str = "fairgate", headroom: HeadroomPolicy = HEADROOM):

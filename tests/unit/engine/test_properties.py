@@ -47,23 +47,32 @@ def submits(
 submit_op = submits()
 complete_op = st.tuples(st.just("complete"), st.integers(0, 50), st.integers(0, 3000))
 advance_op = st.tuples(st.just("advance"), st.integers(1, 700))
-ops = st.lists(
-    st.one_of(
-        submit_op,
-        submit_op,
-        submit_op,
-        advance_op,
-        advance_op,
-        advance_op,
-        complete_op,
-        st.tuples(st.just("fail"), st.integers(0, 50)),
-        st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(0, 400)),
-        st.tuples(st.just("cancel"), st.integers(0, 50)),
-        st.tuples(st.just("reconfigure"), st.sampled_from(["fairgate", "strict", "linear", "fifo", "wrr", "sla"])),
-    ),
-    min_size=20,
-    max_size=120,
-)
+
+
+def op_lists(
+    reconfigure: Sequence[str],
+    submit: st.SearchStrategy = submit_op,
+    advance: st.SearchStrategy = advance_op,
+    repeat: int = 3,
+) -> st.SearchStrategy[list]:
+    """Random op sequences: ``submit`` and ``advance`` ``repeat`` times as likely as each other op,
+    reconfiguring to one of ``reconfigure``."""
+    return st.lists(
+        st.one_of(
+            *[submit] * repeat,
+            *[advance] * repeat,
+            complete_op,
+            st.tuples(st.just("fail"), st.integers(0, 50)),
+            st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(0, 400)),
+            st.tuples(st.just("cancel"), st.integers(0, 50)),
+            st.tuples(st.just("reconfigure"), st.sampled_from(list(reconfigure))),
+        ),
+        min_size=20,
+        max_size=120,
+    )
+
+
+ops = op_lists(["fairgate", "strict", "linear", "fifo", "wrr", "sla"])
 
 
 overload_ops = st.lists(
