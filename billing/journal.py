@@ -379,9 +379,7 @@ def _write(ops: list[tuple[int, bytes | Path]], *, sync: bool = True) -> list[in
         else:
             removed.append((fd, what))
     for fd, chunk in lines.items():
-        data = memoryview(b"".join(chunk))
-        while data:
-            data = data[os.write(fd, data) :]
+        _append(fd, b"".join(chunk))
     if sync:
         _sync_all(list(lines))
     for fd, path in removed:
@@ -389,10 +387,11 @@ def _write(ops: list[tuple[int, bytes | Path]], *, sync: bool = True) -> list[in
     return list(lines)
 
 
-def _append(fd: int, line: bytes) -> None:
-    """One line, in one write unless the file takes it in parts."""
-    while line:
-        line = line[os.write(fd, line) :]
+def _append(fd: int, data: bytes) -> None:
+    """``data`` appended, in one write unless the file takes it in parts."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _log_failed_sync(done: asyncio.Future) -> None:
