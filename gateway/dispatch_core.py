@@ -218,10 +218,15 @@ class DispatchCore:
     def effective_backends(self, now_ms: int) -> tuple[BackendSpec, ...]:
         return self.circuits.effective(self.backend_specs.values(), now_ms)
 
-    def poll_start(self, apply_config: Callable[[SchedulerConfig], None], pump: Callable[[], None]) -> None:
-        self.poller = asyncio.create_task(self._poll(apply_config, pump), name="fairgate-config-poll")
+    def poll_start(
+        self, apply_config: Callable[[SchedulerConfig], None], pump: Callable[[], None], tick: Callable[[], None]
+    ) -> None:
+        """Follows the configuration; ``pump`` and ``tick`` (periodic work: the demand store's) after each poll."""
+        self.poller = asyncio.create_task(self._poll(apply_config, pump, tick), name="fairgate-config-poll")
 
-    async def _poll(self, apply_config: Callable[[SchedulerConfig], None], pump: Callable[[], None]) -> None:
+    async def _poll(
+        self, apply_config: Callable[[SchedulerConfig], None], pump: Callable[[], None], tick: Callable[[], None]
+    ) -> None:
         interval_s = settings.FAIRGATE_CONFIG_POLL_MS / 1000
         while True:
             await asyncio.sleep(interval_s)
@@ -236,6 +241,7 @@ class DispatchCore:
             except Exception:  # a failed poll must not stop the dispatcher
                 log_failure(log, "configuration poll failed")
             pump()
+            tick()
 
     # --- backends ------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ import asyncio
 import logging
 import time
 
+from gateway.db import log_failure
+from gateway.demand_store import DemandStore
 from gateway.dispatch_core import (
     Entry,
     OnCore,
@@ -46,6 +48,7 @@ class Dispatcher(OnCore):
         self.sched = Scheduler(
             apply_policy(config, config.policy), tenants=config.tenants or (), backends=self._effective_backends()
         )
+        self.demand_store = DemandStore(wall_offset_ms=self.wall_offset_ms)
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -53,13 +56,25 @@ class Dispatcher(OnCore):
     async def create(cls) -> Dispatcher:
         audit_pk, config = await startup()
         dispatcher = cls(config, audit_pk=audit_pk, loop=asyncio.get_running_loop())
-        dispatcher.core.poll_start(dispatcher.apply_config, dispatcher.pump)
+        try:
+            await dispatcher.demand_store.load(dispatcher.sched)
+        except Exception:
+            log_failure(log, "the stored demand profile could not be read")
+        dispatcher.core.poll_start(dispatcher.apply_config, dispatcher.pump, dispatcher.keep_demand)
         return dispatcher
 
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         await self.core.close()
+        try:
+            await self.demand_store.save(self.sched)
+        except Exception:
+            log_failure(log, "the demand profile could not be stored at close")
+
+    def keep_demand(self) -> None:
+        """The engine's demand profile to the database when it learned a bucket (gateway.demand_store)."""
+        self.demand_store.tick(self.sched)
 
     def now_ms(self) -> int:
         return int(self.loop.time() * 1000)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from gateway.db import log_failure
+from gateway.demand_store import DemandStore
 from gateway.dispatch_core import (
     Entry,
     OnCore,
@@ -92,12 +94,13 @@ class SharedDispatcher(OnCore):
             max_entries=settings.FAIRGATE_TERMINAL_MAX,
         )
         self._ended_follower: asyncio.Task[None] | None = None
+        self.demand_store = DemandStore(wall_offset_ms=0)  # written by the process that holds the lease
 
     @classmethod
     async def create(cls) -> SharedDispatcher:
         audit_pk, config = await startup()
         dispatcher = cls(config, audit_pk=audit_pk, loop=asyncio.get_running_loop())
-        dispatcher.core.poll_start(dispatcher.apply_config, dispatcher.pump)
+        dispatcher.core.poll_start(dispatcher.apply_config, dispatcher.pump, dispatcher.keep_demand)
         await dispatcher.owner.load()
         dispatcher._start()
         return dispatcher
@@ -126,6 +129,11 @@ class SharedDispatcher(OnCore):
         back: a standby takes over at once), each ending within one blocking read; one that has
         not ended in `CLOSE_WITHIN_S` (Redis out of reach) is cancelled. Not by cancelling first:
         see `Client.run`."""
+        if self.owner.owns and self.owner.sched is not None:
+            try:
+                await self.demand_store.save(self.owner.sched)
+            except Exception:
+                log_failure(log, "the demand profile could not be stored at close")
         self._stop.set()
         tasks = [task for task in (self._role, self._answers, self._ended_follower) if task is not None]
         if tasks:
@@ -176,6 +184,12 @@ class SharedDispatcher(OnCore):
 
     def pump(self) -> None:
         """The dispatcher pumps (scheduling.shared.owner); nothing to do here."""
+
+    def keep_demand(self) -> None:
+        """While this process holds the lease: the engine's demand profile to the database when it
+        learned a bucket (gateway.demand_store); not read back here (docs/engine.md, "Foreseen demand")."""
+        if self.owner.owns and self.owner.sched is not None:
+            self.demand_store.tick(self.owner.sched)
 
     # --- circuits ----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The live scheduler configuration, as rows. `scheduling.mapping` turns these rows into the
-engine's plain `SchedulerConfig` and back; nothing is deleted that history may refer to.
+engine's plain `SchedulerConfig` and back; nothing is deleted that history may refer to. Beside
+it, what the engine learned that outlives a process (`LearnedProfile`).
 """
 
 from __future__ import annotations
@@ -135,6 +136,21 @@ class Backend(models.Model):
     api_version = models.CharField(max_length=32, blank=True, help_text="Azure: the api-version.")
 
     upstream_shown: str  # not a column: set where a page lists backends (scheduling.upstreams)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LearnedProfile(models.Model):
+    """What the engine learned that outlives its process, one row per name (``demand``: predicted
+    admission's time-of-day profile, on the wall clock's buckets; gateway.demand_store)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    record = models.JSONField(help_text="The profile as plain data (its as_record()).")
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]

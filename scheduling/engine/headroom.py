@@ -19,8 +19,6 @@ from .capacity import Capacity
 from .forecast import ArrivalForecast
 from .model import HeadroomPolicy
 
-FORECAST_STATE = ("profile", "bucket", "count", "counting_whole", "rate", "rate_ms")  # what it learned
-
 
 class Headroom:
     """The engine's part that holds slots for the top class: its policy, the arrival forecast, the
@@ -149,7 +147,7 @@ class Headroom:
             "held_slot_ms": self.held_slot_ms,
             "released": [self.released_ms, self.released],
             "slot_free_rate": [self.slot_free_rate, self.slot_free_rate_ms],
-            "forecast": None if forecast is None else [getattr(forecast, name) for name in FORECAST_STATE],
+            "forecast": None if forecast is None else forecast.as_state(),
         }
 
     def restore(self, record: dict[str, Any]) -> None:
@@ -163,8 +161,7 @@ class Headroom:
             forecast = ArrivalForecast(
                 bucket_ms=policy.bucket_ms, alpha=policy.profile_alpha, recent_ms=policy.recent_ms
             )
-            for name, value in zip(FORECAST_STATE, record["forecast"], strict=True):
-                setattr(forecast, name, value)
+            forecast.restore(record["forecast"])
             self.forecast = forecast
 
 
