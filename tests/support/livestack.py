@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from bench.launch import (  # the same set-up as the live benchmarks
 from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 STARTUP_LIMIT_S = 30.0
+CHILDREN_LIMIT_S = 60.0  # a stopped gateway's children end within this, else they are killed
 
 
 def one_tenant_yaml(url: str, slots: int) -> str:
@@ -101,12 +103,17 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        """SIGTERM, SIGKILL if it has not ended within 10 s; then its children (its process group:
+        a billing worker, a file checker, a journal syncer) are waited for, and killed if they
+        outlive `CHILDREN_LIMIT_S`, before its database is dropped."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        group_end(self.process.pid, limit_s=CHILDREN_LIMIT_S)
         if self.owns_database and "DATABASE_URL" in self.env:
             postgres_drop(self.env["DATABASE_URL"])
 
@@ -122,6 +129,40 @@ class Gateway:
         """SIGKILL, as a crash: nothing of the process runs after it (its billing worker does)."""
         self.process.kill()
         self.process.wait(timeout=10)
+
+    def group(self) -> list[int]:
+        """The processes of its process group still running (itself and its children, wherever
+        they were reparented)."""
+        return group_members(self.process.pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def group_end(pgid: int, *, limit_s: float) -> list[int]:
+    """Waits until process group ``pgid`` (a gateway started by `start_gateway` leads one) has no
+    process left, at most ``limit_s``; SIGKILLs what is left then, and returns those pids."""
+    deadline_s = time.monotonic() + limit_s
+    while (left := group_members(pgid)) and time.monotonic() < deadline_s:
+        time.sleep(0.1)
+    if left:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def _postgres_database(var_dir: Path) -> str | None:
@@ -182,6 +223,7 @@ def start_gateway(
         env=env,
         stdout=log_path.open("w"),
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own with its children: `Gateway.stop` ends them all
     )
     gateway = Gateway(f"http://127.0.0.1:{port}", env, made, process, log_path)
     wait_ready(gateway, "/readyz", limit_s=STARTUP_LIMIT_S)
@@ -199,6 +241,7 @@ def another_process(gateway: Gateway, name: str = "another gateway process") -> 
         env=gateway.env,
         stdout=log_path.open("w"),
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own with its children: `Gateway.stop` ends them all
     )
     other = Gateway(
         f"http://127.0.0.1:{port}", gateway.env, gateway.keys, process, log_path, name=name, owns_database=False
