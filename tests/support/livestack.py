@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from bench.launch import (  # the same set-up as the live benchmarks
     REPO_ROOT,
     SETUP_CODE,
     free_port,
+    group_end,
+    group_members,
     postgres_create,
     postgres_drop,
     wait_ready,
@@ -31,7 +32,6 @@ from bench.launch import (  # the same set-up as the live benchmarks
 from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
 STARTUP_LIMIT_S = 30.0
-CHILDREN_LIMIT_S = 60.0  # a stopped gateway's children end within this, else they are killed
 
 
 def one_tenant_yaml(url: str, slots: int) -> str:
@@ -105,7 +105,7 @@ class Gateway:
     def stop(self) -> None:
         """SIGTERM, SIGKILL if it has not ended within 10 s; then its children (its process group:
         a billing worker, a file checker, a journal syncer) are waited for, and killed if they
-        outlive `CHILDREN_LIMIT_S`, before its database is dropped."""
+        outlive a minute (bench.launch.group_end), before its database is dropped."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -113,7 +113,7 @@ class Gateway:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        group_end(self.process.pid, limit_s=CHILDREN_LIMIT_S)
+        group_end(self.process.pid)
         if self.owns_database and "DATABASE_URL" in self.env:
             postgres_drop(self.env["DATABASE_URL"])
 
@@ -134,35 +134,6 @@ class Gateway:
         """The processes of its process group still running (itself and its children, wherever
         they were reparented)."""
         return group_members(self.process.pid)
-
-
-def group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def group_end(pgid: int, *, limit_s: float) -> list[int]:
-    """Waits until process group ``pgid`` (a gateway started by `start_gateway` leads one) has no
-    process left, at most ``limit_s``; SIGKILLs what is left then, and returns those pids."""
-    deadline_s = time.monotonic() + limit_s
-    while (left := group_members(pgid)) and time.monotonic() < deadline_s:
-        time.sleep(0.1)
-    if left:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return left
 
 
 def _postgres_database(var_dir: Path) -> str | None:

@@ -70,3 +70,4 @@ def test_no_child_outlives_its_gateway(gateway, signum):
         wait_until(lambda: not left(), limit_s=LIMIT_S, step_s=0.2, what="every child gone")
     except AssertionError:
         pytest.fail(f"children outlived their gateway ({signal.Signals(signum).name}): {left()}")
+    assert gateway.group() == []  # nor anything started later in its process group
