@@ -1,7 +1,7 @@
-"""A gateway's children end when it ends, however it ends: the billing worker, the file checker an
-upload starts, and multiprocessing's resource tracker are all gone within a bound after the
-gateway is stopped (SIGTERM) or killed (SIGKILL). Each child is known by its pid and start time,
-wherever it was reparented."""
+"""A gateway's children end when it ends, however it ends: the billing worker, the journal syncer
+a served request starts, the file checker an upload starts, and multiprocessing's resource tracker
+are all gone within a bound after the gateway is stopped (SIGTERM) or killed (SIGKILL). Each child
+is known by its pid and start time, wherever it was reparented."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from simbackend import SimConfig, start_in_thread
 from tests.support.livestack import start_gateway, wait_until
 from tests.support.scheduler_yaml import backend, scheduler_yaml, tenant
 
@@ -24,12 +25,14 @@ LINE = {"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions", "bod
 
 @pytest.fixture
 def gateway(tmp_path):
+    sim = start_in_thread(SimConfig(port=0, slots=2, ttft_ms=1, tokens_per_s=1000, seed=5))
     yaml = scheduler_yaml(
-        classes=["INTERACTIVE", "BATCH"], tenants=[tenant("fin")], backends=[backend("b", "http://127.0.0.1:9/v1")]
+        classes=["INTERACTIVE", "BATCH"], tenants=[tenant("fin")], backends=[backend("b", f"{sim.url}/v1")]
     )
     running = start_gateway(tmp_path / "gw", yaml, {"fin": ("fin", "BATCH")})
     yield running
     running.stop()
+    sim.stop()
 
 
 def started_at(pid: int) -> str | None:
@@ -53,12 +56,15 @@ def descendants(pid: int) -> dict[int, tuple[str | None, bytes]]:
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_no_child_outlives_its_gateway(gateway, signum):
+    sdk = gateway.sdk("fin")
+    sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     upload = io.BytesIO(json.dumps(LINE).encode() + b"\n")
-    assert gateway.sdk("fin").files.create(file=("a.jsonl", upload), purpose="batch").status == "processed"
+    assert sdk.files.create(file=("a.jsonl", upload), purpose="batch").status == "processed"
     children = descendants(gateway.process.pid)
     commands = [command for _, command in children.values()]
     assert sum(b"spawn_main" in command for command in commands) == 2, commands  # billing worker, file checker
     assert any(b"resource_tracker" in command for command in commands), commands
+    assert any(b"journal_sync.py" in command for command in commands), commands
 
     os.kill(gateway.process.pid, signum)
     gateway.process.wait(timeout=30)
