@@ -24,6 +24,7 @@ import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_LIMIT_S = 60.0
+CHILDREN_LIMIT_S = 60.0  # a stopped gateway's children end within this, else they are killed
 
 SETUP_CODE = """
 import json
@@ -86,6 +87,7 @@ class Server:
     log_path: Path
     keys: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # a gateway's environment (its workers need the same)
+    group: bool = False  # leads a process group of its own (a gateway and its children): `stop` ends it all
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -100,14 +102,44 @@ class Server:
         return _cpu_s(self.process.pid, children=False)
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        if self.group:
+            group_end(self.process.pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def group_end(pgid: int, *, limit_s: float = CHILDREN_LIMIT_S) -> list[int]:
+    """Waits until process group ``pgid`` (a gateway started in a session of its own leads one) has
+    no process left, at most ``limit_s``; SIGKILLs what is left then, and returns those pids."""
+    deadline_s = time.monotonic() + limit_s
+    while (left := group_members(pgid)) and time.monotonic() < deadline_s:
+        time.sleep(0.1)
+    if left:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def _cpu_s(pid: int, children: bool = True) -> float:
@@ -208,8 +240,9 @@ def start_gateway(
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a group of its own with its children: `Server.stop` ends them all
         )
-    server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made, env=env)
+    server = Server(name, f"http://127.0.0.1:{port}", process, log_path, keys=made, env=env, group=True)
     wait_ready(server, "/readyz")
     return server
 

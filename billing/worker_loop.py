@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import threading
 import time
 from collections import deque
 
@@ -26,6 +25,7 @@ from billing.inflight import HeldEntry, held_forget, held_remember
 from billing.journal_segments import journal_replay, journals_locked
 from billing.pricing import UnitPrices, backends_cached
 from billing.worker_protocol import READY, BatchAnswer
+from config.lifeline import exit_with_parent, parent_gone
 
 ORPHAN_GRACE_S = 120.0  # a worker whose gateway died ends within this, its last bookings done or not
 IDLE_S = 0.002  # no ask for this long: time to reload an ageing cache entry (about a millisecond each)
@@ -40,7 +40,7 @@ def run(conn, gateway_pid: int, owner: str = "") -> None:
     if settings.FAIRGATE_BILLING_WORKER_NICE:
         os.nice(settings.FAIRGATE_BILLING_WORKER_NICE)  # the event loop goes first (see the setting)
     events.relay()
-    threading.Thread(target=_exit_with, args=(gateway_pid,), daemon=True, name="orphan-check").start()
+    exit_with_parent(gateway_pid, grace_s=ORPHAN_GRACE_S, poll_s=1.0)  # its last bookings done or not
     keeper = Housekeeper(owner=owner, pid=gateway_pid) if owner else None
     if keeper is not None:
         keeper.tick(time.monotonic())
@@ -76,7 +76,7 @@ def _gateway_gone(owner: str, gateway_pid: int, keeper) -> None:
         return book(asks)
 
     started_s = time.monotonic()
-    while os.getppid() == gateway_pid and time.monotonic() - started_s < 5.0:
+    while not parent_gone(gateway_pid) and time.monotonic() - started_s < 5.0:
         time.sleep(0.01)
     if not owner:
         return
@@ -97,14 +97,6 @@ def _gateway_gone(owner: str, gateway_pid: int, keeper) -> None:
             total,
             f"; {left} could not be booked and stay for the next gateway on this host" if left else "",
         )
-
-
-def _exit_with(gateway_pid: int) -> None:
-    """A worker whose gateway died ends too: once its last bookings are done, or after a grace."""
-    while os.getppid() == gateway_pid:
-        time.sleep(1.0)
-    time.sleep(ORPHAN_GRACE_S)
-    os._exit(0)
 
 
 def book_batch(asks: list) -> BatchAnswer:

@@ -13,9 +13,11 @@ _on_serving: list[Callable[[], object]] = []  # what a callable returns is not u
 _on_stopping: list[Callable[[], Awaitable[None]]] = []
 
 
-def register(*, on_serving: Callable[[], object], on_stopping: Callable[[], Awaitable[None]] | None = None) -> None:
+def register(
+    *, on_serving: Callable[[], object] | None = None, on_stopping: Callable[[], Awaitable[None]] | None = None
+) -> None:
     """Called once per process (an AppConfig.ready); registering the same callable again is a no-op."""
-    if on_serving not in _on_serving:
+    if on_serving is not None and on_serving not in _on_serving:
         _on_serving.append(on_serving)
     if on_stopping is not None and on_stopping not in _on_stopping:
         _on_stopping.append(on_stopping)

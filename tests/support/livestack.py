@@ -23,6 +23,8 @@ from bench.launch import (  # the same set-up as the live benchmarks
     REPO_ROOT,
     SETUP_CODE,
     free_port,
+    group_end,
+    group_members,
     postgres_create,
     postgres_drop,
     wait_ready,
@@ -101,12 +103,17 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        """SIGTERM, SIGKILL if it has not ended within 10 s; then its children (its process group:
+        a billing worker, a file checker, a journal syncer) are waited for, and killed if they
+        outlive a minute (bench.launch.group_end), before its database is dropped."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        group_end(self.process.pid)
         if self.owns_database and "DATABASE_URL" in self.env:
             postgres_drop(self.env["DATABASE_URL"])
 
@@ -122,6 +129,11 @@ class Gateway:
         """SIGKILL, as a crash: nothing of the process runs after it (its billing worker does)."""
         self.process.kill()
         self.process.wait(timeout=10)
+
+    def group(self) -> list[int]:
+        """The processes of its process group still running (itself and its children, wherever
+        they were reparented)."""
+        return group_members(self.process.pid)
 
 
 def _postgres_database(var_dir: Path) -> str | None:
@@ -182,6 +194,7 @@ def start_gateway(
         env=env,
         stdout=log_path.open("w"),
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own with its children: `Gateway.stop` ends them all
     )
     gateway = Gateway(f"http://127.0.0.1:{port}", env, made, process, log_path)
     wait_ready(gateway, "/readyz", limit_s=STARTUP_LIMIT_S)
@@ -199,6 +212,7 @@ def another_process(gateway: Gateway, name: str = "another gateway process") -> 
         env=gateway.env,
         stdout=log_path.open("w"),
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # a group of its own with its children: `Gateway.stop` ends them all
     )
     other = Gateway(
         f"http://127.0.0.1:{port}", gateway.env, gateway.keys, process, log_path, name=name, owns_database=False
