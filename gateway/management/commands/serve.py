@@ -15,7 +15,7 @@ import importlib.util
 import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from gateway.connlimit import HELD_ANSWER, READ, WAIT, connection_limit
 from gateway.metrics import multiprocess_prepare
@@ -171,6 +171,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._header_timer_start()  # the first request's runs from the connection, already started
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app) -> None:
+        super()._start_asgi_task(cycle, _Joined(cycle, app))
+
     def on_headers_complete(self) -> None:
         self._header_timer_stop()
         super().on_headers_complete()
@@ -206,6 +209,72 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self.scope is not None and (self.cycle is None or self.cycle.response_complete):
             self.transport.write(REQUEST_TIMEOUT)
         self.transport.close()
+
+
+class _Joined:
+    """``app`` for one request cycle, whose response head (status line and headers) is held while
+    it declares a Content-Length and written with the first body message: one write, one segment
+    to the client. While held, the cycle writes to this object instead of its transport."""
+
+    __slots__ = ("app", "closing", "cycle", "parts", "transport")
+
+    def __init__(self, cycle: RequestResponseCycle, app) -> None:
+        self.app = app
+        self.cycle = cycle
+        self.transport = cycle.transport
+        self.parts: list[bytes] | None = None
+        self.closing = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self.app(scope, receive, self.send)
+        finally:
+            self.flush()
+
+    async def send(self, message) -> None:
+        cycle = self.cycle
+        if message["type"] == "http.response.start" and not cycle.response_started and _sized(message):
+            self.parts = []
+            cycle.transport = self  # type: ignore[assignment]  # write and close are held here
+            try:
+                await cycle.send(message)
+            except BaseException:
+                self.flush()
+                raise
+            return
+        try:
+            await cycle.send(message)
+        finally:
+            self.flush()
+
+    def write(self, data: bytes) -> None:
+        if self.parts is None:
+            self.transport.write(data)
+        else:
+            self.parts.append(data)
+
+    def close(self) -> None:
+        if self.parts is None:
+            self.transport.close()
+        else:
+            self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def flush(self) -> None:
+        if self.parts is None:
+            return
+        parts, self.parts = self.parts, None
+        self.cycle.transport = self.transport
+        if parts and not self.cycle.disconnected:
+            self.transport.write(b"".join(parts))
+        if self.closing:
+            self.transport.close()
+
+
+def _sized(message) -> bool:
+    return any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
 
 
 def _key_refused(scope) -> bool:
