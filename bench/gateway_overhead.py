@@ -43,7 +43,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +59,7 @@ from bench.gateway_overhead_results import (
     Saturated,
     sustained,
 )
-from bench.launch import Server, start_gateway, start_sim
+from bench.launch import Server, scratch, start_gateway, start_sim
 from bench.loadgen import Result, Target, closed_loop, open_loop
 from bench.report_gateway import section_write
 from bench.surge.traffic import run_sync
@@ -466,16 +465,12 @@ def main(argv: list[str] | None = None) -> None:
         args.latency_rates = POSTGRES_LATENCY_RATES if args.database == "postgres" else LATENCY_RATES
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop our servers on kill, too
     load_before, started_s = os.getloadavg()[0], time.monotonic()
-    stack = stack_start(
-        Path(tempfile.mkdtemp(prefix="fairgate-overhead-")),
-        args.database,
-        args.postgres_url,
-        analyze=not args.stale_statistics,
-    )
-    try:
-        found = run_sync(measure(stack, args))
-    finally:
-        stack.stop()
+    with scratch("fairgate-overhead-") as work:
+        stack = stack_start(work, args.database, args.postgres_url, analyze=not args.stale_statistics)
+        try:
+            found = run_sync(measure(stack, args))
+        finally:
+            stack.stop()
     found["load_avg"] = (load_before, os.getloadavg()[0])
     found["took_s"] = time.monotonic() - started_s
     text = render(found)

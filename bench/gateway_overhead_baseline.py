@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from statistics import mean
 
@@ -69,11 +68,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--access-log", choices=("0", "1"), default="1", help="this checkout's FAIRGATE_ACCESS_LOG")
     args = parser.parse_args(argv)
-    stack = _stack(Path(tempfile.mkdtemp(prefix="fairgate-baseline-")), args.baseline.resolve(), args.access_log)
-    try:
-        added = run_sync(_measure(stack, args.rate, args.phase_s, args.rounds))
-    finally:
-        stack.stop()
+    with launch.scratch("fairgate-baseline-") as work:
+        stack = _stack(work, args.baseline.resolve(), args.access_log)
+        try:
+            added = run_sync(_measure(stack, args.rate, args.phase_s, args.rounds))
+        finally:
+            stack.stop()
     print(f"| gateway at {args.rate}/s | added p50 per round | added p99 per round | mean p50 / p99 | failed |")
     print("|---|---|---|---|---|")
     for name, rows in added.items():

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +115,19 @@ class Server:
                 self.process.wait(timeout=10)
         if self.group:
             group_end(self.process.pid)
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A work directory for one run's servers (their logs, a SQLite database): removed when the run
+    ends well, kept and named on stderr when it fails."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        print(f"logs kept in {path}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def group_members(pgid: int) -> list[int]:
