@@ -28,6 +28,7 @@ from gateway.management.commands.serve import HeaderTimeoutProtocol
 from gateway.views import api_view, json_response
 from tenants.keys import key_generate
 from tenants.models import ApiKey, Tenant
+from tests.support.fake_transport import FakeTransport
 
 PROXY = "10.0.0.7"
 STRANGER = "192.0.2.1"
@@ -41,43 +42,6 @@ VALID = "fg_vvvvvvvvvv_" + "0" * 48  # what the fake app below takes for a valid
 
 def request(key: str) -> bytes:
     return REQUEST.replace(b"fg_cccccccccc_x", key.encode())
-
-
-class Transport(asyncio.Transport):
-    def __init__(self, peer: str) -> None:
-        super().__init__()
-        self.peer = peer
-        self.paused = False
-        self.written = b""
-        self.closed = False
-        self.protocol: HeaderTimeoutProtocol | None = None
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": (self.peer, 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
-
-    def get_protocol(self):
-        return self.protocol
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def write(self, data) -> None:
-        self.written += bytes(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            assert self.protocol is not None
-            self.protocol.connection_lost(None)
-
-    def set_write_buffer_limits(self, high=None, low=None) -> None:
-        pass
 
 
 class Clock:
@@ -122,18 +86,18 @@ async def app(scope, receive, send):
     await send({"type": "http.response.body", "body": b""})
 
 
-def connect(loop: asyncio.AbstractEventLoop, peer: str, calls: list[dict]) -> Transport:
+def connect(loop: asyncio.AbstractEventLoop, peer: str, calls: list[dict]) -> FakeTransport:
     config = Config(app=app, http=HeaderTimeoutProtocol, lifespan="off", log_level="critical")
     config.load()
     state = ServerState()
     protocol = HeaderTimeoutProtocol(config=config, server_state=state, app_state={"calls": calls}, _loop=loop)
-    transport = Transport(peer)
+    transport = FakeTransport(peer)
     transport.protocol = protocol
     protocol.connection_made(transport)
     return transport
 
 
-def set_up(transport: Transport) -> bool:
+def set_up(transport: FakeTransport) -> bool:
     """Whether uvicorn's protocol was set up for this connection (it is being read)."""
     protocol = transport.protocol
     assert protocol is not None

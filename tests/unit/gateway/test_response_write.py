@@ -11,52 +11,17 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from gateway.management.commands.serve import HeaderTimeoutProtocol
+from tests.support.fake_transport import FakeTransport
 
 BODY = b'{"ok": true}'
 SIZED = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
 
 
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-        self.closed = False
-        self.protocol: HeaderTimeoutProtocol | None = None
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": ("192.0.2.9", 40000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
-
-    def get_protocol(self):
-        return self.protocol
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def write(self, data) -> None:
-        assert not self.closed, "written after close"
-        self.writes.append(bytes(data))
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            assert self.protocol is not None
-            self.protocol.connection_lost(None)
-
-    def set_write_buffer_limits(self, high=None, low=None) -> None:
-        pass
-
-
-def connect(app) -> Transport:
+def connect(app) -> FakeTransport:
     config = Config(app=app, http=HeaderTimeoutProtocol, lifespan="off", log_level="critical")
     config.load()
     protocol = HeaderTimeoutProtocol(config=config, server_state=ServerState(), app_state={})
-    transport = Transport()
+    transport = FakeTransport()
     transport.protocol = protocol
     protocol.connection_made(transport)
     return transport
@@ -76,8 +41,8 @@ async def until(check) -> None:
             await asyncio.sleep(0.001)
 
 
-def served(app, request: bytes) -> Transport:
-    async def scenario() -> Transport:
+def served(app, request: bytes) -> FakeTransport:
+    async def scenario() -> FakeTransport:
         transport = connect(app)
         assert transport.protocol is not None
         transport.protocol.data_received(request)
